@@ -1,0 +1,26 @@
+"""dask-gpudirect: Parquet and binary shards straight into GPU memory, and a ledger of the path."""
+
+from __future__ import annotations
+
+from . import config  # noqa: F401  (loads the gpudirect.* defaults into dask.config)
+from .collections import read_binary, read_parquet
+from .errors import InputError
+from .ledger import report
+from .plugin import GPUDirectPlugin
+
+__all__ = [
+    "GPUDirectPlugin",
+    "InputError",
+    "LocalCUDACluster",
+    "read_binary",
+    "read_parquet",
+    "report",
+]
+
+
+def __getattr__(name: str):
+    if name == "LocalCUDACluster":  # imported on use: dask-cuda is the optional cuda13 extra
+        from .cluster import LocalCUDACluster
+
+        return LocalCUDACluster
+    raise AttributeError(f"module 'dask_gpudirect' has no attribute {name!r}")

@@ -1,0 +1,76 @@
+"""Getting the plugins onto a cluster: our LocalCUDACluster, and the check that read_* makes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from distributed import Client, WorkerPlugin
+
+from .placement import PlacementPlugin, readable_dirs
+from .plugin import GPUDirectPlugin
+
+logger = logging.getLogger(__name__)
+
+try:
+    import dask_cuda
+except ImportError:  # the CPU install: dg.LocalCUDACluster needs the cuda13 extra
+    dask_cuda = None
+
+
+if dask_cuda is not None:
+
+    class LocalCUDACluster(dask_cuda.LocalCUDACluster):
+        """``dask_cuda.LocalCUDACluster`` that keeps the user's ``plugins``.
+
+        dask-cuda's class replaces each worker's plugins with its own (CPU affinity, RMM, cuDF
+        spilling), silently dropping ``plugins=``; this one gives every worker both.
+        """
+
+        def __init__(self, *args: Any, plugins: set[WorkerPlugin] | None = None, **kwargs: Any):
+            self._user_plugins = set(plugins or ())
+            super().__init__(*args, **kwargs)
+
+        def new_worker_spec(self) -> dict:
+            spec = super().new_worker_spec()
+            for worker in spec.values():
+                worker["options"]["plugins"] = (
+                    set(worker["options"]["plugins"]) | self._user_plugins
+                )
+            return spec
+
+
+def _has_plugin(dask_worker) -> bool:
+    return GPUDirectPlugin.name in dask_worker.plugins
+
+
+def _describe(dask_worker, dirs: list[str]) -> dict:
+    plugin = dask_worker.plugins[GPUDirectPlugin.name]
+    return {**plugin.describe(), "readable": readable_dirs(dirs)}
+
+
+def ensure_plugins(client: Client) -> None:
+    """Register the worker and placement plugins where they are missing, and say so."""
+    missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
+    if missing:
+        cluster = client.cluster
+        if dask_cuda is not None and type(cluster) is dask_cuda.LocalCUDACluster:
+            logger.warning(
+                "workers of this dask_cuda.LocalCUDACluster lack GPUDirectPlugin: dask-cuda's "
+                "class drops plugins= (it installs only its own); use "
+                "dask_gpudirect.LocalCUDACluster to keep them"
+            )
+        logger.info(
+            "registering GPUDirectPlugin with defaults on %d worker(s): %s", len(missing), missing
+        )
+        client.register_plugin(GPUDirectPlugin())
+    client.register_plugin(PlacementPlugin())
+
+
+def survey(client: Client, dirs: list[str]) -> dict[str, dict]:
+    """Per worker: its GPU count, its plugin options, and which of ``dirs`` it can read."""
+    ensure_plugins(client)
+    workers = client.run(_describe, dirs=dirs)
+    if not workers:
+        raise RuntimeError("the cluster has no workers")
+    return workers

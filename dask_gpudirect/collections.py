@@ -1,0 +1,141 @@
+"""``read_parquet`` and ``read_binary``: plan on the client, place, and build the collection."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import dask
+import dask.array as da
+import dask.dataframe as dd
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task
+from dask.utils import parse_bytes
+from distributed import Client, default_client
+
+from . import targets
+from .cluster import survey
+from .errors import InputError
+from .formats import binary, parquet
+from .placement import assign
+from .shards import expand_paths, load
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+
+def _blocksize(value: Any, key: str) -> int:
+    value = dask.config.get(key) if value is None else value
+    try:
+        nbytes = parse_bytes(value)
+    except (ValueError, TypeError, KeyError):
+        raise InputError(
+            None, f"bad blocksize {value!r}: use bytes or a size like '256MiB'"
+        ) from None
+    if nbytes <= 0:
+        raise InputError(None, f"bad blocksize {value!r}: must be positive")
+    return nbytes
+
+
+def _resolve_target(target: str | None, workers: dict[str, dict]) -> str:
+    """``device`` when every worker has a GPU, else ``host``; an explicit choice is checked."""
+    target = target or dask.config.get("gpudirect.target")
+    without_gpu = sorted(w for w, info in workers.items() if not info["gpus"])
+    if target is None:
+        return "host" if without_gpu else "device"
+    if target not in targets.MODULES:
+        raise InputError(None, f"unknown target {target!r}; use 'device', 'host' or None")
+    if target == "device" and without_gpu:
+        raise InputError(None, f"target='device' but these workers have no GPU: {without_gpu}")
+    return target
+
+
+def _prepare(client: Client | None, paths, target):
+    """Files, the chosen target, and which worker may read which directory."""
+    client = client or default_client()
+    files = expand_paths(paths)
+    workers = survey(client, sorted({os.path.dirname(f) for f in files}))
+    readable = {w: set(info["readable"]) for w, info in workers.items()}
+    return files, _resolve_target(target, workers), readable
+
+
+def read_parquet(
+    paths: str | os.PathLike | Iterable[str | os.PathLike],
+    columns: list[str] | None = None,
+    filters: list | None = None,
+    blocksize: int | str | None = None,
+    target: str | None = None,
+    client: Client | None = None,
+) -> dd.DataFrame:
+    """Parquet files as a Dask DataFrame of cuDF (device) or pandas (host) partitions.
+
+    Parameters
+    ----------
+    paths
+        A file, a directory, a glob, or a list of them. All files must share one schema.
+    columns
+        Columns to load (default: all).
+    filters
+        pyarrow DNF filters, e.g. ``[("x", ">", 3)]``: row groups whose statistics rule them
+        out are never read, and the remaining rows are filtered exactly.
+    blocksize
+        Target bytes per partition (a run of row groups); default ``gpudirect.parquet.blocksize``.
+    target
+        ``"device"``, ``"host"``, or None for device when every worker has a GPU.
+    client
+        The Dask client (default: the current one).
+    """
+    files, target, readable = _prepare(client, paths, target)
+    plan = parquet.plan(
+        files, columns, filters, _blocksize(blocksize, "gpudirect.parquet.blocksize"), target
+    )
+    meta = targets.module(target).empty_frame(plan.empty_table())
+    if not plan.shards:  # every row group pruned: one empty partition keeps the schema
+        return dd.from_pandas(meta, npartitions=1)
+    shards = assign(plan.shards, readable)
+    return dd.from_map(
+        load,
+        shards,
+        meta=meta,
+        label="gpudirect-read-parquet",
+        enforce_metadata=False,
+    )
+
+
+def read_binary(
+    paths: str | os.PathLike | Iterable[str | os.PathLike],
+    dtype: Any = None,
+    shape: tuple[int, ...] | int | None = None,
+    target: str | None = None,
+    client: Client | None = None,
+    blocksize: int | str | None = None,
+) -> da.Array:
+    """Binary files as a Dask Array of CuPy (device) or NumPy (host) chunks, records on axis 0.
+
+    Parameters
+    ----------
+    paths
+        A file, a directory, a glob, or a list of them.
+    dtype, shape
+        For raw files: the record dtype and per-record shape (default ``()``). ``.npy`` files
+        need neither: their header says (C or Fortran order, any fixed-size dtype).
+    target
+        ``"device"``, ``"host"``, or None for device when every worker has a GPU.
+    client
+        The Dask client (default: the current one).
+    blocksize
+        Target bytes per chunk; default ``gpudirect.binary.blocksize``.
+    """
+    files, target, readable = _prepare(client, paths, target)
+    plan = binary.plan(
+        files, dtype, shape, _blocksize(blocksize, "gpudirect.binary.blocksize"), target
+    )
+    shards = assign(plan.shards, readable)
+    name = "gpudirect-read-binary-" + tokenize(shards)
+    trailing = (0,) * len(plan.record_shape)
+    graph = {
+        (name, i, *trailing): Task((name, i, *trailing), load, s) for i, s in enumerate(shards)
+    }
+    meta = targets.module(target).empty_array(plan.dtype, 1 + len(plan.record_shape))
+    return da.Array(HighLevelGraph.from_collections(name, graph), name, plan.chunks, meta=meta)

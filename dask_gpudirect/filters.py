@@ -1,0 +1,92 @@
+"""Row filters in pyarrow's DNF form, checked at planning time and applied to decoded frames.
+
+One evaluator serves pandas and cuDF frames alike, so both targets filter rows the same way.
+As in pyarrow, a row whose filtered value is null never matches.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from .errors import InputError
+
+_COMPARE = {
+    "=": operator.eq,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+OPERATORS = frozenset(_COMPARE) | {"in", "not in"}
+
+Filters = list[list[tuple[str, str, Any]]]
+
+
+def normalize(filters: Any, columns: list[str]) -> Filters | None:
+    """Check ``filters`` against the schema's ``columns``; return them as a list of AND-lists."""
+    if filters is None:
+        return None
+    if not isinstance(filters, (list, tuple)) or not filters:
+        raise InputError(None, f"bad filters {filters!r}: expected a non-empty list of tuples")
+    if all(isinstance(f, tuple) for f in filters):
+        filters = [filters]
+    out: Filters = []
+    for conjunction in filters:
+        terms = []
+        for term in conjunction:
+            if not (isinstance(term, (tuple, list)) and len(term) == 3):
+                raise InputError(None, f"bad filter term {term!r}: expected (column, op, value)")
+            column, op, value = term
+            if column not in columns:
+                raise InputError(None, f"filter on unknown column {column!r}; columns: {columns}")
+            if op not in OPERATORS:
+                raise InputError(
+                    None, f"bad filter operator {op!r}; use one of {sorted(OPERATORS)}"
+                )
+            if op in ("in", "not in") and not isinstance(value, (list, tuple, set, frozenset)):
+                raise InputError(None, f"filter {term!r}: {op!r} needs a list of values")
+            terms.append((column, op, value))
+        out.append(terms)
+    return out
+
+
+def columns_of(filters: Filters | None) -> list[str]:
+    """Columns that ``filters`` reads, in first-seen order."""
+    seen: dict[str, None] = {}
+    for conjunction in filters or ():
+        for column, _, _ in conjunction:
+            seen[column] = None
+    return list(seen)
+
+
+def to_expression(filters: Filters | None):
+    """The pyarrow expression for ``filters``, used to prune row groups by their statistics."""
+    if filters is None:
+        return None
+    import pyarrow.parquet as pq
+
+    return pq.filters_to_expression(filters)
+
+
+def apply(frame: Any, filters: Filters | None) -> Any:
+    """Rows of a pandas or cuDF ``frame`` that satisfy ``filters``."""
+    if filters is None:
+        return frame
+    keep = None
+    for conjunction in filters:
+        mask = None
+        for column, op, value in conjunction:
+            series = frame[column]
+            if op == "in":
+                term = series.isin(list(value))
+            elif op == "not in":
+                term = ~series.isin(list(value))
+            else:
+                term = _COMPARE[op](series, value)
+            term = term.fillna(False).astype(bool) & series.notna()
+            mask = term if mask is None else mask & term
+        keep = mask if keep is None else keep | mask
+    return frame[keep]

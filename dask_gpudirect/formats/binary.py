@@ -1,0 +1,165 @@
+"""Binary shards: raw fixed-size records or ``.npy`` files, records along axis 0.
+
+Raw files need ``dtype`` and a per-record ``shape``; ``.npy`` files carry both in their header.
+C-order data is cut into runs of whole records of about ``blocksize`` bytes; a Fortran-order
+``.npy`` file is one shard, since its records are not contiguous.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from ..errors import InputError
+from ..shards import Shard, open_error
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+@dataclasses.dataclass(frozen=True)
+class BinaryPart:
+    """Dtype, shape and memory order of the array a shard's bytes hold."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    order: str = "C"
+
+    def decode(self, target, buffer):
+        return target.as_array(buffer, self.dtype, self.shape, self.order)
+
+
+@dataclasses.dataclass(frozen=True)
+class BinaryPlan:
+    shards: list[Shard]
+    dtype: np.dtype
+    record_shape: tuple[int, ...]
+
+    @property
+    def chunks(self) -> tuple[tuple[int, ...], ...]:
+        records = tuple(s.part.shape[0] for s in self.shards)
+        return (records, *((n,) for n in self.record_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where a file's array data lies and what it holds."""
+
+    offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    order: str
+
+
+def _fixed_dtype(dtype, path: str | None) -> np.dtype:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as exc:
+        raise InputError(path, f"bad dtype {dtype!r}: {exc}") from None
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise InputError(path, f"dtype {dtype} is not a fixed-size type")
+    return dtype
+
+
+def _npy_layout(path: str, size: int) -> _Layout:
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format._read_array_header(f, version)
+        except (ValueError, SyntaxError, TypeError, EOFError) as exc:
+            raise InputError(path, f"bad .npy header: {exc}") from None
+        offset = f.tell()
+    dtype = _fixed_dtype(dtype, path)
+    if len(shape) == 0:
+        raise InputError(path, "0-d .npy array has no records along axis 0")
+    data = math.prod(shape) * dtype.itemsize
+    if size - offset < data:
+        raise InputError(
+            path, f"truncated .npy: header says {data} data bytes, file holds {size - offset}"
+        )
+    return _Layout(offset, dtype, tuple(shape), "F" if fortran and len(shape) > 1 else "C")
+
+
+def _raw_layout(path: str, size: int, dtype: np.dtype, record_shape: tuple[int, ...]) -> _Layout:
+    record = dtype.itemsize * math.prod(record_shape)
+    if size == 0:
+        raise InputError(path, "empty file (0 bytes)")
+    if record == 0 or size % record:
+        raise InputError(
+            path,
+            f"{size} bytes is not a whole number of {record}-byte records "
+            f"(dtype={dtype}, shape={record_shape})",
+        )
+    return _Layout(0, dtype, (size // record, *record_shape), "C")
+
+
+def _layout(path: str, dtype, shape) -> _Layout:
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            magic = f.read(len(NPY_MAGIC))
+    except OSError as exc:
+        raise open_error(path, exc) from None
+    if magic == NPY_MAGIC or path.endswith(".npy"):
+        layout = _npy_layout(path, size)
+        if dtype is not None and np.dtype(dtype) != layout.dtype:
+            raise InputError(
+                path, f".npy holds {layout.dtype}, but dtype={np.dtype(dtype)} was given"
+            )
+        if shape is not None and tuple(shape) != layout.shape[1:]:
+            raise InputError(
+                path, f".npy records have shape {layout.shape[1:]}, not {tuple(shape)}"
+            )
+        return layout
+    if dtype is None:
+        raise InputError(path, "raw binary file: pass dtype= (and shape= for each record)")
+    return _raw_layout(path, size, _fixed_dtype(dtype, path), tuple(shape or ()))
+
+
+def plan(files: list[str], dtype, shape, blocksize: int, target: str) -> BinaryPlan:
+    """Shards of whole records per file; all files must hold one dtype and record shape."""
+    if shape is not None:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
+            raise InputError(None, f"bad shape {shape}: a record shape is a tuple of sizes >= 0")
+    shards: list[Shard] = []
+    first: _Layout | None = None
+    for path in files:
+        layout = _layout(path, dtype, shape)
+        first = first or layout
+        if (layout.dtype, layout.shape[1:]) != (first.dtype, first.shape[1:]):
+            raise InputError(
+                path,
+                f"holds {layout.dtype} records of shape {layout.shape[1:]}, but {files[0]} "
+                f"holds {first.dtype} records of shape {first.shape[1:]}",
+            )
+        shards.extend(_file_shards(path, layout, blocksize, target))
+    return BinaryPlan(shards=shards, dtype=first.dtype, record_shape=first.shape[1:])
+
+
+def _file_shards(path: str, layout: _Layout, blocksize: int, target: str) -> list[Shard]:
+    n, record_shape = layout.shape[0], layout.shape[1:]
+    record = layout.dtype.itemsize * math.prod(record_shape)
+    step = n if layout.order == "F" else max(1, blocksize // max(record, 1))
+    shards = []
+    for start in range(0, max(n, 1), max(step, 1)):
+        count = min(step, n - start)
+        offset = layout.offset + start * record
+        shards.append(
+            Shard(
+                path=path,
+                ranges=((offset, count * record),),
+                base=offset,
+                size=count * record,
+                part=BinaryPart(layout.dtype, (count, *record_shape), layout.order),
+                target=target,
+            )
+        )
+    return shards

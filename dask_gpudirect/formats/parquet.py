@@ -1,0 +1,179 @@
+"""Parquet: plan shards from footers (projection, statistics pruning), decode on the target.
+
+A shard is a run of row groups of one file of about ``blocksize`` projected bytes. It reads only
+the column chunks it needs plus the file's head and tail (magic, page indexes, footer), each at
+its own offset in a buffer of the file's size, so pyarrow and libcudf decode it as the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs  # noqa: F401  (pa.fs)
+import pyarrow.parquet as pq
+
+from .. import filters as dnf
+from ..errors import InputError
+from ..shards import Shard, coalesce, open_error
+
+#: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
+MERGE_GAP = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetPart:
+    """Row groups of one file, the columns to read, and the row filter to apply after decoding."""
+
+    row_groups: tuple[int, ...]
+    read_columns: tuple[str, ...]
+    columns: tuple[str, ...]
+    filters: Any = None
+
+    def decode(self, target, buffer):
+        frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
+        frame = dnf.apply(frame, self.filters)
+        return frame[list(self.columns)].reset_index(drop=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetPlan:
+    shards: list[Shard]
+    schema: pa.Schema  # projected to the output columns
+
+    def empty_table(self) -> pa.Table:
+        return self.schema.empty_table()
+
+
+def _open(path: str) -> pq.ParquetFile:
+    try:
+        if os.path.getsize(path) == 0:
+            raise InputError(path, "empty file (0 bytes), not a Parquet file")
+        return pq.ParquetFile(path)
+    except OSError as exc:
+        if isinstance(exc, pa.ArrowException):  # ArrowIOError subclasses OSError
+            raise InputError(path, f"not a valid Parquet file: {exc}") from None
+        raise open_error(path, exc) from None
+    except pa.ArrowException as exc:
+        raise InputError(
+            path, f"not a valid Parquet file (corrupt or truncated footer): {exc}"
+        ) from None
+
+
+def _data_columns(schema: pa.Schema) -> list[str]:
+    """Column names, less index columns that pandas stored (each frame gets a fresh index)."""
+    index = {
+        c for c in (schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)
+    }
+    return [name for name in schema.names if name not in index]
+
+
+def _describe(schema: pa.Schema) -> str:
+    return schema.to_string(show_schema_metadata=False)
+
+
+def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
+    start = column.data_page_offset
+    if column.has_dictionary_page and 0 < column.dictionary_page_offset < start:
+        start = column.dictionary_page_offset
+    return start, column.total_compressed_size
+
+
+def _kept_row_groups(path: str, meta: pq.FileMetaData, expression) -> list[int]:
+    non_empty = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > 0]
+    if expression is None:
+        return non_empty
+    fragment = ds.ParquetFileFormat().make_fragment(
+        path, filesystem=pa.fs.LocalFileSystem(), row_groups=non_empty
+    )
+    try:
+        return [rg.id for rg in fragment.subset(filter=expression).row_groups]
+    except (pa.ArrowException, TypeError) as exc:
+        raise InputError(path, f"filters do not apply to this file's types: {exc}") from None
+
+
+def _tail_start(meta: pq.FileMetaData) -> int:
+    """Where the last column chunk ends: page indexes and the footer follow it."""
+    end = 4
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        for j in range(rg.num_columns):
+            start, length = _chunk_range(rg.column(j))
+            end = max(end, start + length)
+    return end
+
+
+def plan(files: list[str], columns, filters, blocksize: int, target: str) -> ParquetPlan:
+    """Shards of ``files`` (footers only, no data read) and the schema of the result."""
+    first = _open(files[0])
+    schema = first.schema_arrow
+    available = _data_columns(schema)
+    if columns is None:
+        columns = available
+    else:
+        if isinstance(columns, str):
+            columns = [columns]
+        columns = list(columns)
+        unknown = [c for c in columns if c not in available]
+        if unknown:
+            raise InputError(files[0], f"unknown column(s) {unknown}; columns are {available}")
+    filters = dnf.normalize(filters, available)
+    read_columns = columns + [c for c in dnf.columns_of(filters) if c not in columns]
+    expression = dnf.to_expression(filters)
+
+    shards: list[Shard] = []
+    for path in files:
+        pf = first if path == files[0] else _open(path)
+        if not pf.schema_arrow.equals(schema, check_metadata=False):
+            raise InputError(
+                path,
+                f"schema differs from {files[0]}:\n{_describe(pf.schema_arrow)}"
+                f"\n  expected:\n{_describe(schema)}",
+            )
+        shards.extend(
+            _file_shards(
+                path, pf.metadata, read_columns, columns, filters, expression, blocksize, target
+            )
+        )
+    return ParquetPlan(shards=shards, schema=pa.schema([schema.field(c) for c in columns]))
+
+
+def _file_shards(path, meta, read_columns, columns, filters, expression, blocksize, target):
+    size = os.path.getsize(path)
+    head_tail = [(0, 4), (_tail_start(meta), size - _tail_start(meta))]
+    wanted = set(read_columns)
+    groups: list[list[int]] = []
+    ranges: list[list[tuple[int, int]]] = []
+    group_bytes = blocksize
+    previous = None
+    for i in _kept_row_groups(path, meta, expression):
+        rg = meta.row_group(i)
+        chunks = [
+            _chunk_range(rg.column(j))
+            for j in range(rg.num_columns)
+            if rg.column(j).path_in_schema.split(".")[0] in wanted
+        ]
+        nbytes = sum(n for _, n in chunks)
+        if group_bytes >= blocksize or previous != i - 1:
+            groups.append([])
+            ranges.append([])
+            group_bytes = 0
+        groups[-1].append(i)
+        ranges[-1].extend(chunks)
+        group_bytes += nbytes
+        previous = i
+    part = dict(read_columns=tuple(read_columns), columns=tuple(columns), filters=filters)
+    return [
+        Shard(
+            path=path,
+            ranges=coalesce(rs + head_tail, gap=MERGE_GAP),
+            base=0,
+            size=size,
+            part=ParquetPart(row_groups=tuple(g), **part),
+            target=target,
+        )
+        for g, rs in zip(groups, ranges, strict=True)
+    ]

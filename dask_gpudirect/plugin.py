@@ -1,0 +1,81 @@
+"""GPUDirectPlugin: each worker's readers, ledger and GPU capabilities."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from distributed import WorkerPlugin, get_worker
+
+from . import targets
+from .config import resolve_options
+from .cuda import gpu_count
+from .ledger import Ledger
+
+logger = logging.getLogger(__name__)
+
+
+class GPUDirectPlugin(WorkerPlugin):
+    """Loads shards straight into GPU memory (or host memory where there is no GPU).
+
+    Options come from Dask config (``gpudirect.*``) on the worker; keywords given here override
+    them: ``target``, ``threads``, ``task_size``, ``compat_mode``, ``max_records``.
+
+    Register it with ``dg.LocalCUDACluster(plugins={GPUDirectPlugin()})``,
+    ``client.register_plugin(GPUDirectPlugin())``, or
+    ``dask worker --preload dask_gpudirect.preload``.
+    """
+
+    name = "gpudirect"
+    idempotent = True
+
+    def __init__(self, **options: Any):
+        resolve_options(options)  # reject unknown keywords in the caller's process
+        self.overrides = options
+
+    def setup(self, worker) -> None:
+        self.options = resolve_options(self.overrides)
+        self.address = worker.address
+        self.gpus = gpu_count()
+        self.ledger = Ledger(worker.address, int(self.options["max_records"]))
+        self._targets: dict[str, targets.Target] = {}
+        self._lock = threading.Lock()
+        if self.gpus:
+            self.target("device")  # configures kvikio now, so a bad option fails at setup
+        logger.info(
+            "gpudirect on %s: %d GPU(s), options %s", worker.address, self.gpus, self.options
+        )
+
+    def teardown(self, worker) -> None:
+        for target in self._targets.values():
+            target.close()
+
+    def target(self, name: str) -> targets.Target:
+        """This worker's reader for target ``name``, made on first use."""
+        with self._lock:
+            if name not in self._targets:
+                if name == "device" and not self.gpus:
+                    raise RuntimeError(
+                        f"worker {self.address} has no usable GPU, so it cannot load to "
+                        "target='device'; use target='host'"
+                    )
+                module = targets.module(name)
+                self._targets[name] = module.TARGET(self.options, self.ledger)
+            return self._targets[name]
+
+    def describe(self) -> dict[str, Any]:
+        """What placement and reports need to know about this worker."""
+        return {"gpus": self.gpus, "options": self.options}
+
+
+def current_plugin() -> GPUDirectPlugin:
+    """The plugin of the worker running this task, or a clear error if it was never registered."""
+    worker = get_worker()
+    plugin = worker.plugins.get(GPUDirectPlugin.name)
+    if plugin is None:
+        raise RuntimeError(
+            f"worker {worker.address} has no GPUDirectPlugin: register it with "
+            "client.register_plugin(dask_gpudirect.GPUDirectPlugin())"
+        )
+    return plugin

@@ -1,0 +1,31 @@
+"""``dask worker --preload dask_gpudirect.preload``: every worker starts with the plugin.
+
+Options as flags, e.g. ``dask cuda worker ADDR --preload dask_gpudirect.preload
+--preload-argv --gpudirect-threads=8``; anything not given comes from Dask config.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .plugin import GPUDirectPlugin
+
+
+@click.command()
+@click.option("--gpudirect-target", type=click.Choice(["device", "host"]), default=None)
+@click.option("--gpudirect-threads", type=int, default=None, help="parallel reads per worker")
+@click.option("--gpudirect-task-size", default=None, help="bytes per read task, e.g. 4MiB")
+@click.option("--gpudirect-compat-mode", type=click.Choice(["AUTO", "ON", "OFF"]), default=None)
+async def dask_setup(
+    worker, gpudirect_target, gpudirect_threads, gpudirect_task_size, gpudirect_compat_mode
+):
+    options = {
+        "target": gpudirect_target,
+        "threads": gpudirect_threads,
+        "task_size": gpudirect_task_size,
+        "compat_mode": gpudirect_compat_mode,
+    }
+    await worker.plugin_add(
+        GPUDirectPlugin(**{k: v for k, v in options.items() if v is not None}),
+        name=GPUDirectPlugin.name,
+    )

@@ -1,0 +1,81 @@
+"""Where loaded bytes land: the only place where host and device code differ.
+
+``host``: a POSIX thread pool reads into NumPy; pyarrow decodes Parquet; arrays are NumPy.
+``device``: kvikio reads into an ``rmm.DeviceBuffer``; pylibcudf decodes; arrays are CuPy.
+Both share :class:`Target` (timing, short-read checks, the ledger) and are imported lazily,
+so the CPU install never imports CUDA libraries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from types import ModuleType
+from typing import Any
+
+from ..errors import InputError
+from ..ledger import Ledger
+from ..shards import Shard
+
+#: target name -> module holding its ``Target`` class and client-side ``empty_*`` helpers.
+MODULES = {"host": "dask_gpudirect.targets.host", "device": "dask_gpudirect.targets.device"}
+
+
+def module(name: str) -> ModuleType:
+    """The module of target ``name``, with an install hint when its libraries are missing."""
+    if name not in MODULES:
+        raise InputError(None, f"unknown target {name!r}; use 'device', 'host' or None")
+    try:
+        return importlib.import_module(MODULES[name])
+    except ImportError as exc:
+        raise ImportError(
+            f"the {name!r} target needs {exc.name}: pip install 'dask-gpudirect[cuda13]'"
+        ) from exc
+
+
+class Target:
+    """Reads shards into one buffer each and records every read in the ledger."""
+
+    name: str
+    route: str  # the ledger path: "posix-host", "kvikio-compat" or "gds"
+
+    def __init__(self, options: dict[str, Any], ledger: Ledger):
+        self.options = options
+        self.ledger = ledger
+
+    def read(self, shard: Shard) -> Any:
+        """``shard``'s ranges in one buffer of ``shard.size`` bytes on this target."""
+        start = time.perf_counter()
+        try:
+            buffer, nread = self._read(shard)
+        except OSError as exc:
+            raise InputError(shard.path, f"cannot read: {exc.strerror or exc}") from None
+        except RuntimeError as exc:  # kvikio reports C++ I/O errors as RuntimeError
+            raise InputError(shard.path, f"cannot read: {exc}") from None
+        if nread != shard.nbytes:
+            raise InputError(
+                shard.path,
+                f"read {nread} of {shard.nbytes} planned bytes: the file is shorter than when "
+                "it was planned (truncated or changed)",
+            )
+        self.ledger.add(
+            op="read",
+            path=self.route,
+            nbytes=nread,
+            seconds=time.perf_counter() - start,
+            file=shard.path,
+            shard=shard.name,
+        )
+        return buffer
+
+    def _read(self, shard: Shard) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def decode_parquet(self, buffer: Any, row_groups: list[int], columns: list[str]) -> Any:
+        raise NotImplementedError
+
+    def as_array(self, buffer: Any, dtype, shape: tuple[int, ...], order: str) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release threads and handles."""
