@@ -1,0 +1,22 @@
+"""Benchmarks that print ratios against baselines measured in the same run.
+
+Run them as ``dask-gpudirect bench read`` or ``python -m dask_gpudirect.bench read``.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(name="bench")
+def bench() -> None:
+    """Measure dask-gpudirect against its peers and the hardware ceilings."""
+
+
+def _register() -> None:
+    from .read import read
+
+    bench.add_command(read)
+
+
+_register()

@@ -1,0 +1,4 @@
+from . import bench
+
+if __name__ == "__main__":
+    bench()
