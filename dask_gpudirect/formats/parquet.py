@@ -32,11 +32,15 @@ class ParquetPart:
     read_columns: tuple[str, ...]
     columns: tuple[str, ...]
     filters: Any = None
+    categorical: tuple[str, ...] = ()  # dictionary-encoded in the schema
 
     def decode(self, target, buffer):
         frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
-        frame = dnf.apply(frame, self.filters)
-        return frame[list(self.columns)].reset_index(drop=True)
+        frame = dnf.apply(frame, self.filters)[list(self.columns)].reset_index(drop=True)
+        for column in self.categorical:  # pyarrow decodes these as categories, libcudf does not
+            if frame[column].dtype != "category":
+                frame[column] = frame[column].astype("category")
+        return frame
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +147,7 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
 
 def _file_shards(path, meta, read_columns, columns, filters, expression, blocksize, target):
     size = os.path.getsize(path)
+    schema = meta.schema.to_arrow_schema()
     head_tail = [(0, 4), (_tail_start(meta), size - _tail_start(meta))]
     wanted = set(read_columns)
     groups: list[list[int]] = []
@@ -165,7 +170,12 @@ def _file_shards(path, meta, read_columns, columns, filters, expression, blocksi
         ranges[-1].extend(chunks)
         group_bytes += nbytes
         previous = i
-    part = dict(read_columns=tuple(read_columns), columns=tuple(columns), filters=filters)
+    part = dict(
+        read_columns=tuple(read_columns),
+        columns=tuple(columns),
+        filters=filters,
+        categorical=tuple(c for c in columns if pa.types.is_dictionary(schema.field(c).type)),
+    )
     return [
         Shard(
             path=path,

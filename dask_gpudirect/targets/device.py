@@ -63,7 +63,7 @@ class DeviceTarget(Target):
         import cudf
 
         options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo([buffer])).build()
-        options.set_columns(columns)
+        options.set_column_names(columns)
         options.set_row_groups([row_groups])
         return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
 
