@@ -91,16 +91,19 @@ def read_parquet(
         files, columns, filters, _blocksize(blocksize, "gpudirect.parquet.blocksize"), target
     )
     meta = targets.module(target).empty_frame(plan.empty_table())
-    if not plan.shards:  # every row group pruned: one empty partition keeps the schema
-        return dd.from_pandas(meta, npartitions=1)
-    shards = assign(plan.shards, readable)
-    return dd.from_map(
-        load,
-        shards,
-        meta=meta,
-        label="gpudirect-read-parquet",
-        enforce_metadata=False,
-    )
+    # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
+    # object column to strings, turning decimals, lists and bytes into text.
+    with dask.config.set({"dataframe.convert-string": False}):
+        if not plan.shards:  # every row group pruned: one empty partition keeps the schema
+            return dd.from_pandas(meta, npartitions=1)
+        shards = assign(plan.shards, readable)
+        return dd.from_map(
+            load,
+            shards,
+            meta=meta,
+            label="gpudirect-read-parquet",
+            enforce_metadata=False,
+        )
 
 
 def read_binary(
