@@ -1,7 +1,8 @@
 """Row filters in pyarrow's DNF form, checked at planning time and applied to decoded frames.
 
 One evaluator serves pandas and cuDF frames alike, so both targets filter rows the same way.
-As in pyarrow, a row whose filtered value is null never matches.
+Nulls follow pyarrow: a comparison with null never matches; ``in`` matches a null only when
+None is among the values, and ``not in`` keeps it unless None is (pyarrow's ``is_in``).
 """
 
 from __future__ import annotations
@@ -80,13 +81,20 @@ def apply(frame: Any, filters: Filters | None) -> Any:
         mask = None
         for column, op, value in conjunction:
             series = frame[column]
-            if op == "in":
-                term = series.isin(list(value))
-            elif op == "not in":
-                term = ~series.isin(list(value))
+            if op in ("in", "not in"):
+                term = _isin(series, value)
+                term = ~term if op == "not in" else term
             else:
-                term = _COMPARE[op](series, value)
-            term = term.fillna(False).astype(bool) & series.notna()
+                term = _COMPARE[op](series, value).fillna(False).astype(bool) & series.notna()
             mask = term if mask is None else mask & term
         keep = mask if keep is None else keep | mask
     return frame[keep]
+
+
+def _isin(series: Any, values: Any) -> Any:
+    """pyarrow's ``is_in`` on a pandas or cuDF series: a null is in ``values`` iff None is."""
+    values = list(values)
+    found = series.isin([v for v in values if v is not None]).fillna(False).astype(bool)
+    if any(v is None for v in values):
+        return found | series.isna()
+    return found & series.notna()
