@@ -138,14 +138,23 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
                 f"\n  expected:\n{_describe(schema)}",
             )
         shards.extend(
-            _file_shards(
-                path, pf.metadata, read_columns, columns, filters, expression, blocksize, target
-            )
+            _file_shards(path, pf, read_columns, columns, filters, expression, blocksize, target)
         )
     return ParquetPlan(shards=shards, schema=pa.schema([schema.field(c) for c in columns]))
 
 
-def _file_shards(path, meta, read_columns, columns, filters, expression, blocksize, target):
+def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
+    """The top-level column of each leaf column chunk, in chunk order.
+
+    ``path_in_schema`` joins the path with dots, so a column named ``a.b`` would pass for the
+    field ``b`` of ``a``; the reader's path components do not mix the two up.
+    """
+    return [path[0] for path in pf.reader.column_paths]
+
+
+def _file_shards(path, pf, read_columns, columns, filters, expression, blocksize, target):
+    meta = pf.metadata
+    leaves = _top_level_columns(pf)
     size = os.path.getsize(path)
     schema = meta.schema.to_arrow_schema()
     head_tail = [(0, 4), (_tail_start(meta), size - _tail_start(meta))]
@@ -156,11 +165,7 @@ def _file_shards(path, meta, read_columns, columns, filters, expression, blocksi
     previous = None
     for i in _kept_row_groups(path, meta, expression):
         rg = meta.row_group(i)
-        chunks = [
-            _chunk_range(rg.column(j))
-            for j in range(rg.num_columns)
-            if rg.column(j).path_in_schema.split(".")[0] in wanted
-        ]
+        chunks = [_chunk_range(rg.column(j)) for j in range(rg.num_columns) if leaves[j] in wanted]
         nbytes = sum(n for _, n in chunks)
         if group_bytes >= blocksize or previous != i - 1:
             groups.append([])
