@@ -63,6 +63,17 @@ def _fixed_dtype(dtype, path: str | None) -> np.dtype:
     return dtype
 
 
+def _read_header_3_0(f, version):
+    """Header of a version 3.0 ``.npy`` (utf-8 field names): NumPy has no public reader for it,
+    and NumPy 2 moved the private one from ``np.lib.format`` to ``np.lib._format_impl``."""
+    read = getattr(np.lib.format, "_read_array_header", None)
+    if read is None:
+        from numpy.lib import _format_impl
+
+        read = _format_impl._read_array_header
+    return read(f, version)
+
+
 def _npy_layout(path: str, size: int) -> _Layout:
     with open(path, "rb") as f:
         try:
@@ -72,7 +83,7 @@ def _npy_layout(path: str, size: int) -> _Layout:
             elif version == (2, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             else:
-                shape, fortran, dtype = np.lib.format._read_array_header(f, version)
+                shape, fortran, dtype = _read_header_3_0(f, version)
         except (ValueError, SyntaxError, TypeError, EOFError) as exc:
             raise InputError(path, f"bad .npy header: {exc}") from None
         offset = f.tell()
