@@ -26,8 +26,9 @@ OPERATORS = frozenset(_COMPARE) | {"in", "not in"}
 Filters = list[list[tuple[str, str, Any]]]
 
 
-def normalize(filters: Any, columns: list[str]) -> Filters | None:
-    """Check ``filters`` against the schema's ``columns``; return them as a list of AND-lists."""
+def normalize(filters: Any, columns: list[str], path: str | None = None) -> Filters | None:
+    """Check ``filters`` against the schema's ``columns`` (of the file ``path``, named in the
+    error for an unknown column); return them as a list of AND-lists."""
     if filters is None:
         return None
     if not isinstance(filters, (list, tuple)) or not filters:
@@ -42,7 +43,7 @@ def normalize(filters: Any, columns: list[str]) -> Filters | None:
                 raise InputError(None, f"bad filter term {term!r}: expected (column, op, value)")
             column, op, value = term
             if column not in columns:
-                raise InputError(None, f"filter on unknown column {column!r}; columns: {columns}")
+                raise InputError(path, f"filter on unknown column {column!r}; columns: {columns}")
             if op not in OPERATORS:
                 raise InputError(
                     None, f"bad filter operator {op!r}; use one of {sorted(OPERATORS)}"

@@ -58,8 +58,11 @@ def _open(path: str) -> pq.ParquetFile:
             raise InputError(path, "empty file (0 bytes), not a Parquet file")
         return pq.ParquetFile(path)
     except OSError as exc:
-        if isinstance(exc, pa.ArrowException):  # ArrowIOError subclasses OSError
-            raise InputError(path, f"not a valid Parquet file: {exc}") from None
+        # pyarrow reports an unparsable footer as an OSError without errno; the OS sets one
+        if isinstance(exc, pa.ArrowException) or exc.errno is None:
+            raise InputError(
+                path, f"not a valid Parquet file (corrupt or truncated footer): {exc}"
+            ) from None
         raise open_error(path, exc) from None
     except pa.ArrowException as exc:
         raise InputError(
@@ -124,7 +127,7 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
         unknown = [c for c in columns if c not in available]
         if unknown:
             raise InputError(files[0], f"unknown column(s) {unknown}; columns are {available}")
-    filters = dnf.normalize(filters, available)
+    filters = dnf.normalize(filters, available, files[0])
     read_columns = columns + [c for c in dnf.columns_of(filters) if c not in columns]
     expression = dnf.to_expression(filters)
 
