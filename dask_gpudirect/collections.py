@@ -29,7 +29,7 @@ def _blocksize(value: Any, key: str) -> int:
     value = dask.config.get(key) if value is None else value
     try:
         nbytes = parse_bytes(value)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes([1]): AttributeError
         raise InputError(
             None, f"bad blocksize {value!r}: use bytes or a size like '256MiB'"
         ) from None

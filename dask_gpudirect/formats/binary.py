@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tokenize
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def _npy_layout(path: str, size: int) -> _Layout:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
             else:
                 shape, fortran, dtype = _read_header_3_0(f, version)
-        except (ValueError, SyntaxError, TypeError, EOFError) as exc:
+        except (ValueError, SyntaxError, TypeError, EOFError, tokenize.TokenError) as exc:
             raise InputError(path, f"bad .npy header: {exc}") from None
         offset = f.tell()
     dtype = _fixed_dtype(dtype, path)
