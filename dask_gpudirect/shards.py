@@ -54,7 +54,15 @@ def load(shard: Shard) -> Any:
     from .plugin import current_plugin
 
     target = current_plugin().target(shard.target)
-    return shard.part.decode(target, target.read(shard))
+    buffer = target.read(shard)
+    try:
+        return shard.part.decode(target, buffer)
+    except InputError:
+        raise
+    except (OSError, ValueError, RuntimeError) as exc:  # how pyarrow and libcudf report bad data
+        raise InputError(
+            shard.path, f"cannot decode {shard.name}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def expand_paths(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
