@@ -1,0 +1,308 @@
+"""Parquet round trips against pyarrow, over tcp and ucxx, on files the tests write."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import os
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from util import (
+    assert_same_frame,
+    clear_ledgers,
+    compute,
+    expected_parquet,
+    partitions,
+)
+
+import dask_gpudirect as dg
+from dask_gpudirect import ledger
+
+N = 600
+
+
+def rich_table(n: int = N, start: int = 0) -> pa.Table:
+    """Every kind of column the loader must round-trip, with nulls in most."""
+    idx = np.arange(start, start + n)
+    ids = idx.tolist()
+
+    def nulls(values, every=7):
+        return [None if i % every == 3 else v for i, v in enumerate(values)]
+
+    base = datetime.datetime(2024, 3, 30, 23, 0)
+    return pa.table(
+        {
+            "id": pa.array(idx, pa.int64()),
+            "i8": pa.array(nulls((idx % 100 - 50).tolist()), pa.int8()),
+            "u32": pa.array((idx * 7 % 1000).tolist(), pa.uint32()),
+            "f32": pa.array(nulls((idx / 3).tolist()), pa.float32()),
+            "f64": pa.array([float("nan") if i % 11 == 0 else i * 0.5 for i in ids]),
+            "flag": pa.array(nulls([bool(i % 2) for i in ids], 5), pa.bool_()),
+            "text": pa.array(nulls([f"row-{i}-{'é' * (i % 4)}" for i in ids])),
+            "large": pa.array([str(i) * (i % 5) for i in ids], pa.large_string()),
+            "blob": pa.array(nulls([bytes([i % 256]) * (i % 3) for i in ids]), pa.binary()),
+            "price": pa.array(nulls([decimal.Decimal(i) / 100 for i in ids]), pa.decimal128(12, 2)),
+            "day": pa.array(
+                [datetime.date(2020, 1, 1) + datetime.timedelta(days=i) for i in ids],
+                pa.date32(),
+            ),
+            "ts": pa.array(
+                nulls([base + datetime.timedelta(minutes=i) for i in ids]),
+                pa.timestamp("us"),
+            ),
+            "ts_tz": pa.array(
+                [base + datetime.timedelta(hours=i) for i in ids],
+                pa.timestamp("ns", tz="Europe/Berlin"),
+            ),
+            "ts_utc": pa.array(
+                nulls([base + datetime.timedelta(seconds=i) for i in ids]),
+                pa.timestamp("ms", tz="UTC"),
+            ),
+            "ints": pa.array(nulls([list(range(i % 4)) for i in ids], 9), pa.list_(pa.int64())),
+            "words": pa.array([[f"w{i}", None] if i % 2 else [] for i in ids]),
+            "color": pa.array(
+                nulls([["red", "green", "blue"][i % 3] for i in ids])
+            ).dictionary_encode(),
+            "point": pa.array([{"x": i, "y": i / 2} for i in ids]),
+        }
+    )
+
+
+def write(path, table: pa.Table, **kwargs) -> str:
+    pq.write_table(table, path, **kwargs)
+    return os.fspath(path)
+
+
+def read(client, paths, **kwargs):
+    return compute(client, dg.read_parquet(paths, client=client, **kwargs))
+
+
+@pytest.mark.parametrize("compression", ["snappy", "zstd", "none"])
+@pytest.mark.parametrize("row_group_size", [N, 64])
+def test_round_trip_types(client, tmp_path, compression, row_group_size):
+    path = write(
+        tmp_path / "rich.parquet",
+        rich_table(),
+        compression=compression,
+        row_group_size=row_group_size,
+    )
+    assert pq.ParquetFile(path).metadata.num_row_groups == -(-N // row_group_size)
+    df = dg.read_parquet(path, client=client, blocksize="16KiB")
+    assert list(df.columns) == rich_table().column_names
+    got = compute(client, df)
+    assert_same_frame(got, expected_parquet(path))
+    assert got["ts_tz"].dt.tz is not None
+    assert str(got["ts_tz"].dt.tz) == "Europe/Berlin"
+    assert isinstance(got["color"].dtype, pd.CategoricalDtype)
+
+
+@pytest.mark.parametrize("use_dictionary", [True, False])
+def test_dictionary_page_encoding(client, tmp_path, use_dictionary):
+    """Columns stored with and without Parquet dictionary pages (low-cardinality strings)."""
+    table = pa.table(
+        {
+            "k": np.arange(5000),
+            "city": [["Oslo", "Lima", "Pune", None][i % 4] for i in range(5000)],
+            "n": np.arange(5000) % 3,
+        }
+    )
+    path = write(
+        tmp_path / "dict.parquet", table, use_dictionary=use_dictionary, row_group_size=1000
+    )
+    encodings = pq.ParquetFile(path).metadata.row_group(0).column(1).encodings
+    assert ("RLE_DICTIONARY" in encodings) == use_dictionary
+    got = read(client, path, blocksize=1)
+    assert_same_frame(got, expected_parquet(path))
+
+
+def test_pandas_index_is_not_a_column(client, tmp_path):
+    """A stored pandas index is dropped: every partition gets a fresh RangeIndex."""
+    frame = pd.DataFrame({"x": np.arange(20), "y": np.arange(20) * 2.0})
+    frame.index = pd.Index([f"r{i}" for i in range(20)], name="label")
+    path = tmp_path / "indexed.parquet"
+    frame.to_parquet(path)
+    df = dg.read_parquet(path, client=client)
+    assert list(df.columns) == ["x", "y"]
+    got = compute(client, df)
+    assert_same_frame(got, frame.reset_index(drop=True))
+
+
+def test_column_names_with_dots(client, tmp_path):
+    """A column named ``a.b`` is one top-level column, not a nested field of ``a``."""
+    rng = np.random.default_rng(1)
+    n = 30_000  # column chunks far larger than the gap below which reads are merged
+    table = pa.table(
+        {
+            "a": rng.random(n),
+            "a.b": rng.random(n),
+            "c.d.e": pa.array([f"z{i}" for i in range(n)]),
+            "s": pa.array([{"x": i, "y.z": float(i)} for i in range(n)]),
+        }
+    )
+    path = write(tmp_path / "dots.parquet", table, row_group_size=10_000, compression="none")
+    assert_same_frame(read(client, path), expected_parquet(path))
+    for columns in (["a.b"], ["c.d.e", "a"], ["s"]):
+        got = read(client, path, columns=columns, blocksize=1)
+        assert_same_frame(got, expected_parquet(path, columns=columns))
+
+
+def test_empty_row_groups(client, tmp_path):
+    """Row groups with no rows, between and after full ones, load as nothing."""
+    table = rich_table(100)
+    path = tmp_path / "holes.parquet"
+    with pq.ParquetWriter(path, table.schema) as writer:
+        writer.write_table(table.slice(0, 50))
+        writer.write_table(table.slice(0, 0))
+        writer.write_table(table.slice(50))
+        writer.write_table(table.slice(0, 0))
+    meta = pq.ParquetFile(path).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [50, 0, 50, 0]
+    df = dg.read_parquet(path, client=client, blocksize=1)
+    assert df.npartitions == 2
+    assert_same_frame(compute(client, df), expected_parquet(path))
+
+
+def test_only_empty_row_groups(client, tmp_path):
+    """A file whose row groups are all empty gives an empty frame with the schema."""
+    table = rich_table(10)
+    path = tmp_path / "empty-rows.parquet"
+    with pq.ParquetWriter(path, table.schema) as writer:
+        writer.write_table(table.slice(0, 0))
+    got = read(client, path)
+    assert len(got) == 0
+    assert list(got.columns) == table.column_names
+
+
+def test_columns_projection(client, tmp_path):
+    path = write(tmp_path / "p.parquet", rich_table(), row_group_size=100)
+    columns = ["price", "text", "ints"]
+    df = dg.read_parquet(path, columns=columns, client=client)
+    assert list(df.columns) == columns
+    assert_same_frame(compute(client, df), expected_parquet(path, columns=columns))
+    # a single name works like a one-element list
+    assert list(dg.read_parquet(path, columns="id", client=client).columns) == ["id"]
+
+
+def test_projection_reads_fewer_bytes(tcp, tmp_path):
+    """Only the projected column chunks are read: the ledger shows fewer bytes."""
+    rng = np.random.default_rng(0)
+    table = pa.table({f"c{k}": rng.random(100_000) for k in range(8)})
+    path = write(tmp_path / "wide.parquet", table, row_group_size=25_000, compression="none")
+
+    def bytes_read(**kwargs):
+        clear_ledgers(tcp)
+        read(tcp, path, **kwargs)
+        return int(ledger.records(tcp)["bytes"].sum())
+
+    everything = bytes_read()
+    one = bytes_read(columns=["c3"])
+    assert 0 < one < everything / 4
+
+
+FILTERS = [
+    pytest.param([("id", ">=", 450)], id="one-term"),
+    pytest.param([("id", ">", 100), ("id", "<=", 140), ("flag", "==", True)], id="and"),
+    pytest.param([[("id", "<", 30)], [("id", ">", 570), ("i8", "!=", 25)]], id="or-of-ands"),
+    pytest.param([("color", "in", ["red", "blue"])], id="in"),
+    pytest.param([("text", "not in", ["row-1-é", "row-2-éé"]), ("id", "<", 50)], id="not-in"),
+    pytest.param([("color", "not in", ["red"]), ("id", "<", 100)], id="not-in-keeps-nulls"),
+    pytest.param([("text", "in", ["row-5-éé", None]), ("id", "<", 100)], id="in-none"),
+    pytest.param([("text", "not in", ["row-5-éé", None]), ("id", "<", 100)], id="not-in-none"),
+    pytest.param([("ts_utc", ">", pd.Timestamp("2024-03-30 23:05", tz="UTC"))], id="tz"),
+    pytest.param([("price", ">=", decimal.Decimal("5.50"))], id="decimal"),
+    pytest.param([("f32", "<", 10.0)], id="nulls-never-match"),
+]
+
+
+@pytest.mark.parametrize("filters", FILTERS)
+def test_filters_match_pyarrow(client, tmp_path, filters):
+    path = write(tmp_path / "f.parquet", rich_table(), row_group_size=50)
+    got = read(client, path, filters=filters, columns=["id", "text", "price", "ts_utc"])
+    expected = expected_parquet(path, filters=filters, columns=["id", "text", "price", "ts_utc"])
+    assert len(expected) > 0
+    assert_same_frame(got, expected, by="id")
+
+
+def test_filters_prune_row_groups(tcp, tmp_path):
+    """Row groups ruled out by statistics are never read: fewer partitions, fewer bytes."""
+    path = write(tmp_path / "sorted.parquet", rich_table(1000), row_group_size=100)
+    everything = dg.read_parquet(path, blocksize=1, client=tcp)
+    assert everything.npartitions == 10
+
+    filters = [[("id", "<", 150)], [("id", ">=", 900)]]  # row groups 0, 1 and 9
+    pruned = dg.read_parquet(path, filters=filters, blocksize=1, client=tcp)
+    assert pruned.npartitions == 3
+
+    clear_ledgers(tcp)
+    compute(tcp, everything)
+    all_bytes = int(ledger.records(tcp)["bytes"].sum())
+    clear_ledgers(tcp)
+    got = compute(tcp, pruned)
+    pruned_bytes = int(ledger.records(tcp)["bytes"].sum())
+    assert pruned_bytes < all_bytes * 0.5
+    assert_same_frame(got, expected_parquet(path, filters=filters))
+
+
+def test_filters_prune_everything(client, tmp_path):
+    """No row group can match: an empty frame with the projected schema, nothing read."""
+    path = write(tmp_path / "none.parquet", rich_table(), row_group_size=100)
+    df = dg.read_parquet(path, columns=["id", "text"], filters=[("id", ">", 10**6)], client=client)
+    got = compute(client, df)
+    assert len(got) == 0
+    assert list(got.columns) == ["id", "text"]
+
+
+def test_filter_column_not_projected(client, tmp_path):
+    """A filter may use a column that is not loaded; it is read, applied, then dropped."""
+    path = write(tmp_path / "fc.parquet", rich_table(), row_group_size=100)
+    df = dg.read_parquet(path, columns=["text"], filters=[("id", "<", 10)], client=client)
+    assert list(df.columns) == ["text"]
+    got = compute(client, df)
+    assert_same_frame(got, expected_parquet(path, columns=["text"]).head(10))
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """Three files of one schema in a directory, plus a hidden and a metadata file."""
+    root = tmp_path / "data"
+    root.mkdir()
+    files = []
+    for k in range(3):
+        files.append(
+            write(root / f"part-{k}.parquet", rich_table(200, start=200 * k), row_group_size=40)
+        )
+    (root / "_SUCCESS").write_text("")
+    (root / ".hidden.parquet").write_text("not parquet")
+    return root, files
+
+
+def test_paths_file_list_directory_glob(client, dataset):
+    root, files = dataset
+    expected_all = expected_parquet(files)
+    assert_same_frame(read(client, files[1]), expected_parquet(files[1]))
+    assert_same_frame(read(client, [files[2], files[0]]), expected_parquet([files[2], files[0]]))
+    assert_same_frame(read(client, root), expected_all)
+    assert_same_frame(read(client, os.fspath(root)), expected_all)
+    assert_same_frame(read(client, os.path.join(root, "part-*.parquet")), expected_all)
+    assert_same_frame(
+        read(client, [os.path.join(root, "part-[01].parquet"), files[2]]), expected_all
+    )
+
+
+def test_blocksize_partitions(client, dataset):
+    """Partitions are runs of row groups of one file: never across files."""
+    root, files = dataset
+    assert dg.read_parquet(root, client=client).npartitions == 3  # default 256MiB
+    assert dg.read_parquet(root, blocksize=1, client=client).npartitions == 15
+    rg_bytes = pq.ParquetFile(files[0]).metadata.row_group(0).total_byte_size
+    df = dg.read_parquet(root, blocksize=2 * rg_bytes, client=client)
+    assert 3 < df.npartitions < 15
+    parts = partitions(client, df)
+    assert all(isinstance(p, pd.DataFrame) for p in parts)
+    assert all(len(p) > 0 for p in parts)
+    assert sum(map(len, parts)) == 600
+    assert_same_frame(pd.concat(parts), expected_parquet(files))

@@ -1,0 +1,63 @@
+"""Helpers for the tests; shipped to workers by value (see conftest)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow.parquet as pq
+from pandas.testing import assert_frame_equal
+
+import dask_gpudirect as dg
+
+PLUGIN = "gpudirect"
+
+
+def plugin_options(dask_worker) -> dict:
+    """The options the worker's GPUDirectPlugin resolved (run on a worker)."""
+    return dict(dask_worker.plugins[PLUGIN].options)
+
+
+def has_plugin(dask_worker) -> bool:
+    return PLUGIN in dask_worker.plugins
+
+
+def clear_ledger(dask_worker) -> None:
+    plugin = dask_worker.plugins.get(PLUGIN)
+    if plugin is not None:
+        plugin.ledger.clear()
+
+
+def clear_ledgers(client) -> None:
+    """Empty every worker's ledger, so a test sees only its own reads."""
+    client.run(clear_ledger)
+
+
+def compute(client, collection):
+    """``collection`` computed on ``client``'s cluster (never on another default client)."""
+    return client.compute(collection).result()
+
+
+def partitions(client, df) -> list:
+    """The partitions of ``df`` as the objects the workers made."""
+    return client.gather(client.compute(df.to_delayed()))
+
+
+def expected_parquet(paths, columns=None, filters=None) -> pd.DataFrame:
+    """What pyarrow reads from ``paths`` (one file or a list), as one pandas frame."""
+    if isinstance(paths, (list, tuple)):
+        frames = [expected_parquet(p, columns, filters) for p in paths]
+        return pd.concat(frames, ignore_index=True)
+    return pq.read_table(paths, columns=columns, filters=filters).to_pandas()
+
+
+def assert_same_frame(got: pd.DataFrame, expected: pd.DataFrame, by=None) -> None:
+    """Equal frames up to row order (when ``by`` is given) and index."""
+    if by is not None:
+        got = got.sort_values(by, kind="stable")
+        expected = expected.sort_values(by, kind="stable")
+    assert_frame_equal(got.reset_index(drop=True), expected.reset_index(drop=True))
+
+
+def load_good(client, path) -> None:
+    """The cluster still loads a good dataset after a failure."""
+    got = compute(client, dg.read_parquet(path, client=client))
+    assert_same_frame(got, expected_parquet(path))
