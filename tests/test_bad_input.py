@@ -1,0 +1,342 @@
+"""Every bad input of the issue: a clear ``InputError`` in the client that names the file.
+
+Errors that can be known from footers, headers and sizes are raised while planning, before
+anything runs on the cluster; a file that changes after planning fails when computed. After
+every failure the same cluster still loads a good dataset.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from util import assert_same_frame, compute, expected_parquet
+
+import dask_gpudirect as dg
+from dask_gpudirect.formats import binary, parquet
+
+
+def table(n: int = 200, start: int = 0) -> pa.Table:
+    ids = np.arange(start, start + n)
+    return pa.table({"id": ids, "x": ids * 0.5, "s": [f"v{i}" for i in ids]})
+
+
+def write(path, t: pa.Table | None = None, **kwargs) -> str:
+    pq.write_table(table() if t is None else t, path, **kwargs)
+    return os.fspath(path)
+
+
+@pytest.fixture
+def good(tmp_path) -> str:
+    return write(tmp_path / "good.parquet", row_group_size=50)
+
+
+@pytest.fixture(autouse=True)
+def cluster_keeps_working(tcp, good):
+    """After each test, the cluster that saw the failure loads a good dataset."""
+    yield
+    got = compute(tcp, dg.read_parquet(good, blocksize=1, client=tcp))
+    assert_same_frame(got, expected_parquet(good))
+    arr = np.arange(12.0).reshape(4, 3)
+    np.save(os.path.join(os.path.dirname(good), "good.npy"), arr)
+    got = compute(tcp, dg.read_binary(os.path.join(os.path.dirname(good), "good.npy"), client=tcp))
+    np.testing.assert_array_equal(got, arr)
+
+
+def raises_naming(path, *words):
+    """``pytest.raises(InputError)`` whose message names ``path`` and each of ``words``."""
+    pattern = re.escape(os.fspath(path)) + "".join(f"(?s:.*){re.escape(w)}" for w in words)
+    return pytest.raises(dg.InputError, match=pattern)
+
+
+# --- files that are missing or cannot be read -------------------------------------------
+
+
+def test_missing_file(tcp, tmp_path, good):
+    missing = tmp_path / "missing.parquet"
+    with raises_naming(missing, "no such file"):
+        dg.read_parquet(missing, client=tcp)
+    with raises_naming(missing, "no such file"):
+        dg.read_parquet([good, missing], client=tcp)
+    with raises_naming(tmp_path / "missing.npy", "no such file"):
+        dg.read_binary(tmp_path / "missing.npy", client=tcp)
+
+
+def test_glob_matching_nothing(tcp, tmp_path):
+    pattern = os.path.join(tmp_path, "nothing-*.parquet")
+    with raises_naming(pattern, "no files match"):
+        dg.read_parquet(pattern, client=tcp)
+
+
+def test_empty_directory(tcp, tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)  # only a directory inside: no data files
+    with raises_naming(empty, "no data files"):
+        dg.read_parquet(empty, client=tcp)
+    with raises_naming(empty, "no data files"):
+        dg.read_binary(empty, dtype="f8", client=tcp)
+
+
+def test_directory_where_a_file_is_expected(tmp_path):
+    """Planning a directory as a file says it is a directory (paths normally expand them)."""
+    folder = tmp_path / "table.parquet"
+    folder.mkdir()
+    with raises_naming(folder, "directory"):
+        parquet.plan([os.fspath(folder)], None, None, 1 << 20, "host")
+    with raises_naming(folder, "directory"):
+        binary.plan([os.fspath(folder)], "f8", None, 1 << 20, "host")
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0, reason="running as root: chmod 000 does not stop root from reading"
+)
+def test_unreadable_file(tcp, tmp_path, good):
+    locked = write(tmp_path / "locked.parquet")
+    os.chmod(locked, 0)
+    try:
+        with raises_naming(locked, "permission denied"):
+            dg.read_parquet([good, locked], client=tcp)
+        raw = tmp_path / "locked.raw"
+        np.arange(10.0).tofile(raw)
+        os.chmod(raw, 0)
+        with raises_naming(raw, "permission denied"):
+            dg.read_binary(raw, dtype="f8", client=tcp)
+    finally:
+        os.chmod(locked, 0o644)
+
+
+# --- Parquet files that are not whole -----------------------------------------------------
+
+
+def test_empty_parquet_file(tcp, tmp_path, good):
+    empty = tmp_path / "empty.parquet"
+    empty.touch()
+    with raises_naming(empty, "empty file"):
+        dg.read_parquet([good, empty], client=tcp)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.99, 7])
+def test_truncated_parquet(tcp, tmp_path, good, keep):
+    """Cut anywhere: in the data, inside the footer, or before the footer length."""
+    path = write(tmp_path / "cut.parquet", row_group_size=50)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(int(size * keep) if keep < 1 else keep)
+    with raises_naming(path, "Parquet"):
+        dg.read_parquet([good, path], client=tcp)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["magic", "footer-length", "footer-bytes"],
+)
+def test_corrupt_parquet_footer(tcp, tmp_path, damage):
+    path = write(tmp_path / "bad.parquet")
+    data = bytearray(open(path, "rb").read())
+    footer_length = int.from_bytes(data[-8:-4], "little")
+    if damage == "magic":
+        data[-4:] = b"XXXX"
+    elif damage == "footer-length":
+        data[-8:-4] = (len(data) * 4).to_bytes(4, "little")
+    else:
+        start = len(data) - 8 - footer_length
+        data[start : start + footer_length] = bytes(footer_length)
+    open(path, "wb").write(bytes(data))
+    with raises_naming(path, "Parquet"):
+        dg.read_parquet(path, client=tcp)
+
+
+def test_corrupt_parquet_data_pages(tcp, tmp_path):
+    """A sound footer over garbled pages: planning cannot know, computing names the file."""
+    path = write(tmp_path / "garbled.parquet", table(20_000), row_group_size=10_000)
+    chunk = pq.ParquetFile(path).metadata.row_group(1).column(2)
+    with open(path, "r+b") as f:
+        f.seek(chunk.data_page_offset)
+        f.write(b"\xff" * 200)
+    df = dg.read_parquet(path, blocksize=1, client=tcp)
+    with raises_naming(path, "cannot decode"):
+        compute(tcp, df)
+
+
+def test_not_a_parquet_file(tcp, tmp_path):
+    path = tmp_path / "notes.parquet"
+    path.write_text("this is text, not Parquet\n" * 10)
+    with raises_naming(path, "not a valid Parquet file"):
+        dg.read_parquet(path, client=tcp)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pa.table({"id": np.arange(5), "x": np.arange(5) * 0.5}),  # a column missing
+        pa.table({"id": np.arange(5), "x": np.arange(5), "s": ["a"] * 5}),  # x is int
+        pa.table({"x": np.arange(5) * 0.5, "id": np.arange(5), "s": ["a"] * 5}),  # order
+    ],
+    ids=["missing-column", "other-type", "other-order"],
+)
+def test_schema_differs(tcp, tmp_path, good, other):
+    odd = write(tmp_path / "odd.parquet", other)
+    with raises_naming(odd, "schema differs", good):
+        dg.read_parquet([good, odd], client=tcp)
+    with raises_naming(odd, "schema differs"):
+        dg.read_parquet(tmp_path, client=tcp)  # good.parquet sorts first
+
+
+# --- binary files that are not whole ------------------------------------------------------
+
+
+def test_raw_not_whole_records(tcp, tmp_path):
+    path = tmp_path / "odd.raw"
+    path.write_bytes(bytes(8 * 10 + 3))
+    with raises_naming(path, "83 bytes is not a whole number of 8-byte records"):
+        dg.read_binary(path, dtype="f8", client=tcp)
+    with raises_naming(path, "not a whole number of 24-byte records"):
+        dg.read_binary(path, dtype="i4", shape=(3, 2), client=tcp)
+
+
+def test_empty_binary_files(tcp, tmp_path):
+    raw = tmp_path / "empty.raw"
+    raw.touch()
+    with raises_naming(raw, "empty file"):
+        dg.read_binary(raw, dtype="f8", client=tcp)
+    npy = tmp_path / "empty.npy"
+    npy.touch()
+    with raises_naming(npy, ".npy"):
+        dg.read_binary(npy, client=tcp)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"\x93NUMPY\x01\x00",  # magic, then nothing
+        b"\x93NUMPY\x09\x00\x10\x00{'descr': '<f8'}",  # unknown version
+        b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f8'    \n",  # not a valid dict
+        b"\x93NUMPY\x01\x00\x40\x00{'descr': '<f8', 'fortran_order': False}" + b" " * 10 + b"\n",
+        b"\x93NUMPY\x01\x00\x30\x00{'descr': 'zz', 'fortran_order': False, 'shape': (3,)}",
+    ],
+    ids=["no-header", "bad-version", "bad-dict", "no-shape", "bad-descr"],
+)
+def test_bad_npy_header(tcp, tmp_path, header):
+    path = tmp_path / "bad.npy"
+    path.write_bytes(header + bytes(64))
+    with raises_naming(path, ".npy"):
+        dg.read_binary(path, client=tcp)
+
+
+def test_truncated_npy(tcp, tmp_path):
+    path = tmp_path / "short.npy"
+    np.save(path, np.arange(100.0))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 16)
+    with raises_naming(path, "truncated .npy"):
+        dg.read_binary(path, client=tcp)
+
+
+def test_object_dtype(tcp, tmp_path):
+    path = tmp_path / "objects.npy"
+    np.save(path, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    with raises_naming(path, "not a fixed-size type"):
+        dg.read_binary(path, client=tcp)
+    raw = tmp_path / "objects.raw"
+    raw.write_bytes(bytes(64))
+    with raises_naming(raw, "not a fixed-size type"):
+        dg.read_binary(raw, dtype=object, client=tcp)
+    with raises_naming(raw, "bad dtype"):
+        dg.read_binary(raw, dtype="not-a-dtype", client=tcp)
+
+
+def test_binary_files_disagree(tcp, tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((4, 3), "f8"))
+    np.save(tmp_path / "b.npy", np.zeros((4, 2), "f8"))
+    with raises_naming(tmp_path / "b.npy", "records of shape"):
+        dg.read_binary(tmp_path, client=tcp)
+
+
+# --- options that cannot apply --------------------------------------------------------------
+
+
+def test_unknown_column(tcp, good):
+    with raises_naming(good, "unknown column", "nope"):
+        dg.read_parquet(good, columns=["id", "nope"], client=tcp)
+
+
+def test_filter_on_unknown_column(tcp, good):
+    with raises_naming(good, "unknown column", "nope"):
+        dg.read_parquet(good, filters=[("nope", ">", 1)], client=tcp)
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        [("id", "~", 1)],
+        [("id", ">")],
+        [("id", "in", 3)],
+        "id > 3",
+        [],
+    ],
+    ids=["operator", "two-items", "in-scalar", "string", "empty"],
+)
+def test_malformed_filters(tcp, good, filters):
+    with pytest.raises(dg.InputError, match="filter"):
+        dg.read_parquet(good, filters=filters, client=tcp)
+
+
+def test_filter_of_wrong_type(tcp, good):
+    with raises_naming(good, "filters"):
+        dg.read_parquet(good, filters=[("s", ">", 3)], client=tcp)
+
+
+@pytest.mark.parametrize("blocksize", ["lots", 0, -5, "-1MiB", [1]])
+def test_bad_blocksize(tcp, tmp_path, good, blocksize):
+    with pytest.raises(dg.InputError, match=re.escape(f"bad blocksize {blocksize!r}")):
+        dg.read_parquet(good, blocksize=blocksize, client=tcp)
+    raw = tmp_path / "r.raw"
+    np.arange(10.0).tofile(raw)
+    with pytest.raises(dg.InputError, match=re.escape(f"bad blocksize {blocksize!r}")):
+        dg.read_binary(raw, dtype="f8", blocksize=blocksize, client=tcp)
+
+
+def test_bad_target(tcp, good):
+    with pytest.raises(dg.InputError, match="unknown target 'gpu'"):
+        dg.read_parquet(good, target="gpu", client=tcp)
+
+
+def test_bad_record_shape(tcp, tmp_path):
+    raw = tmp_path / "r.raw"
+    np.arange(10.0).tofile(raw)
+    with pytest.raises(dg.InputError, match="bad shape"):
+        dg.read_binary(raw, dtype="f8", shape=(-1,), client=tcp)
+
+
+# --- files that change after planning -------------------------------------------------------
+
+
+def test_parquet_truncated_after_planning(tcp, tmp_path):
+    path = write(tmp_path / "shrinks.parquet", table(2000), row_group_size=500)
+    df = dg.read_parquet(path, blocksize=1, client=tcp)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with raises_naming(path, "shorter than when it was planned"):
+        compute(tcp, df)
+
+
+def test_binary_truncated_after_planning(tcp, tmp_path):
+    path = tmp_path / "shrinks.npy"
+    np.save(path, np.arange(10_000.0))
+    x = dg.read_binary(path, blocksize=8000, client=tcp)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 8 * 1500)
+    with raises_naming(path, "shorter than when it was planned"):
+        compute(tcp, x)
+
+
+def test_file_removed_after_planning(tcp, tmp_path):
+    path = write(tmp_path / "gone.parquet")
+    df = dg.read_parquet(path, client=tcp)
+    os.remove(path)
+    with raises_naming(path, "cannot read"):
+        compute(tcp, df)
