@@ -1,0 +1,151 @@
+"""Placement: each shard is read by the worker placement chose, bytes balanced, stable.
+
+The chosen worker travels inside each shard (``Shard.worker``); the tests recover the shards
+from the collection's graph and check ``client.who_has`` after ``persist``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from distributed import wait
+from util import compute, expected_parquet
+
+import dask_gpudirect as dg
+from dask_gpudirect.errors import InputError
+from dask_gpudirect.formats import binary, parquet
+from dask_gpudirect.placement import _shard_of, assign
+from dask_gpudirect.shards import Shard
+
+
+def shards_of(collection) -> dict[int, Shard]:
+    """Partition/chunk index -> the shard its task loads, from the collection's graph."""
+    found = {}
+    for key, task in dict(collection.__dask_graph__()).items():
+        shard = _shard_of(task)
+        if shard is not None:
+            found[key[1]] = shard
+    return found
+
+
+def placement_after_persist(client, collection) -> dict[int, tuple[str, ...]]:
+    """Partition/chunk index -> the workers holding it once persisted."""
+    persisted = client.persist(collection)
+    wait(persisted)
+    return {key[1]: tuple(sorted(ws)) for key, ws in client.who_has(persisted).items()}
+
+
+def workers_of(client) -> list[str]:
+    return sorted(client.scheduler_info()["workers"])
+
+
+@pytest.fixture(scope="module")
+def parquet_dir(tmp_path_factory):
+    """Four files of uneven size, many row groups each."""
+    root = tmp_path_factory.mktemp("placed")
+    rng = np.random.default_rng(0)
+    for k, n in enumerate([40_000, 10_000, 25_000, 5_000]):
+        t = pa.table({"id": np.arange(n) + 100_000 * k, "v": rng.random(n)})
+        pq.write_table(t, root / f"f{k}.parquet", row_group_size=5_000)
+    return root
+
+
+def test_parquet_partitions_live_where_placed(client, parquet_dir):
+    df = dg.read_parquet(parquet_dir, blocksize=1, client=client)
+    shards = shards_of(df)
+    assert sorted(shards) == list(range(df.npartitions)) and df.npartitions == 16
+    workers = workers_of(client)
+    assert {s.worker for s in shards.values()} == set(workers)  # both workers get work
+    where = placement_after_persist(client, df)
+    assert where == {i: (s.worker,) for i, s in shards.items()}
+
+
+def test_parquet_placement_matches_replanning(tcp, parquet_dir):
+    """The collection's shards are exactly plan + assign over the workers."""
+    files = sorted(os.fspath(p) for p in parquet_dir.iterdir())
+    df = dg.read_parquet(parquet_dir, blocksize="64KiB", client=tcp)
+    planned = parquet.plan(files, None, None, 64 * 1024, "host").shards
+    readable = {w: {os.fspath(parquet_dir)} for w in workers_of(tcp)}
+    expected = assign(planned, readable)
+    got = shards_of(df)
+    assert [got[i] for i in range(len(expected))] == expected
+
+
+def test_parquet_placement_is_stable(tcp, parquet_dir):
+    first = placement_after_persist(tcp, dg.read_parquet(parquet_dir, blocksize=1, client=tcp))
+    again = dg.read_parquet(parquet_dir, blocksize=1, client=tcp)
+    assert {i: s.worker for i, s in shards_of(again).items()} == {
+        i: ws[0] for i, ws in first.items()
+    }
+    assert placement_after_persist(tcp, again) == first
+
+
+def test_parquet_bytes_balanced(tcp, parquet_dir):
+    df = dg.read_parquet(parquet_dir, blocksize=1, client=tcp)
+    shards = list(shards_of(df).values())
+    per_worker = {w: 0 for w in workers_of(tcp)}
+    for s in shards:
+        per_worker[s.worker] += s.nbytes
+    assert max(per_worker.values()) - min(per_worker.values()) <= max(s.nbytes for s in shards)
+    assert len(compute(tcp, df)) == len(expected_parquet(sorted(parquet_dir.iterdir())))
+
+
+def test_binary_chunks_live_where_placed(client, tmp_path):
+    files = []
+    for k, n in enumerate([3000, 1000, 2000]):
+        path = tmp_path / f"a{k}.npy"
+        np.save(path, np.arange(n * 4, dtype="<f8").reshape(n, 4))
+        files.append(os.fspath(path))
+    x = dg.read_binary(files, blocksize=32 * 250, client=client)  # 250 records a chunk
+    shards = shards_of(x)
+    assert len(shards) == x.numblocks[0] == 24
+    per_worker = {w: 0 for w in workers_of(client)}
+    for s in shards.values():
+        per_worker[s.worker] += s.nbytes
+    assert max(per_worker.values()) - min(per_worker.values()) <= 32 * 250
+    where = placement_after_persist(client, x)
+    assert where == {i: (s.worker,) for i, s in shards.items()}
+    again = dg.read_binary(files, blocksize=32 * 250, client=client)
+    assert placement_after_persist(client, again) == where
+
+    planned = binary.plan(files, None, None, 32 * 250, "host").shards
+    readable = {w: {os.fspath(tmp_path)} for w in workers_of(client)}
+    assert [shards[i] for i in range(len(planned))] == assign(planned, readable)
+
+
+# --- placement.assign as a unit -------------------------------------------------------
+
+
+def shard(path: str, nbytes: int) -> Shard:
+    return Shard(path=path, ranges=((0, nbytes),), base=0, size=nbytes, part=None)
+
+
+def test_assign_only_to_workers_that_can_read():
+    shards = [shard("/a/x", 10), shard("/b/y", 10), shard("/a/z", 5), shard("/b/w", 7)]
+    readable = {"w1": {"/a"}, "w2": {"/a", "/b"}}
+    placed = assign(shards, readable)
+    assert [s.worker for s in placed] == ["w1", "w2", "w1", "w2"]
+    assert [dataclasses.replace(s, worker=None) for s in placed] == shards
+
+
+def test_assign_balances_and_is_deterministic():
+    shards = [shard(f"/d/f{i}", n) for i, n in enumerate([9, 1, 8, 2, 7, 3, 6, 4, 5, 5])]
+    readable = {w: {"/d"} for w in ("w3", "w1", "w2")}
+    placed = assign(shards, readable)
+    assert placed == assign(list(shards), dict(reversed(readable.items())))
+    load = {w: sum(s.nbytes for s in placed if s.worker == w) for w in readable}
+    assert max(load.values()) - min(load.values()) <= 9
+    assert sum(load.values()) == 50
+
+
+def test_assign_no_worker_can_read():
+    shards = [shard("/a/x", 10), shard("/hidden/y", 10)]
+    with pytest.raises(InputError, match="/hidden/y.*no worker can read"):
+        assign(shards, {"w1": {"/a"}, "w2": {"/a", "/b"}})
+    with pytest.raises(InputError, match="/a/x.*no worker can read"):
+        assign(shards[:1], {"w1": set()})
