@@ -1,0 +1,221 @@
+"""Device-target round trips on ``dg.LocalCUDACluster`` over tcp: cuDF / CuPy equal pyarrow / NumPy.
+
+One cluster for the module (``cuda_tcp``). The plugin checks come first: they read the worker's
+kvikio settings before any read could change them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import gpu_helpers as h
+import numpy as np
+import pytest
+
+import dask_gpudirect as dg
+
+pytestmark = pytest.mark.gpu
+
+
+def compute(client, collection):
+    return client.compute(collection).result()
+
+
+# --- the cluster and the plugin ------------------------------------------------------------------
+
+
+def test_plugin_kept_with_dask_cuda_plugins(cuda_tcp):
+    h.check_cluster(cuda_tcp, threads=h.PLUGIN_THREADS)
+
+
+def test_plugin_configured_kvikio(cuda_tcp):
+    """GPUDirectPlugin(threads=4) set the worker's kvikio thread pool at setup."""
+    assert set(cuda_tcp.run(h.kvikio_threads).values()) == {h.PLUGIN_THREADS}
+
+
+def test_target_none_is_device(cuda_tcp, parquet_dir, tmp_path):
+    import cudf
+    import cupy
+
+    directory, _ = parquet_dir
+    ddf = dg.read_parquet(directory, client=cuda_tcp)
+    assert isinstance(ddf._meta, cudf.DataFrame)
+    assert isinstance(compute(cuda_tcp, ddf.partitions[0]), cudf.DataFrame)
+    np.save(tmp_path / "a.npy", np.arange(10, dtype="i4"))
+    arr = dg.read_binary(str(tmp_path / "a.npy"), client=cuda_tcp)
+    assert isinstance(arr._meta, cupy.ndarray)
+    h.assert_same_array(compute(cuda_tcp, arr), np.arange(10, dtype="i4"))
+
+
+# --- Parquet -------------------------------------------------------------------------------------
+
+
+def test_parquet_all_columns(cuda_tcp, parquet_dir):
+    directory, paths = parquet_dir
+    ddf = dg.read_parquet(directory, target="device", client=cuda_tcp)
+    assert ddf.npartitions == len(paths)  # default blocksize: one shard per small file
+    h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), h.expected_parquet(paths))
+
+
+def test_parquet_each_row_group_a_partition(cuda_tcp, parquet_dir):
+    import cudf
+
+    directory, paths = parquet_dir
+    ddf = dg.read_parquet(directory, blocksize=1, target="device", client=cuda_tcp)
+    assert ddf.npartitions == h.PARQUET_FILES * (h.ROWS_PER_FILE // h.ROW_GROUP)
+    parts = cuda_tcp.gather(cuda_tcp.compute(ddf.to_delayed()))
+    assert all(isinstance(p, cudf.DataFrame) and len(p) == h.ROW_GROUP for p in parts)
+    got = cudf.concat(parts, ignore_index=True)
+    h.assert_same_table(h.cudf_to_arrow(got), h.expected_parquet(paths))
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [["s"], ["dec", "dec38"], ["l", "i"], ["cat", "ts", "ts_ms", "b"], ["f", "i32"]],
+    ids=lambda c: "+".join(c),
+)
+def test_parquet_projection(cuda_tcp, parquet_dir, columns):
+    directory, paths = parquet_dir
+    ddf = dg.read_parquet(directory, columns=columns, target="device", client=cuda_tcp)
+    assert list(ddf.columns) == columns
+    got = h.cudf_to_arrow(compute(cuda_tcp, ddf))
+    h.assert_same_table(got, h.expected_parquet(paths, columns=columns))
+
+
+FILTERS = {
+    "range": [("i", ">=", 2500), ("i", "<", 7000)],
+    "or": [[("s", "==", "s1-x")], [("i32", "<", -495)]],
+    "in": [("i32", "in", [1, 2, 3, -500]), ("f", "!=", 0.25)],
+    "category": [("cat", "==", "red"), ("i", ">=", 4000)],
+    "not-in": [("s", "not in", ["s0-", "s2-xx"]), ("i", "<", 3000)],
+    "timestamp": [("ts", ">=", datetime.datetime(2024, 1, 1, 1, 0, 0)), ("i", "<", 5000)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILTERS))
+def test_parquet_filters(cuda_tcp, parquet_dir, name):
+    directory, paths = parquet_dir
+    filters = FILTERS[name]
+    ddf = dg.read_parquet(directory, filters=filters, target="device", client=cuda_tcp)
+    expected = h.expected_parquet(paths, filters=filters)
+    assert expected.num_rows  # the case tests something
+    h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
+
+
+def test_parquet_filters_prune_row_groups(cuda_tcp, parquet_dir):
+    """Statistics prune: only the row groups that can hold i in [1000, 2000) become partitions."""
+    directory, paths = parquet_dir
+    filters = [("i", ">=", 1000), ("i", "<", 2000)]
+    ddf = dg.read_parquet(directory, filters=filters, blocksize=1, target="device", client=cuda_tcp)
+    assert ddf.npartitions == 1
+    got = h.cudf_to_arrow(compute(cuda_tcp, ddf))
+    h.assert_same_table(got, h.expected_parquet(paths, filters=filters))
+
+
+def test_parquet_projection_and_filter_on_other_column(cuda_tcp, parquet_dir):
+    directory, paths = parquet_dir
+    filters = [("b", "==", True), ("i", "<", 4000)]
+    ddf = dg.read_parquet(
+        directory, columns=["s", "l"], filters=filters, target="device", client=cuda_tcp
+    )
+    assert list(ddf.columns) == ["s", "l"]
+    expected = h.expected_parquet(paths, columns=["s", "l"], filters=filters)
+    h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
+
+
+def test_parquet_filter_matching_nothing(cuda_tcp, parquet_dir):
+    directory, _ = parquet_dir
+    ddf = dg.read_parquet(
+        directory, columns=["i", "s"], filters=[("i", ">", 10**9)], target="device", client=cuda_tcp
+    )
+    got = h.cudf_to_arrow(compute(cuda_tcp, ddf))
+    assert got.column_names == ["i", "s"] and got.num_rows == 0
+
+
+def test_parquet_single_file_and_list(cuda_tcp, parquet_dir):
+    _, paths = parquet_dir
+    for arg, files in ((paths[1], [paths[1]]), ([paths[2], paths[0]], [paths[2], paths[0]])):
+        ddf = dg.read_parquet(arg, target="device", client=cuda_tcp)
+        h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), h.expected_parquet(files))
+
+
+# --- binary --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype,shape",
+    [
+        ("float32", (1000, 7)),
+        ("float64", (513,)),
+        ("int8", (300, 4, 3)),
+        ("uint64", (257, 2)),
+        ("bool", (100,)),
+        ("complex64", (64, 5)),
+        ("float16", (99, 3)),
+    ],
+)
+def test_npy_c_order(cuda_tcp, tmp_path, dtype, shape):
+    expected = h.npy_array(shape, dtype)
+    path = str(tmp_path / "x.npy")
+    np.save(path, expected)
+    # a small blocksize: several chunks, each a run of whole records
+    arr = dg.read_binary(path, target="device", client=cuda_tcp, blocksize=1024)
+    assert arr.numblocks[0] > 1 or expected.nbytes <= 1024
+    h.assert_same_array(compute(cuda_tcp, arr), expected)
+
+
+@pytest.mark.parametrize("dtype,shape", [("int16", (300, 5)), ("float64", (40, 3, 2))])
+def test_npy_fortran_order(cuda_tcp, tmp_path, dtype, shape):
+    expected = np.asfortranarray(h.npy_array(shape, dtype, seed=1))
+    path = str(tmp_path / "f.npy")
+    np.save(path, expected)
+    arr = dg.read_binary(path, target="device", client=cuda_tcp, blocksize=256)
+    assert arr.numblocks[0] == 1  # records of a Fortran-order file are not contiguous
+    h.assert_same_array(compute(cuda_tcp, arr), expected)
+
+
+def test_npy_many_files(cuda_tcp, tmp_path):
+    parts = [h.npy_array((n, 8), "float32", seed=n) for n in (100, 1, 250, 37)]
+    for i, part in enumerate(parts):
+        np.save(tmp_path / f"part-{i}.npy", part)
+    arr = dg.read_binary(str(tmp_path), target="device", client=cuda_tcp, blocksize=4096)
+    h.assert_same_array(compute(cuda_tcp, arr), np.concatenate(parts))
+
+
+def test_raw_records_with_shape(cuda_tcp, tmp_path):
+    expected = h.npy_array((1001, 3), "float64", seed=2)
+    path = tmp_path / "records.bin"
+    expected.tofile(path)
+    arr = dg.read_binary(
+        str(path), dtype="float64", shape=(3,), target="device", client=cuda_tcp, blocksize=2400
+    )
+    assert arr.numblocks[0] > 1
+    h.assert_same_array(compute(cuda_tcp, arr), expected)
+
+
+def test_raw_scalars_many_files(cuda_tcp, tmp_path):
+    parts = [h.npy_array((n,), "int32", seed=n) for n in (10, 4000, 3)]
+    for i, part in enumerate(parts):
+        part.tofile(tmp_path / f"r{i}.raw")
+    arr = dg.read_binary(str(tmp_path / "r*.raw"), dtype="int32", target="device", client=cuda_tcp)
+    h.assert_same_array(compute(cuda_tcp, arr), np.concatenate(parts))
+
+
+# --- the ledger ----------------------------------------------------------------------------------
+
+
+def test_ledger_says_kvikio_compat_two_copies(cuda_tcp, parquet_dir, tmp_path):
+    """GDS is not available on the lent H200 (no nvidia-fs): reads take kvikio's compat path."""
+    directory, paths = parquet_dir
+    cuda_tcp.run(h.clear_ledger)
+    np.save(tmp_path / "l.npy", np.ones((4096, 4), "f8"))
+    compute(cuda_tcp, dg.read_parquet(directory, target="device", client=cuda_tcp))
+    compute(cuda_tcp, dg.read_binary(str(tmp_path / "l.npy"), target="device", client=cuda_tcp))
+    rows = h.ledger_paths(cuda_tcp)
+    assert rows, "the ledger recorded nothing"
+    assert {r["path"] for r in rows} == {"kvikio-compat"}, rows
+    assert {r["copies"] for r in rows} == {2}, rows
+    assert {r["op"] for r in rows} == {"read"}, rows
+    parquet_bytes = sum(os.path.getsize(p) for p in paths)
+    assert sum(r["bytes"] for r in rows) >= 4096 * 4 * 8 + parquet_bytes // 2
