@@ -770,6 +770,9 @@ def read(
         tmp = root = tempfile.mkdtemp(prefix="dask-gpudirect-bench-")
     try:
         _run(result, opts, os.path.abspath(root), target, gpus)
+    except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
+        result["interrupted"] = True
+        _log("interrupted: writing what was measured so far")
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
