@@ -28,7 +28,9 @@ class GPUDirectPlugin(WorkerPlugin):
     """
 
     name = "gpudirect"
-    idempotent = True
+    # Not idempotent: a user's register_plugin(GPUDirectPlugin(threads=8)) must replace the
+    # defaults that read_* registered earlier (read_* only registers where it is missing).
+    idempotent = False
 
     def __init__(self, **options: Any):
         resolve_options(options)  # reject unknown keywords in the caller's process
