@@ -1,7 +1,10 @@
 """``dask worker --preload dask_gpudirect.preload``: every worker starts with the plugin.
 
-Options as flags, e.g. ``dask cuda worker ADDR --preload dask_gpudirect.preload
---preload-argv --gpudirect-threads=8``; anything not given comes from Dask config.
+Options as flags after the preload, e.g. ``dask cuda worker ADDR --preload dask_gpudirect.preload
+--gpudirect-threads=8``: the worker CLI hands options it does not know to the preload (there is
+no ``--preload-argv`` flag). Give the scheduler address as ``ADDR``: with ``--scheduler-file``
+and no address, click takes the first such flag for the address and drops it silently.
+Anything not given comes from Dask config.
 """
 
 from __future__ import annotations
