@@ -1,0 +1,218 @@
+"""The ways the plugin reaches workers, and how its options get there.
+
+1. ``client.register_plugin(GPUDirectPlugin(...))`` on a running cluster;
+2. ``read_*`` on a cluster without it registers it with defaults and logs that it did;
+3. ``dask worker --preload dask_gpudirect.preload [--gpudirect-threads=N]`` (real CLI processes).
+Options come from Dask config (``DASK_GPUDIRECT__...`` env vars) with keywords on top.
+``dg.LocalCUDACluster(plugins=...)`` needs a GPU: tests/gpu covers it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import dask
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import start_cluster
+from distributed import Client
+from util import assert_same_frame, compute, expected_parquet, has_plugin, plugin_options
+
+import dask_gpudirect as dg
+
+LOGGER = "dask_gpudirect.cluster"
+
+
+@pytest.fixture(scope="module")
+def fresh_client():
+    """A tcp cluster of its own: these tests add and remove the plugin."""
+    cluster = start_cluster("tcp", threads=1)
+    client = Client(cluster, set_as_default=False)
+    client.wait_for_workers(2)
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture
+def bare(fresh_client):
+    """``fresh_client`` with no GPUDirectPlugin on any worker at the start of the test."""
+    if any(fresh_client.run(has_plugin).values()):
+        fresh_client.unregister_worker_plugin("gpudirect")
+    assert not any(fresh_client.run(has_plugin).values())
+    with fresh_client.as_current():
+        yield fresh_client
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("reg") / "d.parquet"
+    pq.write_table(pa.table({"i": np.arange(1000), "s": [str(i) for i in range(1000)]}), path)
+    return os.fspath(path)
+
+
+def options_by_worker(client) -> list[dict]:
+    return list(client.run(plugin_options).values())
+
+
+def test_register_plugin_with_options(bare, data):
+    bare.register_plugin(dg.GPUDirectPlugin(threads=3, task_size="1MiB"))
+    for options in options_by_worker(bare):
+        assert options["threads"] == 3
+        assert options["task_size"] == "1MiB"
+        assert options["compat_mode"] == dask.config.get("gpudirect.reader.compat-mode")
+    assert_same_frame(compute(bare, dg.read_parquet(data, client=bare)), expected_parquet(data))
+    assert all(o["threads"] == 3 for o in options_by_worker(bare))  # read_* kept it
+
+
+def test_register_plugin_replaces_auto_registered_defaults(bare, data):
+    """A user's explicit registration wins over the defaults ``read_*`` registered first."""
+    compute(bare, dg.read_parquet(data, client=bare))
+    assert all(o["threads"] == 16 for o in options_by_worker(bare))
+    bare.register_plugin(dg.GPUDirectPlugin(threads=3))
+    assert all(o["threads"] == 3 for o in options_by_worker(bare))
+
+
+def test_read_registers_missing_plugin_and_logs(bare, data, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    df = dg.read_parquet(data, client=bare)
+    messages = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert any("registering GPUDirectPlugin with defaults on 2 worker(s)" in m for m in messages)
+    assert all(bare.run(has_plugin).values())
+    assert all(o["threads"] == 16 for o in options_by_worker(bare))
+    assert_same_frame(compute(bare, df), expected_parquet(data))
+
+    caplog.clear()  # the plugin is there now: no second registration, no message
+    x = dg.read_binary(data, dtype="u1", client=bare)
+    assert not [r for r in caplog.records if r.name == LOGGER]
+    assert compute(bare, x).nbytes == os.path.getsize(data)
+
+
+def test_read_binary_registers_missing_plugin(bare, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    np.save(tmp_path / "a.npy", np.arange(10))
+    x = dg.read_binary(tmp_path / "a.npy", client=bare)
+    assert any("registering GPUDirectPlugin" in r.getMessage() for r in caplog.records)
+    np.testing.assert_array_equal(compute(bare, x), np.arange(10))
+
+
+def test_unknown_plugin_option():
+    with pytest.raises(TypeError, match="unknown GPUDirectPlugin option.*thread"):
+        dg.GPUDirectPlugin(thread=3)
+
+
+def test_env_var_reaches_workers(monkeypatch, data):
+    """``DASK_GPUDIRECT__READER__THREADS`` set before the cluster starts sets the option."""
+    monkeypatch.setenv("DASK_GPUDIRECT__READER__THREADS", "7")
+    monkeypatch.setenv("DASK_GPUDIRECT__READER__TASK_SIZE", "2MiB")
+    dask.config.refresh()
+    try:
+        assert dask.config.get("gpudirect.reader.threads") == 7
+        with start_cluster("tcp", n_workers=1, threads=1) as cluster:
+            with Client(cluster, set_as_default=False) as client:
+                compute(client, dg.read_parquet(data, client=client))
+                [options] = options_by_worker(client)
+                assert options["threads"] == 7
+                assert options["task_size"] == "2MiB"
+    finally:
+        monkeypatch.undo()
+        dask.config.refresh()
+    assert dask.config.get("gpudirect.reader.threads") == 16
+
+
+# --- dask scheduler / dask worker --preload, as real processes ------------------------
+
+
+def dask_command(name: str) -> list[str]:
+    """The ``dask <name>`` command of this environment."""
+    script = shutil.which("dask", path=os.path.dirname(sys.executable))
+    if script:
+        return [script, name]
+    return [sys.executable, "-m", f"distributed.cli.dask_{name}"]
+
+
+def spawn(args: list[str], log, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=os.path.dirname(log.name),
+    )
+
+
+def wait_for_address(scheduler_file, procs, timeout=60) -> str:
+    """The scheduler's address, once it has written its file (whole)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(scheduler_file) as f:
+                return json.load(f)["address"]
+        except (OSError, ValueError, KeyError):
+            pass
+        for p in procs:
+            assert p.poll() is None, f"{p.args} exited with {p.returncode}"
+        assert time.monotonic() < deadline, f"{scheduler_file} never appeared"
+        time.sleep(0.2)
+
+
+def test_dask_worker_preload(tmp_path, data, caplog):
+    """``dask worker ADDR --preload dask_gpudirect.preload --gpudirect-threads=5``: options
+    from the flags, which the worker CLI hands to the preload because it does not know them,
+    and from ``DASK_GPUDIRECT__...`` in the worker's environment.
+
+    The address must be given as the argument: with ``--scheduler-file`` and no address,
+    click takes ``--gpudirect-threads=5`` for the address and the option is silently lost.
+    """
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    scheduler_file = os.fspath(tmp_path / "scheduler.json")
+    log = open(tmp_path / "processes.log", "w")
+    common = ["--host", "127.0.0.1", "--no-dashboard"]
+    procs = []
+    try:
+        scheduler = [*dask_command("scheduler"), *common, "--port", "0"]
+        procs.append(spawn([*scheduler, "--scheduler-file", scheduler_file], log))
+        address = wait_for_address(scheduler_file, procs)
+        worker = [*dask_command("worker"), address, *common, "--nthreads", "1"]
+        preload = ["--preload", "dask_gpudirect.preload"]
+        procs.append(spawn([*worker, "--name", "flags", *preload, "--gpudirect-threads=5"], log))
+        procs.append(
+            spawn(
+                [*worker, "--name", "env", *preload],
+                log,
+                env={"DASK_GPUDIRECT__READER__THREADS": "7"},
+            )
+        )
+        with Client(scheduler_file=scheduler_file, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            info = client.scheduler_info()["workers"]
+            names = {addr: w["name"] for addr, w in info.items()}
+            threads = {names[a]: o["threads"] for a, o in client.run(plugin_options).items()}
+            assert threads == {"flags": 5, "env": 7}
+
+            got = compute(client, dg.read_parquet(data, blocksize=1, client=client))
+            assert_same_frame(got, expected_parquet(data))
+            registered = [r for r in caplog.records if "registering" in r.getMessage()]
+            assert not registered  # the preload had put the plugin on every worker
+            threads = {names[a]: o["threads"] for a, o in client.run(plugin_options).items()}
+            assert threads == {"flags": 5, "env": 7}
+            report = dg.report(client)
+            assert set(report["path"]) == {"posix-host"}
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        log.close()
