@@ -14,23 +14,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from distributed import wait
-from util import compute, expected_parquet
+from util import compute, expected_parquet, shards_of
 
 import dask_gpudirect as dg
 from dask_gpudirect.errors import InputError
 from dask_gpudirect.formats import binary, parquet
-from dask_gpudirect.placement import _shard_of, assign
+from dask_gpudirect.placement import assign
 from dask_gpudirect.shards import Shard
-
-
-def shards_of(collection) -> dict[int, Shard]:
-    """Partition/chunk index -> the shard its task loads, from the collection's graph."""
-    found = {}
-    for key, task in dict(collection.__dask_graph__()).items():
-        shard = _shard_of(task)
-        if shard is not None:
-            found[key[1]] = shard
-    return found
 
 
 def placement_after_persist(client, collection) -> dict[int, tuple[str, ...]]:

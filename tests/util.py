@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 from pandas.testing import assert_frame_equal
 
 import dask_gpudirect as dg
+from dask_gpudirect.placement import _shard_of
 
 PLUGIN = "gpudirect"
 
@@ -61,3 +62,13 @@ def load_good(client, path) -> None:
     """The cluster still loads a good dataset after a failure."""
     got = compute(client, dg.read_parquet(path, client=client))
     assert_same_frame(got, expected_parquet(path))
+
+
+def shards_of(collection) -> dict:
+    """Partition/chunk index -> the Shard its task loads, from the collection's graph."""
+    found = {}
+    for key, task in dict(collection.__dask_graph__()).items():
+        shard = _shard_of(task)
+        if shard is not None:
+            found[key[1]] = shard
+    return found

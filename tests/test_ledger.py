@@ -1,0 +1,109 @@
+"""The ledger: every read recorded on the worker that did it; ``dg.report`` sums it."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from util import clear_ledgers, compute, shards_of
+
+import dask_gpudirect as dg
+from dask_gpudirect import ledger
+from dask_gpudirect.ledger import COPIES, Ledger
+
+
+@pytest.fixture
+def files(tmp_path):
+    pq_path = tmp_path / "t.parquet"
+    n = 20_000
+    pq.write_table(
+        pa.table({"i": np.arange(n), "f": np.random.default_rng(0).random(n)}),
+        pq_path,
+        row_group_size=2_000,
+    )
+    npy_path = tmp_path / "a.npy"
+    np.save(npy_path, np.arange(30_000, dtype="<i4").reshape(10_000, 3))
+    return os.fspath(pq_path), os.fspath(npy_path)
+
+
+def expected_bytes(*collections) -> dict[str, tuple[int, int]]:
+    """Per worker: (number of shards, bytes they read), from the shards' placement."""
+    out: dict[str, list[int]] = {}
+    for c in collections:
+        for shard in shards_of(c).values():
+            count_bytes = out.setdefault(shard.worker, [0, 0])
+            count_bytes[0] += 1
+            count_bytes[1] += shard.nbytes
+    return {w: tuple(v) for w, v in out.items()}
+
+
+def test_report_matches_shards(client, files):
+    pq_path, npy_path = files
+    df = dg.read_parquet(pq_path, blocksize=1, client=client)
+    x = dg.read_binary(npy_path, blocksize=12 * 1000, client=client)
+    clear_ledgers(client)
+    assert dg.report(client).empty
+    compute(client, df)
+    compute(client, x)
+
+    report = dg.report(client)
+    assert list(report.columns) == [
+        "worker",
+        "op",
+        "path",
+        "count",
+        "bytes",
+        "seconds",
+        "copies",
+        "GB/s",
+    ]
+    assert set(report["path"]) == {"posix-host"}
+    assert set(report["op"]) == {"read"}
+    assert set(report["copies"]) == {1}
+    assert (report["seconds"] > 0).all() and (report["GB/s"] > 0).all()
+    got = {r.worker: (r.count, r.bytes) for r in report.itertuples()}
+    assert got == expected_bytes(df, x)
+    assert len(got) == 2  # both workers read
+    assert report["bytes"].sum() == sum(s.nbytes for c in (df, x) for s in shards_of(c).values())
+
+
+def test_records_name_file_and_shard(tcp, files):
+    pq_path, _ = files
+    df = dg.read_parquet(pq_path, blocksize=1, client=tcp)
+    clear_ledgers(tcp)
+    compute(tcp, df)
+    records = ledger.records(tcp)
+    assert len(records) == df.npartitions == 10
+    assert set(records["file"]) == {pq_path}
+    assert set(records["shard"]) == {s.name for s in shards_of(df).values()}
+    assert set(records["copies"]) == {COPIES["posix-host"]}
+
+
+def test_a_failed_read_is_not_recorded(tcp, files, tmp_path):
+    """A read that comes up short raises and leaves no record claiming the bytes."""
+    _, npy_path = files
+    x = dg.read_binary(npy_path, client=tcp)
+    clear_ledgers(tcp)
+    with open(npy_path, "r+b") as f:
+        f.truncate(os.path.getsize(npy_path) - 12)
+    with pytest.raises(dg.InputError, match="shorter than when it was planned"):
+        compute(tcp, x)
+    assert ledger.records(tcp).empty
+
+
+def test_ledger_is_bounded():
+    book = Ledger("tcp://w:1", max_records=3)
+    for k in range(5):
+        book.add(op="read", path="gds", nbytes=k, seconds=0.1, file="f", shard=f"s{k}")
+    records = book.records()
+    assert [r["bytes"] for r in records] == [2, 3, 4]  # the oldest were dropped
+    assert {r["copies"] for r in records} == {1}
+    book.clear()
+    assert book.records() == []
+
+
+def test_copies_per_route():
+    assert COPIES == {"gds": 1, "kvikio-compat": 2, "posix-host": 1}
