@@ -17,8 +17,8 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp/dask-gpudirect-bench}    # a disk, not tmpfs: th
 BINARY_GIB=${BINARY_GIB:-8}
 PARQUET_GIB=${PARQUET_GIB:-3}
 BENCH_TARGET=${BENCH_TARGET:-device}                      # host: exercise the script on a CPU machine
-TESTS_LIMIT=${TESTS_LIMIT:-230}                         # seconds, each part
-BENCH_LIMIT=${BENCH_LIMIT:-270}
+TESTS_LIMIT=${TESTS_LIMIT:-220}                         # seconds, each part
+BENCH_LIMIT=${BENCH_LIMIT:-260}
 start=$SECONDS
 
 # --- the machine -----------------------------------------------------------------------------
@@ -52,7 +52,7 @@ PY
 
 # --- 1. the GPU test suite -------------------------------------------------------------------
 echo "== GPU tests (limit ${TESTS_LIMIT}s) =="
-timeout -s INT -k 20 "$TESTS_LIMIT" \
+timeout -s INT -k 10 "$TESTS_LIMIT" \
   python3 -m pytest -m gpu tests/gpu -x -q -ra --junitxml="$OUT/gpu-junit.xml" \
   2>&1 | tee "$OUT/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
@@ -60,7 +60,7 @@ echo "== GPU tests: exit $tests_rc after $((SECONDS - start))s =="
 
 # --- 2. the read benchmark at the real sizes -------------------------------------------------
 echo "== bench read: ${BINARY_GIB} GiB binary, ${PARQUET_GIB} GiB Parquet (limit ${BENCH_LIMIT}s) =="
-timeout -s INT -k 20 "$BENCH_LIMIT" \
+timeout -s INT -k 10 "$BENCH_LIMIT" \
   python3 -m dask_gpudirect.bench read --target "$BENCH_TARGET" \
     --binary-gib "$BINARY_GIB" --parquet-gib "$PARQUET_GIB" --files 8 --workers 1 \
     --protocol tcp --drop-cache --dir "$BENCH_DIR" \
