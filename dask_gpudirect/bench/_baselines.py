@@ -206,11 +206,12 @@ def parquet_per_file(key: str, files: list[str], device: bool, cache: str, repea
         note=f"file bytes/s, median of {len(runs)}" if len(runs) > 1 else "file bytes/s",
     )
     if device:
+        import kvikio
         import kvikio.defaults
 
         rec["kvikio"] = {
             "num_threads": kvikio.defaults.get("num_threads"),
-            "compat_mode": str(kvikio.defaults.get("compat_mode")),
+            "compat_mode": kvikio.CompatMode(kvikio.defaults.get("compat_mode")).name,
         }
         rec["note"] += f"; kvikio threads {rec['kvikio']['num_threads']} in this process"
     return rec

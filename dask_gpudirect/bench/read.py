@@ -326,12 +326,14 @@ def _held_keys(dask_worker) -> int:
 
 
 def _kvikio_state() -> dict:
+    import kvikio
     import kvikio.defaults
 
     out = {}
     for name in ("num_threads", "compat_mode", "task_size", "auto_direct_io_read"):
         try:
-            out[name] = str(kvikio.defaults.get(name))
+            value = kvikio.defaults.get(name)
+            out[name] = kvikio.CompatMode(value).name if name == "compat_mode" else str(value)
         except Exception as exc:  # a key this kvikio lacks
             out[name] = f"n/a ({type(exc).__name__})"
     return out
