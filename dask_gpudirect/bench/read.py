@@ -637,7 +637,7 @@ def _markdown(result: dict) -> str:
         f"- device: {result['device']} (target `{result['target']}`)",
         f"- command: `{result['command']}`",
         f"- data: {_data_line(result)}",
-        f"- page cache: {result['page_cache']}",
+        f"- page cache: {result.get('page_cache', 'not reached')}",
         "",
         "| " + " | ".join(HEADER) + " |",
         "| " + " | ".join("---" for _ in HEADER) + " |",
@@ -657,7 +657,7 @@ def _markdown(result: dict) -> str:
 
 
 def _data_line(result: dict) -> str:
-    d = result["data"]
+    d = result.get("data") or {}
     parts = []
     if d.get("binary"):
         b = d["binary"]
@@ -775,9 +775,15 @@ def read(
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True
         _log("interrupted: writing what was measured so far")
+    except Exception as exc:  # data could not be written, say: still report what ran
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        _log(f"stopped: {result['error']}")
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    result["device"] = result["device"] or (
+        f"CPU {result['host']['cpu']}" if target == "host" else "unknown GPU"
+    )
     rank = {k: i for i, k in enumerate(ORDER)}
     result["records"].sort(key=lambda r: rank.get((r["key"], r["cache"]), len(rank)))
     result["checks"] = _checks(result["records"], target)
@@ -791,8 +797,11 @@ def read(
             f.write(_markdown(result))
     _print_table(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
-    if errors:
-        raise SystemExit(f"{len(errors)} measurement(s) failed: see the table and the log")
+    if result.get("error") or errors:
+        why = f"{len(errors)} measurement(s) failed"
+        if result.get("error"):
+            why += f"; the run stopped: {result['error']}"
+        raise SystemExit(f"{why}: see the table and the log")
 
 
 def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
