@@ -24,10 +24,12 @@ PROTOCOLS = ["tcp", "ucxx"]
 def ucx_environment() -> None:
     """Environment UCX needs on this CPU-only machine, set before ucxx is first imported.
 
-    ``UCX_TLS=tcp`` keeps UCX on TCP sockets: this machine has no GPU and no RDMA NIC, and
-    the worker processes inherit the variable, so client, scheduler and workers agree on one
-    transport. ``UCX_WARN_UNUSED_ENV_VARS=n`` silences UCX's warning about
-    ``UCX_MEMTYPE_CACHE``, which distributed-ucxx sets and UCX 1.19 no longer reads.
+    ``UCX_TLS=tcp`` keeps UCX on TCP sockets. The cluster also starts without it (UCX then
+    picks shared memory/CMA as well), but those depend on the container (ptrace rules, /dev/shm
+    size); TCP works anywhere and is what a CPU-only run should exercise. Worker processes
+    inherit the variable, so client, scheduler and workers agree on one transport.
+    ``UCX_WARN_UNUSED_ENV_VARS=n`` silences UCX's warning about ``UCX_MEMTYPE_CACHE``, which
+    distributed-ucxx sets and this UCX no longer reads.
     Nothing else is needed: ``distributed-ucxx`` registers the ``ucxx://`` comm itself.
     """
     os.environ.setdefault("UCX_TLS", "tcp")
@@ -35,7 +37,7 @@ def ucx_environment() -> None:
 
 
 def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2) -> LocalCluster:
-    """A LocalCluster with worker processes over ``protocol`` (no dashboard)."""
+    """A LocalCluster with worker processes over ``protocol`` (dashboard on a free port)."""
     if protocol == "ucxx":
         pytest.importorskip("distributed_ucxx")
         ucx_environment()

@@ -109,6 +109,25 @@ def test_unreadable_file(tcp, tmp_path, good):
         os.chmod(locked, 0o644)
 
 
+def test_permission_denied_while_planning(tcp, tmp_path, good, monkeypatch):
+    """What planning says when the OS refuses a file (simulated: root may read anything)."""
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", os.fspath(path))
+
+    locked = write(tmp_path / "locked.parquet")
+    monkeypatch.setattr(pq, "ParquetFile", refuse)  # the client's pyarrow only
+    with raises_naming(locked, "permission denied"):
+        dg.read_parquet(locked, client=tcp)
+    monkeypatch.undo()
+
+    raw = tmp_path / "locked.raw"
+    np.arange(10.0).tofile(raw)
+    monkeypatch.setattr(binary, "open", refuse, raising=False)
+    with raises_naming(raw, "permission denied"):
+        dg.read_binary(raw, dtype="f8", client=tcp)
+
+
 # --- Parquet files that are not whole -----------------------------------------------------
 
 

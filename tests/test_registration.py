@@ -206,9 +206,14 @@ def test_dask_worker_preload(tmp_path, data, caplog):
             assert threads == {"flags": 5, "env": 7}
             report = dg.report(client)
             assert set(report["path"]) == {"posix-host"}
+            client.shutdown()  # scheduler and workers exit on their own, quickly
     finally:
         for p in reversed(procs):
-            p.terminate()
+            if p.poll() is None:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.terminate()
         for p in reversed(procs):
             try:
                 p.wait(timeout=30)
