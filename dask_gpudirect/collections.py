@@ -90,7 +90,7 @@ def read_parquet(
     plan = parquet.plan(
         files, columns, filters, _blocksize(blocksize, "gpudirect.parquet.blocksize"), target
     )
-    meta = targets.module(target).empty_frame(plan.empty_table())
+    meta = plan.meta(targets.module(target))
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with dask.config.set({"dataframe.convert-string": False}):
@@ -140,5 +140,9 @@ def read_binary(
     graph = {
         (name, i, *trailing): Task((name, i, *trailing), load, s) for i, s in enumerate(shards)
     }
-    meta = targets.module(target).empty_array(plan.dtype, 1 + len(plan.record_shape))
+    module = targets.module(target)
+    problem = module.unsupported(plan.dtype)
+    if problem:
+        raise InputError(files[0], f"cannot load to target={target!r}: {problem}")
+    meta = module.empty_array(plan.dtype, 1 + len(plan.record_shape))
     return da.Array(HighLevelGraph.from_collections(name, graph), name, plan.chunks, meta=meta)

@@ -37,10 +37,15 @@ class ParquetPart:
     def decode(self, target, buffer):
         frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
         frame = dnf.apply(frame, self.filters)[list(self.columns)].reset_index(drop=True)
-        for column in self.categorical:  # pyarrow decodes these as categories, libcudf does not
-            if frame[column].dtype != "category":
-                frame[column] = frame[column].astype("category")
-        return frame
+        return categorize(frame, self.categorical)
+
+
+def categorize(frame, columns: tuple[str, ...]):
+    """Dictionary-encoded ``columns`` as categories: pyarrow decodes them so, libcudf does not."""
+    for column in columns:
+        if frame[column].dtype != "category":
+            frame[column] = frame[column].astype("category")
+    return frame
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +53,10 @@ class ParquetPlan:
     shards: list[Shard]
     schema: pa.Schema  # projected to the output columns
 
-    def empty_table(self) -> pa.Table:
-        return self.schema.empty_table()
+    def meta(self, target_module) -> Any:
+        """An empty partition of the result on the target (the collection's ``meta``)."""
+        categorical = tuple(f.name for f in self.schema if pa.types.is_dictionary(f.type))
+        return categorize(target_module.empty_frame(self.schema.empty_table()), categorical)
 
 
 def _open(path: str) -> pq.ParquetFile:

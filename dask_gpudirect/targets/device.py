@@ -10,6 +10,7 @@ import cupy
 import kvikio
 import kvikio.defaults
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pylibcudf as plc
 import rmm
 from dask.utils import parse_bytes
@@ -17,19 +18,53 @@ from dask.utils import parse_bytes
 from . import Target
 
 
-def empty_frame(table: pa.Table):
-    """The cuDF partition type for ``table``'s schema (a collection's ``meta``)."""
+def _decode_parquet(source, row_groups: list[int] | None, columns: list[str]):
     import cudf
 
-    return cudf.DataFrame.from_arrow(table)
+    options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo([source])).build()
+    options.set_column_names(columns)
+    if row_groups is not None:
+        options.set_row_groups([row_groups])
+    return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
+
+
+def empty_frame(table: pa.Table):
+    """The cuDF partition type for ``table``'s schema (a collection's ``meta``).
+
+    Decoded by the same reader as the partitions, so dtypes (decimal widths included) match.
+    """
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return _decode_parquet(sink.getvalue().to_pybytes(), None, table.column_names)
 
 
 def empty_array(dtype, ndim: int):
-    return cupy.empty((0,) * ndim, dtype=dtype)
+    return cupy.empty((0,) * ndim, dtype=dtype.newbyteorder("="))
+
+
+def unsupported(dtype) -> str | None:
+    """Why CuPy cannot hold ``dtype``, or None: it holds numbers and booleans only."""
+    if dtype.kind not in "biufc":
+        return f"dtype {dtype} cannot live on the GPU: CuPy holds only numbers and booleans"
+    return None
+
+
+def _native(data: cupy.ndarray, dtype) -> cupy.ndarray:
+    """Bytes of ``dtype`` values as native-order values: CuPy has no big-endian arrays."""
+    if dtype.isnative:
+        return data.view(dtype)
+    width = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize  # swap each part
+    swapped = cupy.ascontiguousarray(data.reshape(-1, width)[:, ::-1]).reshape(-1)
+    return swapped.view(dtype.newbyteorder("="))
 
 
 def configure_kvikio(options) -> str:
-    """Set kvikio's threads, task size and compat mode; return the route reads will take."""
+    """Set kvikio's threads, task size and compat mode; return the route reads will take.
+
+    libcudf configures kvikio once per process, on its first read, from the KVIKIO_* env vars;
+    running that setup first keeps a later cuDF read from undoing ours.
+    """
+    plc.utils._set_up_kvikio(int(options["threads"]))
     kvikio.defaults.set(
         {
             "num_threads": int(options["threads"]),
@@ -60,15 +95,10 @@ class DeviceTarget(Target):
         return buffer, nread
 
     def decode_parquet(self, buffer, row_groups, columns):
-        import cudf
-
-        options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo([buffer])).build()
-        options.set_column_names(columns)
-        options.set_row_groups([row_groups])
-        return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
+        return _decode_parquet(buffer, row_groups, columns)
 
     def as_array(self, buffer, dtype, shape, order):
-        return cupy.asarray(buffer).view(dtype).reshape(shape, order=order)
+        return _native(cupy.asarray(buffer), dtype).reshape(shape, order=order)
 
 
 TARGET = DeviceTarget

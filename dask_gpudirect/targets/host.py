@@ -22,6 +22,11 @@ def empty_array(dtype, ndim: int):
     return np.empty((0,) * ndim, dtype=dtype)
 
 
+def unsupported(dtype) -> str | None:
+    """NumPy holds every fixed-size dtype."""
+    return None
+
+
 def _pread_into(fd: int, view: memoryview, offset: int) -> int:
     """Fill ``view`` from ``offset``, looping over short reads; stop early only at end of file."""
     done = 0
