@@ -53,7 +53,7 @@ PY
 # --- 1. the GPU test suite -------------------------------------------------------------------
 echo "== GPU tests (limit ${TESTS_LIMIT}s) =="
 timeout -s INT -k 10 "$TESTS_LIMIT" \
-  python3 -m pytest -m gpu tests/gpu -x -q -ra --junitxml="$OUT/gpu-junit.xml" \
+  python3 -m pytest -m gpu tests/gpu --maxfail=15 -q -ra --junitxml="$OUT/gpu-junit.xml" \
   2>&1 | tee "$OUT/gpu-tests.log"
 tests_rc=${PIPESTATUS[0]}
 echo "== GPU tests: exit $tests_rc after $((SECONDS - start))s =="
