@@ -188,3 +188,12 @@ def test_npy_dtype_and_shape_may_be_given(tcp, tmp_path):
         dg.read_binary(path, dtype="<f4", client=tcp)
     with pytest.raises(dg.InputError, match="m.npy"):
         dg.read_binary(path, shape=(4,), client=tcp)
+
+
+def test_npy_recognised_by_magic_not_name(tcp, tmp_path):
+    """A ``.npy`` file under another name is still read by its header."""
+    expected = sample("<i2", (30, 2))
+    path = tmp_path / "array.dat"
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, expected)
+    assert_same_array(compute(tcp, dg.read_binary(path, client=tcp)), expected)
