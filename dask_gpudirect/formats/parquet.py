@@ -44,7 +44,8 @@ def categorize(frame, columns: tuple[str, ...]):
     """Dictionary-encoded ``columns`` as categories: pyarrow decodes them so, libcudf does not."""
     for column in columns:
         if frame[column].dtype != "category":
-            frame[column] = frame[column].astype("category")
+            # unordered, as pyarrow gives them; cuDF leaves `ordered` unset, which breaks to_arrow
+            frame[column] = frame[column].astype("category").cat.as_unordered()
     return frame
 
 

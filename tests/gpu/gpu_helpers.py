@@ -123,7 +123,8 @@ def npy_array(shape, dtype, seed: int = 0) -> np.ndarray:
         return rng.integers(0, 2, shape).astype(bool)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+        native = dtype.newbyteorder("=")  # numpy draws only native-order integers
+        return rng.integers(info.min, info.max, shape, dtype=native, endpoint=True).astype(dtype)
     if dtype.kind == "c":
         return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
