@@ -19,6 +19,7 @@ PARQUET_GIB=${PARQUET_GIB:-3}
 BENCH_TARGET=${BENCH_TARGET:-device}                      # host: exercise the script on a CPU machine
 TESTS_LIMIT=${TESTS_LIMIT:-220}                         # seconds, each part
 BENCH_LIMIT=${BENCH_LIMIT:-260}
+# BENCH_ARGS: more options for `bench read`, e.g. "--threads-per-worker 4 --rmm-pool-size 40GB"
 start=$SECONDS
 
 # --- the machine -----------------------------------------------------------------------------
@@ -64,7 +65,7 @@ timeout -s INT -k 10 "$BENCH_LIMIT" \
   python3 -m dask_gpudirect.bench read --target "$BENCH_TARGET" \
     --binary-gib "$BINARY_GIB" --parquet-gib "$PARQUET_GIB" --files 8 --workers 1 \
     --protocol tcp --drop-cache --dir "$BENCH_DIR" \
-    --json "$OUT/read.json" --markdown "$OUT/read.md" \
+    --json "$OUT/read.json" --markdown "$OUT/read.md" ${BENCH_ARGS:-} \
   > "$OUT/bench-read.log" 2>&1
 bench_rc=$?
 echo "== bench read: exit $bench_rc after $((SECONDS - start))s (log: bench-read.log) =="
