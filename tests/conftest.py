@@ -8,12 +8,10 @@ this process, and dask's default client is whichever was made last.
 
 from __future__ import annotations
 
-import os
-
 import cloudpickle
 import pytest
 import util
-from distributed import Client, LocalCluster
+from distributed import Client
 
 # Worker processes cannot import the tests directory: ship the helpers by value.
 cloudpickle.register_pickle_by_value(util)
@@ -21,38 +19,8 @@ cloudpickle.register_pickle_by_value(util)
 PROTOCOLS = ["tcp", "ucxx"]
 
 
-def ucx_environment() -> None:
-    """Environment UCX needs on this CPU-only machine, set before ucxx is first imported.
-
-    ``UCX_TLS=tcp`` keeps UCX on TCP sockets. The cluster also starts without it (UCX then
-    picks shared memory/CMA as well), but those depend on the container (ptrace rules, /dev/shm
-    size); TCP works anywhere and is what a CPU-only run should exercise. Worker processes
-    inherit the variable, so client, scheduler and workers agree on one transport.
-    ``UCX_WARN_UNUSED_ENV_VARS=n`` silences UCX's warning about ``UCX_MEMTYPE_CACHE``, which
-    distributed-ucxx sets and this UCX no longer reads.
-    Nothing else is needed: ``distributed-ucxx`` registers the ``ucxx://`` comm itself.
-    """
-    os.environ.setdefault("UCX_TLS", "tcp")
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-
-
-def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2) -> LocalCluster:
-    """A LocalCluster with worker processes over ``protocol`` (dashboard on a free port)."""
-    if protocol == "ucxx":
-        pytest.importorskip("distributed_ucxx")
-        ucx_environment()
-    return LocalCluster(
-        protocol=protocol,
-        n_workers=n_workers,
-        threads_per_worker=threads,
-        processes=True,
-        dashboard_address=":0",
-        host="127.0.0.1",
-    )
-
-
 def _cluster_client(protocol: str):
-    cluster = start_cluster(protocol)
+    cluster = util.start_cluster(protocol)
     client = Client(cluster, set_as_default=False)
     client.wait_for_workers(2)
     return cluster, client
@@ -69,7 +37,7 @@ def tcp_client():
 
 @pytest.fixture(scope="session")
 def ucxx_client():
-    """A session-wide client of a 2-worker ucxx LocalCluster (UCX over TCP, see above)."""
+    """A session-wide client of a 2-worker ucxx LocalCluster (UCX over TCP: see util.ucx_environment)."""
     cluster, client = _cluster_client("ucxx")
     yield client
     client.close()

@@ -22,9 +22,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import start_cluster
 from distributed import Client
-from util import assert_same_frame, compute, expected_parquet, has_plugin, plugin_options
+from util import (
+    assert_same_frame,
+    compute,
+    expected_parquet,
+    has_plugin,
+    plugin_options,
+    start_cluster,
+)
 
 import dask_gpudirect as dg
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pyarrow.parquet as pq
+import pytest
+from distributed import LocalCluster
 from pandas.testing import assert_frame_equal
 
 import dask_gpudirect as dg
@@ -72,3 +76,33 @@ def shards_of(collection) -> dict:
         if shard is not None:
             found[key[1]] = shard
     return found
+
+
+def ucx_environment() -> None:
+    """Environment UCX needs on this CPU-only machine, set before ucxx is first imported.
+
+    ``UCX_TLS=tcp`` keeps UCX on TCP sockets. The cluster also starts without it (UCX then
+    picks shared memory/CMA as well), but those depend on the container (ptrace rules, /dev/shm
+    size); TCP works anywhere and is what a CPU-only run should exercise. Worker processes
+    inherit the variable, so client, scheduler and workers agree on one transport.
+    ``UCX_WARN_UNUSED_ENV_VARS=n`` silences UCX's warning about ``UCX_MEMTYPE_CACHE``, which
+    distributed-ucxx sets and this UCX no longer reads.
+    Nothing else is needed: ``distributed-ucxx`` registers the ``ucxx://`` comm itself.
+    """
+    os.environ.setdefault("UCX_TLS", "tcp")
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+
+
+def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2) -> LocalCluster:
+    """A LocalCluster with worker processes over ``protocol`` (dashboard on a free port)."""
+    if protocol == "ucxx":
+        pytest.importorskip("distributed_ucxx")
+        ucx_environment()
+    return LocalCluster(
+        protocol=protocol,
+        n_workers=n_workers,
+        threads_per_worker=threads,
+        processes=True,
+        dashboard_address=":0",
+        host="127.0.0.1",
+    )
