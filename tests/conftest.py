@@ -37,7 +37,7 @@ def tcp_client():
 
 @pytest.fixture(scope="session")
 def ucxx_client():
-    """A session-wide client of a 2-worker ucxx LocalCluster (UCX over TCP: see util.ucx_environment)."""
+    """A session-wide client of a 2-worker ucxx LocalCluster (UCX over TCP, see util.py)."""
     cluster, client = _cluster_client("ucxx")
     yield client
     client.close()
