@@ -47,9 +47,8 @@ def _start_cluster(workers: int):
 def _table(title: str, frame) -> Table:
     table = Table(title=title)
     for column in frame.columns:
-        table.add_column(
-            str(column), justify="right" if frame[column].dtype.kind in "if" else "left"
-        )
+        numeric = frame[column].dtype.kind in "if"
+        table.add_column(str(column), justify="right" if numeric else "left", overflow="fold")
     for row in frame.itertuples(index=False):
         table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row))
     return table
