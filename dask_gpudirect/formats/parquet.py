@@ -56,8 +56,12 @@ class ParquetPlan:
 
     def meta(self, target_module) -> Any:
         """An empty partition of the result on the target (the collection's ``meta``)."""
-        categorical = tuple(f.name for f in self.schema if pa.types.is_dictionary(f.type))
-        return categorize(target_module.empty_frame(self.schema.empty_table()), categorical)
+        empty = target_module.empty_frame(self.schema.empty_table())
+        return categorize(empty, _dictionary_columns(self.schema))
+
+
+def _dictionary_columns(schema: pa.Schema) -> tuple[str, ...]:
+    return tuple(f.name for f in schema if pa.types.is_dictionary(f.type))
 
 
 def _open(path: str) -> pq.ParquetFile:
@@ -138,6 +142,13 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
     filters = dnf.normalize(filters, available, files[0])
     read_columns = columns + [c for c in dnf.columns_of(filters) if c not in columns]
     expression = dnf.to_expression(filters)
+    out_schema = pa.schema([schema.field(c) for c in columns])
+    part = dict(  # what every shard's ParquetPart shares; row groups are added per shard
+        read_columns=tuple(read_columns),
+        columns=tuple(columns),
+        filters=filters,
+        categorical=_dictionary_columns(out_schema),
+    )
 
     shards: list[Shard] = []
     for path in files:
@@ -148,10 +159,8 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
                 f"schema differs from {files[0]}:\n{_describe(pf.schema_arrow)}"
                 f"\n  expected:\n{_describe(schema)}",
             )
-        shards.extend(
-            _file_shards(path, pf, read_columns, columns, filters, expression, blocksize, target)
-        )
-    return ParquetPlan(shards=shards, schema=pa.schema([schema.field(c) for c in columns]))
+        shards.extend(_file_shards(path, pf, part, expression, blocksize, target))
+    return ParquetPlan(shards=shards, schema=out_schema)
 
 
 def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
@@ -163,13 +172,13 @@ def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
     return [path[0] for path in pf.reader.column_paths]
 
 
-def _file_shards(path, pf, read_columns, columns, filters, expression, blocksize, target):
+def _file_shards(path, pf, part: dict, expression, blocksize, target):
     meta = pf.metadata
     leaves = _top_level_columns(pf)
     size = os.path.getsize(path)
-    schema = meta.schema.to_arrow_schema()
-    head_tail = [(0, 4), (_tail_start(meta), size - _tail_start(meta))]
-    wanted = set(read_columns)
+    tail = _tail_start(meta)
+    head_tail = [(0, 4), (tail, size - tail)]
+    wanted = set(part["read_columns"])
     groups: list[list[int]] = []
     ranges: list[list[tuple[int, int]]] = []
     group_bytes = blocksize
@@ -186,12 +195,6 @@ def _file_shards(path, pf, read_columns, columns, filters, expression, blocksize
         ranges[-1].extend(chunks)
         group_bytes += nbytes
         previous = i
-    part = dict(
-        read_columns=tuple(read_columns),
-        columns=tuple(columns),
-        filters=filters,
-        categorical=tuple(c for c in columns if pa.types.is_dictionary(schema.field(c).type)),
-    )
     return [
         Shard(
             path=path,
