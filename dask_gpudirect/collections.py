@@ -134,15 +134,15 @@ def read_binary(
     plan = binary.plan(
         files, dtype, shape, _blocksize(blocksize, "gpudirect.binary.blocksize"), target
     )
+    module = targets.module(target)
+    problem = module.unsupported(plan.dtype)
+    if problem:
+        raise InputError(files[0], f"cannot load to target={target!r}: {problem}")
     shards = assign(plan.shards, readable)
     name = "gpudirect-read-binary-" + tokenize(shards)
     trailing = (0,) * len(plan.record_shape)
     graph = {
         (name, i, *trailing): Task((name, i, *trailing), load, s) for i, s in enumerate(shards)
     }
-    module = targets.module(target)
-    problem = module.unsupported(plan.dtype)
-    if problem:
-        raise InputError(files[0], f"cannot load to target={target!r}: {problem}")
     meta = module.empty_array(plan.dtype, 1 + len(plan.record_shape))
     return da.Array(HighLevelGraph.from_collections(name, graph), name, plan.chunks, meta=meta)
