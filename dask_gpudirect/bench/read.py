@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib.metadata
 import json
 import math
 import os
@@ -54,8 +53,18 @@ import click
 
 from ..cuda import gpu_count
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
+from .common import (
+    GIB,
+    cpu_name,
+    held_keys,
+    log,
+    markdown_table,
+    print_table,
+    start_cluster,
+    versions,
+    write_outputs,
+)
 
-GIB = 1 << 30
 #: .npy shards: float32 records of 256 values (1 KiB each).
 BINARY_DTYPE, BINARY_RECORD = "<f4", (256,)
 #: Parquet: on-disk bytes per row of (int64 id, float64 x, float64 y, int32 k), snappy.
@@ -113,27 +122,10 @@ CHECKS = [
     ("dg-binary", "cold", "dd-direct", "cold", 1.5),
     ("dg-parquet", "cold", "dd-direct", "cold", 1.5),
 ]
-VERSIONED = [
-    "dask-gpudirect",
-    "dask",
-    "distributed",
-    "dask-cuda",
-    "cudf-cu13",
-    "pylibcudf-cu13",
-    "dask-cudf-cu13",
-    "kvikio-cu13",
-    "rmm-cu13",
-    "cupy-cuda13x",
-    "ucxx-cu13",
-    "distributed-ucxx-cu13",
-    "pyarrow",
-    "numpy",
-    "pandas",
-]
 
 
 def _log(message: str) -> None:
-    click.echo(f"[bench read {time.strftime('%H:%M:%S')}] {message}", err=True)
+    log("read", message)
 
 
 # --- data --------------------------------------------------------------------------------------
@@ -318,13 +310,6 @@ def _dd_direct(path: str, max_bytes: int = GIB) -> dict:
 # --- Dask measurements ---------------------------------------------------------------------------
 
 
-def _held_keys(dask_worker) -> int:
-    try:
-        return len(dask_worker.data)
-    except TypeError:
-        return 0
-
-
 def _kvikio_state() -> dict:
     import kvikio
     import kvikio.defaults
@@ -353,7 +338,7 @@ def _persist(client, build, check=None) -> tuple[float, str]:
     note = check(persisted) if check else ""
     del persisted, failed
     deadline = time.monotonic() + 30
-    while sum(client.run(_held_keys).values()) and time.monotonic() < deadline:
+    while sum(client.run(held_keys).values()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return seconds, note
 
@@ -395,34 +380,6 @@ def _records_check(expected: int):
     return check
 
 
-def _start_cluster(target, workers, threads, protocol, rmm_pool_size):
-    from distributed import Client, LocalCluster
-
-    import dask_gpudirect as dg
-
-    if target == "device":
-        cluster = dg.LocalCUDACluster(
-            n_workers=workers,
-            threads_per_worker=threads,
-            protocol=protocol,
-            rmm_pool_size=rmm_pool_size,
-            dashboard_address=None,
-            plugins={dg.GPUDirectPlugin()},
-        )
-        client = Client(cluster)
-    else:
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=threads,
-            protocol=protocol,
-            processes=True,
-            dashboard_address=None,
-        )
-        client = Client(cluster)
-        client.register_plugin(dg.GPUDirectPlugin())
-    return cluster, client
-
-
 def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold, out) -> None:
     """dg first (warm, then cold), the dask baseline last: see the module docstring."""
     import dask_gpudirect as dg
@@ -430,7 +387,7 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
     recs, repeat = out["records"], opts["repeat"]
     _log(f"starting the cluster ({opts['workers']} worker(s), {opts['protocol']})")
     t0 = time.perf_counter()
-    cluster, client = _start_cluster(
+    cluster, client = start_cluster(
         target, opts["workers"], opts["threads_per_worker"], opts["protocol"], opts["rmm_pool_size"]
     )
     out["cluster"] = {
@@ -525,37 +482,6 @@ def _files(directory: str) -> list[str]:
 # --- results ------------------------------------------------------------------------------------
 
 
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for dist in VERSIONED:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    if out["dask-gpudirect"] == "not installed":  # run from a source tree on PYTHONPATH
-        out["dask-gpudirect"] = "source tree"
-    with contextlib.suppress(Exception):
-        here = os.path.dirname(os.path.abspath(__file__))
-        sha = subprocess.run(
-            ["git", "-C", here, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        if sha:
-            out["dask-gpudirect-git"] = sha
-    return out
-
-
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def _checks(records: list[dict], target: str) -> list[dict]:
     by = {(r["key"], r["cache"]): r for r in records}
     out = []
@@ -639,12 +565,9 @@ def _markdown(result: dict) -> str:
         f"- data: {_data_line(result)}",
         f"- page cache: {result.get('page_cache', 'not reached')}",
         "",
-        "| " + " | ".join(HEADER) + " |",
-        "| " + " | ".join("---" for _ in HEADER) + " |",
     ]
     rows, notes = _rows(result)
-    for row in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    lines.extend(markdown_table(HEADER, rows))
     lines.append("")
     lines.extend(f"{n}  " for n in notes)
     lines.append("")
@@ -672,19 +595,8 @@ def _data_line(result: dict) -> str:
 
 
 def _print_table(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"bench read: {result['device']} ({result['target']} target)")
-    for name in HEADER:
-        table.add_column(name, justify="right" if name == "GB/s" else "left", overflow="fold")
     rows, notes = _rows(result)
-    for row in rows:
-        table.add_row(*row)
-    console = Console(width=max(140, shutil.get_terminal_size((140, 24)).columns))
-    console.print(table)
-    for note in notes:
-        console.print(note, markup=False, highlight=False)
+    print_table(f"bench read: {result['device']} ({result['target']} target)", HEADER, rows, notes)
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -762,9 +674,9 @@ def read(
         "target": target,
         "gpus": gpus,
         "device": None,
-        "host": {"cpu": _cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
+        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
         "options": opts,
-        "versions": _versions(),
+        "versions": versions(),
         "records": [],
     }
     tmp = None
@@ -787,14 +699,7 @@ def read(
     rank = {k: i for i, k in enumerate(ORDER)}
     result["records"].sort(key=lambda r: rank.get((r["key"], r["cache"]), len(rank)))
     result["checks"] = _checks(result["records"], target)
-    if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=2, default=str)
-    if md_path:
-        os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
-        with open(md_path, "w") as f:
-            f.write(_markdown(result))
+    write_outputs(result, json_path, md_path, _markdown)
     _print_table(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
     if result.get("error") or errors:

@@ -1,0 +1,172 @@
+"""What every ``bench`` command shares: progress lines, versions, the cluster, the outputs.
+
+One place, so that ``bench read`` and ``bench shuffle`` start their clusters the same way and write
+JSON, Markdown and the printed table in one form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+GIB = 1 << 30
+
+VERSIONED = [
+    "dask-gpudirect",
+    "dask",
+    "distributed",
+    "dask-cuda",
+    "cudf-cu13",
+    "pylibcudf-cu13",
+    "dask-cudf-cu13",
+    "kvikio-cu13",
+    "rmm-cu13",
+    "cupy-cuda13x",
+    "ucxx-cu13",
+    "distributed-ucxx-cu13",
+    "pyarrow",
+    "numpy",
+    "pandas",
+]
+
+
+def log(bench: str, message: str) -> None:
+    """A progress line on stderr, so that stdout keeps only the table."""
+    click.echo(f"[bench {bench} {time.strftime('%H:%M:%S')}] {message}", err=True)
+
+
+def versions() -> dict[str, str]:
+    """Python, the packages that shape the numbers, and the git commit when run from a checkout."""
+    out = {"python": platform.python_version()}
+    for dist in VERSIONED:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    if out["dask-gpudirect"] == "not installed":  # run from a source tree on PYTHONPATH
+        out["dask-gpudirect"] = "source tree"
+    with contextlib.suppress(Exception):
+        here = os.path.dirname(os.path.abspath(__file__))
+        sha = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        if sha:
+            out["dask-gpudirect-git"] = sha
+    return out
+
+
+def cpu_name() -> str:
+    """The CPU model, for the host description and the device name of host-target runs."""
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def held_keys(dask_worker) -> int:
+    """Keys a worker holds (run on the workers): a measurement waits for zero before the next."""
+    try:
+        return len(dask_worker.data)
+    except TypeError:
+        return 0
+
+
+def start_cluster(
+    target: str,
+    workers: int,
+    threads: int,
+    protocol: str,
+    rmm_pool_size: str | None,
+    **cuda_options: Any,
+):
+    """The benchmark's cluster and client, with ``GPUDirectPlugin`` on every worker.
+
+    Device target: ``dg.LocalCUDACluster`` (one worker per GPU; ``cuda_options`` go to it, e.g.
+    ``enable_nvlink``). Host target: a ``LocalCluster`` of worker processes.
+    """
+    from distributed import Client, LocalCluster
+
+    import dask_gpudirect as dg
+
+    if target == "device":
+        cluster = dg.LocalCUDACluster(
+            n_workers=workers,
+            threads_per_worker=threads,
+            protocol=protocol,
+            rmm_pool_size=rmm_pool_size,
+            dashboard_address=None,
+            plugins={dg.GPUDirectPlugin()},
+            **cuda_options,
+        )
+        client = Client(cluster)
+    else:
+        cluster = LocalCluster(
+            n_workers=workers,
+            threads_per_worker=threads,
+            protocol=protocol,
+            processes=True,
+            dashboard_address=None,
+        )
+        client = Client(cluster)
+        client.register_plugin(dg.GPUDirectPlugin())
+    return cluster, client
+
+
+def write_outputs(result: dict, json_path: str | None, md_path: str | None, markdown) -> None:
+    """``result`` as JSON and ``markdown(result)`` as Markdown, where asked for."""
+    if json_path:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2, default=str)
+    if md_path:
+        os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
+        with open(md_path, "w") as f:
+            f.write(markdown(result))
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Lines of a Markdown table (``|`` in cells escaped)."""
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join("---" for _ in header) + " |",
+    ]
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    return lines
+
+
+def print_table(
+    title: str,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    notes: Sequence[str],
+    right: Sequence[str] = ("GB/s",),
+) -> None:
+    """The rich table printed at the end of a run, then its footnotes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, justify="right" if name in right else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    console = Console(width=max(140, shutil.get_terminal_size((140, 24)).columns))
+    console.print(table)
+    for note in notes:
+        console.print(note, markup=False, highlight=False)
