@@ -1,12 +1,14 @@
-"""dask-gpudirect: Parquet and binary shards straight into GPU memory, and a ledger of the path."""
+"""dask-gpudirect: Parquet and binary shards straight into GPU memory, GPU-to-GPU shuffles over
+UCX, and a ledger of the path every byte took."""
 
 from __future__ import annotations
 
 from . import config  # noqa: F401  (loads the gpudirect.* defaults into dask.config)
 from .collections import read_binary, read_parquet
-from .errors import InputError
+from .errors import InputError, ShuffleError
 from .ledger import report
 from .plugin import GPUDirectPlugin
+from .shuffle.api import shuffle, shuffle_array
 
 __all__ = [
     "GPUDirectPlugin",
@@ -15,6 +17,9 @@ __all__ = [
     "read_binary",
     "read_parquet",
     "report",
+    "shuffle",
+    "shuffle_array",
+    "ShuffleError",
 ]
 
 

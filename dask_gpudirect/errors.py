@@ -15,3 +15,7 @@ class InputError(ValueError):
 
     def __reduce__(self):
         return type(self), (self.path, self.problem)
+
+
+class ShuffleError(RuntimeError):
+    """A shuffle that could not finish; no partial output was returned and the cluster is usable."""

@@ -1,7 +1,8 @@
 """The transfer ledger: one record per read or transfer, kept on each worker.
 
 The ledger is what makes the package honest about the path bytes took: every read says which
-route it used (``gds``, ``kvikio-compat``, ``posix-host``) and how many copies that route costs.
+route it used (``gds``, ``kvikio-compat``, ``posix-host``), every shuffle transfer how it crossed
+between workers (``ucx-device``, ``tcp-host-staged``, ...), and how many copies that route costs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,17 @@ COPIES: dict[str, int] = {
     "gds": 1,  # storage -> GPU by DMA
     "kvikio-compat": 2,  # storage -> pinned bounce buffer -> GPU
     "posix-host": 1,  # storage -> host memory
+    "ucx-device": 1,  # GPU -> GPU by UCX: cuda_ipc/NVLink in a node, RDMA between nodes
+    "tcp-host-staged": 2,  # GPU -> host -> socket -> host -> GPU (5 across nodes, see below)
+    "ucx-host": 1,  # host memory -> host memory by UCX
+    "tcp-host": 1,  # host memory -> host memory over a socket
+    "local": 0,  # a shuffle piece whose destination is its own worker: it never moves
+    "device-to-host": 1,  # a received piece spilled from the GPU to host memory
+    "host-to-disk": 1,  # a received piece spilled from host memory to the worker's disk
 }
+
+#: Copies of a host-staged GPU transfer between two nodes: GPU -> host -> NIC -> NIC -> host -> GPU.
+STAGED_ACROSS_NODES = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +48,7 @@ class Record:
     file: str
     shard: str
     time: float
+    peer: str = ""  # the other worker of a transfer
 
 
 class Ledger:
@@ -48,7 +60,16 @@ class Ledger:
         self._lock = threading.Lock()
 
     def add(
-        self, *, op: str, path: str, nbytes: int, seconds: float, file: str, shard: str
+        self,
+        *,
+        op: str,
+        path: str,
+        nbytes: int,
+        seconds: float,
+        file: str = "",
+        shard: str = "",
+        peer: str = "",
+        copies: int | None = None,
     ) -> Record:
         record = Record(
             worker=self.worker,
@@ -56,10 +77,11 @@ class Ledger:
             path=path,
             bytes=nbytes,
             seconds=seconds,
-            copies=COPIES[path],
+            copies=COPIES[path] if copies is None else copies,
             file=file,
             shard=shard,
             time=time.time(),
+            peer=peer,
         )
         with self._lock:
             self._records.append(record)

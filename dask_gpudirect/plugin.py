@@ -12,6 +12,7 @@ from . import targets
 from .config import resolve_options
 from .cuda import gpu_count
 from .ledger import Ledger
+from .shuffle.worker import ShuffleService
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class GPUDirectPlugin(WorkerPlugin):
         self.ledger = Ledger(worker.address, int(self.options["max_records"]))
         self._targets: dict[str, targets.Target] = {}
         self._lock = threading.Lock()
+        self.shuffle = ShuffleService(worker, self.ledger)
         if self.gpus:
             self.target("device")  # configures kvikio now, so a bad option fails at setup
         logger.info(

@@ -33,6 +33,11 @@ def module(name: str) -> ModuleType:
         ) from exc
 
 
+def holding(obj: Any) -> str:
+    """The target an object lives on: ``device`` for cuDF and CuPy objects, else ``host``."""
+    return "device" if type(obj).__module__.partition(".")[0] in ("cudf", "cupy") else "host"
+
+
 class Target:
     """Reads shards into one buffer each and records every read in the ledger."""
 

@@ -49,6 +49,16 @@ def unsupported(dtype) -> str | None:
     return None
 
 
+def permutation(n: int, seed: int) -> cupy.ndarray:
+    """A random order of ``n`` records, made on the GPU, the same for the same seed."""
+    return cupy.random.RandomState(seed).permutation(n)
+
+
+def memory_bytes(worker) -> int:
+    """The memory that received shuffle pieces may use a fraction of: this GPU's."""
+    return cupy.cuda.Device().mem_info[1]
+
+
 def _native(data: cupy.ndarray, dtype) -> cupy.ndarray:
     """Bytes of ``dtype`` values as native-order values: CuPy has no big-endian arrays."""
     if dtype.isnative:

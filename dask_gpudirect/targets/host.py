@@ -27,6 +27,18 @@ def unsupported(dtype) -> str | None:
     return None
 
 
+def permutation(n: int, seed: int) -> np.ndarray:
+    """A random order of ``n`` records, the same for the same seed."""
+    return np.random.default_rng(seed).permutation(n)
+
+
+def memory_bytes(worker) -> int:
+    """The memory that received shuffle pieces may use a fraction of: the worker's limit."""
+    import psutil
+
+    return worker.memory_manager.memory_limit or psutil.virtual_memory().total
+
+
 def _pread_into(fd: int, view: memoryview, offset: int) -> int:
     """Fill ``view`` from ``offset``, looping over short reads; stop early only at end of file."""
     done = 0

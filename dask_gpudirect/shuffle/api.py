@@ -1,0 +1,122 @@
+"""``dg.shuffle`` and ``dg.shuffle_array``: the public calls, from collection to collection."""
+
+from __future__ import annotations
+
+import math
+import operator
+import secrets
+from collections.abc import Sequence
+
+import dask
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+from distributed import Client, default_client
+
+from .. import targets
+from ..errors import InputError
+from .coordinator import exchange
+from .split import HashSplit, PermutationSplit, contingency
+
+
+def shuffle(
+    df: dd.DataFrame,
+    on: str | Sequence[str],
+    npartitions: int | None = None,
+    client: Client | None = None,
+) -> dd.DataFrame:
+    """Hash-shuffle ``df``: output partition ``j`` holds every row whose ``on`` hashes to ``j``.
+
+    The all-to-all runs now, worker to worker (cuDF pieces stay on the GPU and travel over UCX
+    with ``protocol="ucxx"``), and the result is a Dask DataFrame of the computed partitions,
+    ready for joins and group-bys. Rows go to the partition that Dask's own hash
+    (``partitioning_index``) picks, so every key lands in exactly one partition.
+
+    Parameters
+    ----------
+    df
+        A Dask DataFrame of pandas or cuDF partitions.
+    on
+        Column name(s) to hash.
+    npartitions
+        Output partitions (default: as many as ``df`` has).
+    client
+        The Dask client (default: the current one).
+
+    Raises
+    ------
+    ShuffleError
+        When a worker leaves or a transfer fails mid-shuffle, or the shuffle cannot fit in the
+        workers' memory and disk; no partial result is returned.
+    """
+    client = client or default_client()
+    on = [on] if isinstance(on, str) else list(on)
+    missing = [c for c in on if c not in df.columns]
+    if missing or not on:
+        raise InputError(
+            None, f"cannot shuffle on {on}: columns {missing} are not in {list(df.columns)}"
+        )
+    if npartitions is None:
+        npartitions = df.npartitions
+    npartitions = _integer(npartitions, "npartitions", 1, "a positive integer")
+    meta = df._meta
+    inputs = client.compute(df.to_delayed())
+    splitter = HashSplit(on, npartitions, meta)
+    stages = exchange(client, inputs, splitter, npartitions, targets.holding(meta))
+    parts = [dask.delayed(operator.getitem)(stage, j) for j, stage in enumerate(stages)]
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_delayed(parts, meta=meta, verify_meta=False)
+
+
+def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None = None) -> da.Array:
+    """A uniformly random permutation of ``arr``'s records (axis 0) across all workers.
+
+    The per-epoch global shuffle of a training input pipeline: every record can land in any
+    chunk, chunk sizes stay as they were, and the same ``seed`` gives the same order on the same
+    chunking. CuPy chunks stay on the GPU. Runs now; returns a Dask Array of computed chunks.
+
+    Parameters
+    ----------
+    arr
+        A Dask Array of NumPy or CuPy chunks with known chunk sizes along axis 0.
+    seed
+        A non-negative integer; None draws a fresh one.
+    client
+        The Dask client (default: the current one).
+    """
+    client = client or default_client()
+    if arr.ndim == 0:
+        raise InputError(None, "cannot shuffle a 0-d array: records are along axis 0")
+    if any(math.isnan(c) for c in arr.chunks[0]):
+        raise InputError(
+            None, "chunk sizes along axis 0 are unknown: call arr.compute_chunk_sizes() first"
+        )
+    if seed is None:
+        seed = secrets.randbits(63)
+    seed = _integer(seed, "seed", 0, "a non-negative integer or None")
+    arr = arr.rechunk({axis: -1 for axis in range(1, arr.ndim)})
+    sizes = list(arr.chunks[0])
+    record = arr.shape[1:]
+    meta = np.empty_like(arr._meta, shape=(0, *record))
+    target = targets.holding(arr._meta)
+    splitter = PermutationSplit(seed, contingency(seed, sizes), target, meta)
+    inputs = client.compute(list(arr.to_delayed().ravel()))
+    stages = exchange(client, inputs, splitter, len(sizes), target)
+    blocks = [
+        da.from_delayed(
+            dask.delayed(operator.getitem)(stage, j), (n, *record), dtype=arr.dtype, meta=meta
+        )
+        for j, (stage, n) in enumerate(zip(stages, sizes, strict=True))
+    ]
+    return da.concatenate(blocks)
+
+
+def _integer(value, name: str, minimum: int, what: str) -> int:
+    """``value`` as an int of at least ``minimum``, or an InputError that names the option."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = minimum - 1
+    if number < minimum:
+        raise InputError(None, f"bad {name} {value!r}: use {what}")
+    return number

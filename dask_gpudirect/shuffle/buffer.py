@@ -1,0 +1,100 @@
+"""Where a worker keeps the shuffle pieces it receives: the GPU, then host memory, then disk.
+
+Pieces stay on their device up to ``fast_limit`` bytes; past it the least recently received
+spill (as serialized frames) to host memory up to ``host_limit``, then to files in the worker's
+local directory. The first tier is the GPU on the device target and host memory on the host
+target (which then spills straight to disk). Every spill is a ledger record.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from typing import Any
+
+import zict
+from dask.sizeof import sizeof
+from distributed.protocol import deserialize_bytes, serialize_bytelist
+
+from ..errors import ShuffleError
+from ..ledger import Ledger
+
+
+class _RecordedFile(zict.File):
+    """zict.File that records each write in the ledger and keeps within a byte budget."""
+
+    def __init__(self, directory: str, ledger: Ledger, shuffle: str, limit: int):
+        super().__init__(directory)
+        self.ledger, self.shuffle, self.limit, self.written = ledger, shuffle, limit, 0
+
+    def __setitem__(self, key, value) -> None:
+        nbytes = sum(map(len, value)) if isinstance(value, (list, tuple)) else len(value)
+        if self.written + nbytes > self.limit:
+            raise ShuffleError(
+                f"shuffle {self.shuffle}: spilling {nbytes} more bytes to {self.directory} "
+                f"would pass the disk limit of {self.limit} bytes (gpudirect.shuffle.disk-limit "
+                "or the disk's free space)"
+            )
+        start = time.perf_counter()
+        super().__setitem__(key, value)
+        self.written += nbytes
+        self.ledger.add(
+            op="spill",
+            path="host-to-disk",
+            nbytes=nbytes,
+            seconds=time.perf_counter() - start,
+            shard=self.shuffle,
+        )
+
+
+class SpillBuffer:
+    """Received pieces by key, spilling as the limits say; ``close`` deletes the spill files."""
+
+    def __init__(
+        self,
+        *,
+        directory: str,
+        ledger: Ledger,
+        shuffle: str,
+        device: bool,
+        fast_limit: int,
+        host_limit: int,
+        disk_limit: int,
+    ):
+        self.directory = directory
+        self.ledger, self.shuffle = ledger, shuffle
+        disk = _RecordedFile(directory, ledger, shuffle, disk_limit)
+        if device:
+            host = zict.Buffer({}, disk, n=host_limit, weight=lambda k, v: len(v))
+            self._slow = zict.Func(self._device_to_host, deserialize_bytes, host)
+        else:
+            self._slow = zict.Func(_to_bytes, deserialize_bytes, disk)
+            fast_limit = host_limit
+        self._data = zict.Buffer({}, self._slow, n=fast_limit, weight=lambda k, v: sizeof(v))
+
+    def __setitem__(self, key: str, piece: Any) -> None:
+        self._data[key] = piece
+
+    def pop(self, key: str) -> Any:
+        return self._data.pop(key)
+
+    def _device_to_host(self, piece) -> bytes:
+        start = time.perf_counter()
+        frames = _to_bytes(piece)
+        self.ledger.add(
+            op="spill",
+            path="device-to-host",
+            nbytes=sizeof(piece),
+            seconds=time.perf_counter() - start,
+            shard=self.shuffle,
+        )
+        return frames
+
+    def close(self) -> None:
+        self._data.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _to_bytes(piece) -> bytes:
+    """One host buffer holding ``piece`` (Dask's serializers copy device frames to the host)."""
+    return b"".join(serialize_bytelist(piece))

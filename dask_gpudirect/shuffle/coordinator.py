@@ -1,0 +1,136 @@
+"""The client side of a shuffle: place outputs, check memory, start the stages, watch them.
+
+One stage task per worker that holds input, pinned to that worker, so the inputs never move
+before they are split; the stages meet through the plugin's comm handlers, not through the
+scheduler. The client watches them: when a stage fails or a participant leaves the cluster, it
+aborts the others at once and raises, so nothing waits for a peer that will never answer and no
+partial output is returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from dask.utils import format_bytes
+from distributed import Client, Future, wait
+
+from ..cluster import ensure_plugins
+from ..errors import ShuffleError
+from .worker import Exchange
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between the client's checks that every participant is still in the cluster.
+WATCH_INTERVAL = 0.5
+
+
+def _stage(exchange: Exchange, inputs: dict[int, Any]) -> dict[int, Any]:
+    from ..plugin import current_plugin
+
+    return current_plugin().shuffle.stage(exchange, inputs)
+
+
+def _limits(dask_worker, target: str) -> dict[str, int]:
+    return dask_worker.plugins["gpudirect"].shuffle.limits(target)
+
+
+def _abort(dask_worker, shuffle_id: str, reason: str) -> None:
+    dask_worker.plugins["gpudirect"].shuffle.abort(shuffle_id, reason)
+
+
+def exchange(
+    client: Client, inputs: list[Future], splitter: Any, npartitions: int, target: str
+) -> list[Future]:
+    """Run the all-to-all of ``inputs`` (computed partitions, in order) through ``splitter``.
+
+    Returns, for each output partition ``j``, the future of the stage that holds it: a dict
+    ``{j: partition}`` of every output its worker owns.
+    """
+    ensure_plugins(client)
+    wait(inputs)
+    failed = [f for f in inputs if f.status != "finished"]
+    if failed:
+        failed[0].result()  # the input's own error, in the user's process
+    holders = client.who_has(inputs)
+    on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
+    for i, future in enumerate(inputs):
+        on_worker[sorted(holders[future.key])[0]][i] = future
+    participants = tuple(sorted(on_worker))
+    owners = tuple(participants[j % len(participants)] for j in range(npartitions))
+    plan = Exchange(uuid.uuid4().hex[:12], participants, owners, splitter, target)
+    _check_memory(client, plan, client.nbytes([f.key for f in inputs], summary=False))
+    logger.info(
+        "shuffle %s: %d partitions -> %d over %d workers",
+        plan.id,
+        len(inputs),
+        npartitions,
+        len(participants),
+    )
+    stages = {
+        w: client.submit(
+            _stage,
+            plan,
+            parts,
+            workers=[w],
+            allow_other_workers=False,
+            pure=False,
+            key=f"gpudirect-shuffle-{plan.id}-{i}",
+        )
+        for i, (w, parts) in enumerate(sorted(on_worker.items()))
+    }
+    _watch(client, plan, stages)
+    return [stages[owner] for owner in owners]
+
+
+def _check_memory(client: Client, plan: Exchange, nbytes: dict[str, int]) -> None:
+    """Fail before any byte moves when a worker cannot hold its share even on disk."""
+    total = sum(nbytes.values())
+    limits = client.run(_limits, target=plan.target, workers=list(plan.participants))
+    for worker, limit in limits.items():
+        share = total * plan.owners.count(worker) // len(plan.owners)
+        room = sum(limit.values())
+        if share > room:
+            raise ShuffleError(
+                f"shuffle cannot fit: worker {worker} would receive about {format_bytes(share)} "
+                f"but can hold {format_bytes(room)} (GPU {format_bytes(limit['device'])}, host "
+                f"{format_bytes(limit['host'])}, disk {format_bytes(limit['disk'])}); raise "
+                "gpudirect.shuffle.device-limit/host-limit/disk-limit or add workers"
+            )
+
+
+def _watch(client: Client, plan: Exchange, stages: dict[str, Future]) -> None:
+    """Wait for every stage; on a failure or a lost participant, abort the rest and raise."""
+    pending = set(stages.values())
+    while pending:
+        done, pending = wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
+        errors = [f for f in done if f.status != "finished"]
+        alive = set(client.nthreads())
+        gone = sorted(set(plan.participants) - alive)
+        if not errors and not gone:
+            continue
+        if gone:
+            reason = f"worker(s) {gone} left the cluster during shuffle {plan.id}"
+        else:
+            reason = f"shuffle {plan.id} failed: {_error_text(errors[0])}"
+        client.run(
+            _abort,
+            shuffle_id=plan.id,
+            reason=reason,
+            workers=sorted(set(plan.participants) & alive),
+            on_error="ignore",
+        )
+        client.cancel(list(stages.values()))
+        raise ShuffleError(
+            f"{reason}; no output was returned. The cluster is still usable: run the shuffle "
+            "again (it will use the workers that remain)."
+        )
+
+
+def _error_text(future: Future) -> str:
+    try:
+        return str(future.exception(timeout=5))
+    except Exception as exc:  # a cancelled or lost future still has a story
+        return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,283 @@
+"""The worker side of a shuffle: send pieces to their owners, receive, wait for every peer.
+
+A :class:`ShuffleService` lives in each worker's GPUDirectPlugin and serves comm handlers that
+peers call directly (Distributed's comms: UCXX hands device buffers to UCX, TCP stages them
+through host memory). One :class:`ShuffleRun` per shuffle holds the received pieces in a
+:class:`~.buffer.SpillBuffer` and knows which peers have finished sending.
+
+The stage task (:func:`run_stage`) runs in a worker thread: it splits the partitions there (on
+the GPU for cuDF/CuPy) and hands sends to the event loop, blocking while the bytes in flight are
+at ``gpudirect.shuffle.max-in-flight``; every handler and all run state live on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import shutil
+import time
+from collections import defaultdict
+from typing import Any
+
+import dask.config
+from dask.sizeof import sizeof
+from dask.utils import parse_bytes, parse_timedelta
+from distributed.comm.addressing import get_address_host
+from distributed.protocol import to_serialize
+from distributed.shuffle._limiter import ResourceLimiter
+from distributed.utils import sync
+
+from .. import targets
+from ..errors import ShuffleError
+from ..ledger import STAGED_ACROSS_NODES, Ledger
+from .buffer import SpillBuffer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exchange:
+    """What every worker of one shuffle must agree on; sent with each stage task."""
+
+    id: str
+    participants: tuple[str, ...]
+    owners: tuple[str, ...]  # owners[j]: the worker that builds output partition j
+    splitter: Any  # split(index, part) -> {j: piece}; combine(j, pieces) -> partition
+    target: str  # "device" or "host": where the pieces live
+
+
+def transfer_path(target: str, source: str, dest: str) -> tuple[str, int]:
+    """The ledger path of a piece sent from ``source`` to ``dest``, and the copies it costs."""
+    ucx = dest.startswith("ucx")
+    if target == "host":
+        return ("ucx-host" if ucx else "tcp-host"), 1
+    if ucx:
+        return "ucx-device", 1
+    same_node = get_address_host(source) == get_address_host(dest)
+    return "tcp-host-staged", 2 if same_node else STAGED_ACROSS_NODES
+
+
+class ShuffleRun:
+    """One shuffle on one worker: its received pieces, its sends and its peers' progress."""
+
+    def __init__(self, service: ShuffleService, shuffle_id: str, buffer: SpillBuffer):
+        self.service = service
+        self.id = shuffle_id
+        self.buffer = buffer
+        self.received: dict[int, list[int]] = defaultdict(list)  # output j -> input indices
+        self.finished: set[str] = set()
+        self.changed = asyncio.Event()
+        self.error: ShuffleError | None = None
+        self.sends: set[asyncio.Task] = set()
+        self.limiter = ResourceLimiter(service.max_in_flight)
+
+    def put(self, pieces: list) -> None:
+        """Keep received ``[input index, output index, piece]`` triples."""
+        self.raise_if_failed()
+        for i, j, piece in pieces:
+            self.buffer[f"{j}-{i}"] = piece
+            self.received[j].append(i)
+
+    def pieces(self, j: int) -> list:
+        """Output ``j``'s pieces in input order (so a rerun gives the same partition)."""
+        return [self.buffer.pop(f"{j}-{i}") for i in sorted(self.received.pop(j, []))]
+
+    def fail(self, error: ShuffleError) -> None:
+        if self.error is None:
+            self.error = error
+        self.changed.set()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    async def send(self, exchange: Exchange, dest: str, pieces: list) -> None:
+        """Start sending ``pieces`` to ``dest``; wait first while too many bytes are in flight."""
+        self.raise_if_failed()
+        nbytes = sum(sizeof(p) for _, _, p in pieces)
+        await self.limiter.wait_for_available()
+        self.raise_if_failed()
+        self.limiter.increase(nbytes)
+        task = asyncio.create_task(self._send(exchange, dest, pieces, nbytes))
+        self.sends.add(task)
+        task.add_done_callback(self.sends.discard)
+
+    async def _send(self, exchange: Exchange, dest: str, pieces: list, nbytes: int) -> None:
+        worker = self.service.worker
+        start = time.perf_counter()
+        try:
+            await worker.rpc(dest).gpudirect_shuffle_receive(
+                shuffle_id=self.id,
+                target=exchange.target,
+                pieces=[[i, j, to_serialize(piece)] for i, j, piece in pieces],
+            )
+        except Exception as exc:  # any comm failure fails the whole shuffle
+            self.fail(ShuffleError(f"shuffle {self.id}: sending to worker {dest} failed: {exc}"))
+            return
+        finally:
+            await self.limiter.decrease(nbytes)
+        path, copies = transfer_path(exchange.target, worker.address, dest)
+        self.service.ledger.add(
+            op="shuffle",
+            path=path,
+            nbytes=nbytes,
+            seconds=time.perf_counter() - start,
+            shard=self.id,
+            peer=dest,
+            copies=copies,
+        )
+
+    async def finish(self, exchange: Exchange, timeout: float) -> None:
+        """Wait for our sends, tell every peer we are done, and wait until every peer is."""
+        while self.sends:
+            await asyncio.wait(set(self.sends))
+        self.raise_if_failed()
+        me = self.service.worker.address
+        peers = [p for p in exchange.participants if p != me]
+        try:
+            await asyncio.gather(
+                *(
+                    self.service.worker.rpc(p).gpudirect_shuffle_finished(
+                        shuffle_id=self.id, target=exchange.target, source=me
+                    )
+                    for p in peers
+                )
+            )
+        except Exception as exc:
+            raise ShuffleError(f"shuffle {self.id}: a peer could not be told: {exc}") from exc
+        self.finished.add(me)
+        deadline = time.monotonic() + timeout
+        while not self.finished.issuperset(exchange.participants):
+            self.raise_if_failed()
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            try:
+                await asyncio.wait_for(self.changed.wait(), timeout=max(left, 0))
+            except TimeoutError:
+                missing = sorted(set(exchange.participants) - self.finished)
+                raise ShuffleError(
+                    f"shuffle {self.id}: waited {timeout:.0f} s (gpudirect.shuffle.timeout) "
+                    f"for pieces from {missing}"
+                ) from None
+        self.raise_if_failed()
+
+
+class ShuffleService:
+    """Every shuffle run on one worker, and the comm handlers peers call."""
+
+    def __init__(self, worker, ledger: Ledger):
+        self.worker = worker
+        self.ledger = ledger
+        self.runs: dict[str, ShuffleRun] = {}
+        self.closed: dict[str, str] = {}  # shuffle id -> why it ended, to refuse late pieces
+        self.max_in_flight = parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
+        self.timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
+        worker.handlers["gpudirect_shuffle_receive"] = self.receive
+        worker.handlers["gpudirect_shuffle_finished"] = self.peer_finished
+
+    # --- handlers (event loop) ---------------------------------------------------------------
+    def receive(self, shuffle_id: str, target: str, pieces: list) -> None:
+        self.run(shuffle_id, target).put(pieces)
+
+    def peer_finished(self, shuffle_id: str, target: str, source: str) -> None:
+        run = self.run(shuffle_id, target)
+        run.finished.add(source)
+        run.changed.set()
+
+    def abort(self, shuffle_id: str, reason: str) -> None:
+        """Fail the run (waking its stage task) and refuse any piece that still arrives."""
+        self.closed.setdefault(shuffle_id, reason)
+        run = self.runs.get(shuffle_id)
+        if run is not None:
+            run.fail(ShuffleError(f"shuffle {shuffle_id} was aborted: {reason}"))
+
+    # --- run lifecycle (event loop) ----------------------------------------------------------
+    def run(self, shuffle_id: str, target: str) -> ShuffleRun:
+        """The run of ``shuffle_id``, made when its first message or its stage task arrives."""
+        if shuffle_id in self.closed:
+            raise ShuffleError(f"shuffle {shuffle_id} has ended here: {self.closed[shuffle_id]}")
+        if shuffle_id not in self.runs:
+            buffer = self._buffer(shuffle_id, target)
+            self.runs[shuffle_id] = ShuffleRun(self, shuffle_id, buffer)
+        return self.runs[shuffle_id]
+
+    def close(self, shuffle_id: str, reason: str) -> None:
+        self.closed.setdefault(shuffle_id, reason)
+        run = self.runs.pop(shuffle_id, None)
+        if run is not None:
+            run.buffer.close()
+
+    def limits(self, target: str) -> dict[str, int]:
+        """Bytes of received pieces this worker keeps on the GPU, in host memory and on disk."""
+        os.makedirs(self.worker.local_directory, exist_ok=True)
+        disk = dask.config.get("gpudirect.shuffle.disk-limit")
+        return {
+            "device": _limit("device-limit", targets.module("device").memory_bytes(self.worker))
+            if target == "device"
+            else 0,
+            "host": _limit("host-limit", targets.module("host").memory_bytes(self.worker)),
+            "disk": parse_bytes(disk)
+            if disk is not None
+            else shutil.disk_usage(self.worker.local_directory).free,
+        }
+
+    def _buffer(self, shuffle_id: str, target: str) -> SpillBuffer:
+        limits = self.limits(target)
+        return SpillBuffer(
+            directory=os.path.join(self.worker.local_directory, f"gpudirect-shuffle-{shuffle_id}"),
+            ledger=self.ledger,
+            shuffle=shuffle_id,
+            device=target == "device",
+            fast_limit=limits["device"],
+            host_limit=limits["host"],
+            disk_limit=limits["disk"],
+        )
+
+    # --- the stage task (worker thread) -------------------------------------------------------
+    def stage(self, exchange: Exchange, inputs: dict[int, Any]) -> dict[int, Any]:
+        """Split and send this worker's inputs, then build the output partitions it owns."""
+        me = self.worker.address
+        run = self._on_loop(self.run, exchange.id, exchange.target)
+        try:
+            for i, part in sorted(inputs.items()):
+                by_dest: dict[str, list] = defaultdict(list)
+                for j, piece in exchange.splitter.split(i, part).items():
+                    by_dest[exchange.owners[j]].append((i, j, piece))
+                for dest, pieces in by_dest.items():
+                    if dest == me:
+                        self._on_loop(run.put, pieces)
+                        self.ledger.add(
+                            op="shuffle",
+                            path="local",
+                            nbytes=sum(sizeof(p) for _, _, p in pieces),
+                            seconds=0.0,
+                            shard=exchange.id,
+                            peer=me,
+                        )
+                    else:
+                        self._on_loop(run.send, exchange, dest, pieces)
+                del by_dest
+            self._on_loop(run.finish, exchange, self.timeout)
+            mine = [j for j, owner in enumerate(exchange.owners) if owner == me]
+            return {j: exchange.splitter.combine(j, run.pieces(j)) for j in mine}
+        finally:
+            self._on_loop(self.close, exchange.id, "finished")
+
+    def _on_loop(self, func, *args):
+        """Run ``func`` (a coroutine function or a plain one) on the worker's event loop."""
+
+        async def call():
+            result = func(*args)
+            return await result if asyncio.iscoroutine(result) else result
+
+        return sync(self.worker.loop, call)
+
+
+def _limit(key: str, whole: int) -> int:
+    """``gpudirect.shuffle.<key>`` in bytes: a fraction (<= 1) of ``whole``, or a byte size."""
+    value = dask.config.get(f"gpudirect.shuffle.{key}")
+    if isinstance(value, int | float) and 0 <= value <= 1:
+        return int(value * whole)
+    return parse_bytes(value)
