@@ -71,7 +71,9 @@ class ShuffleRun:
         self.changed = asyncio.Event()
         self.error: ShuffleError | None = None
         self.sends: set[asyncio.Task] = set()
-        self.limiter = ResourceLimiter(service.max_in_flight)
+        self.limiter = ResourceLimiter(
+            parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
+        )
 
     def put(self, pieces: list) -> None:
         """Keep received ``[input index, output index, piece]`` triples."""
@@ -172,8 +174,6 @@ class ShuffleService:
         self.ledger = ledger
         self.runs: dict[str, ShuffleRun] = {}
         self.closed: dict[str, str] = {}  # shuffle id -> why it ended, to refuse late pieces
-        self.max_in_flight = parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
-        self.timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
         worker.handlers["gpudirect_shuffle_receive"] = self.receive
         worker.handlers["gpudirect_shuffle_finished"] = self.peer_finished
 
@@ -259,7 +259,8 @@ class ShuffleService:
                     else:
                         self._on_loop(run.send, exchange, dest, pieces)
                 del by_dest
-            self._on_loop(run.finish, exchange, self.timeout)
+            timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
+            self._on_loop(run.finish, exchange, timeout)
             mine = [j for j, owner in enumerate(exchange.owners) if owner == me]
             return {j: exchange.splitter.combine(j, run.pieces(j)) for j in mine}
         finally:
