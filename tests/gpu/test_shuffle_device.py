@@ -1,0 +1,138 @@
+"""The shuffle on the GPU: cuDF and CuPy pieces move worker to worker over UCXX.
+
+Two clusters: two workers sharing GPU 0 (always), and one worker per GPU (where the machine
+has two or more). Results are checked against pandas / NumPy, and the ledger must say that the
+pieces went as device buffers (``ucx-device``, one copy) and that tiny limits spill them.
+"""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from dask.dataframe.shuffle import partitioning_index
+
+import dask_gpudirect as dg
+from dask_gpudirect.cuda import gpu_count
+
+pytestmark = pytest.mark.gpu
+
+ROWS = 200_000
+
+
+@pytest.fixture(scope="module", params=["two-workers-one-gpu", "one-worker-per-gpu"])
+def client(request):
+    from distributed import Client, LocalCluster
+
+    if request.param == "one-worker-per-gpu":
+        if gpu_count() < 2:
+            pytest.skip("one worker per GPU needs 2 or more GPUs (nvidia-h200-x2)")
+        cluster = dg.LocalCUDACluster(
+            protocol="ucxx", dashboard_address=None, plugins={dg.GPUDirectPlugin()}
+        )
+    else:
+        cluster = LocalCluster(
+            n_workers=2,
+            threads_per_worker=2,
+            protocol="ucxx",
+            dashboard_address=None,
+            env={"CUDA_VISIBLE_DEVICES": "0"},
+        )
+    with Client(cluster) as c:
+        c.register_plugin(dg.GPUDirectPlugin())
+        yield c
+    cluster.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_ledgers(client):
+    client.run(_clear_ledger)
+    yield
+    client.run(dask.config.set, {"gpudirect.shuffle": DEFAULTS})  # undo a test's limits
+
+
+DEFAULTS = dict(dg.config.defaults["gpudirect"]["shuffle"])
+
+
+def _clear_ledger(dask_worker):
+    dask_worker.plugins["gpudirect"].ledger.clear()
+
+
+def _frame(rows: int, keys: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "k": rng.integers(0, keys, rows),
+            "x": rng.random(rows),
+            "i": np.arange(rows, dtype=np.int64),
+        }
+    )
+
+
+def _check_hash_shuffle(client, pdf: pd.DataFrame, npartitions_in: int, npartitions: int):
+    ddf = dd.from_pandas(pdf, npartitions=npartitions_in).to_backend("cudf")
+    out = dg.shuffle(ddf, "k", npartitions=npartitions, client=client)
+    assert out.npartitions == npartitions
+    parts = client.gather(client.compute([out.get_partition(j) for j in range(npartitions)]))
+    for j, part in enumerate(parts):
+        assert type(part).__module__.startswith("cudf")
+        if len(part):
+            assert (partitioning_index(part[["k"]], npartitions) == j).all()
+    got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")
+    pd.testing.assert_frame_equal(got, pdf, check_index_type=False)
+    return out
+
+
+def test_hash_shuffle_matches_pandas(client):
+    pdf = _frame(ROWS, 1000)
+    out = _check_hash_shuffle(client, pdf, 8, 6)
+    sums = out.groupby("k").x.sum().compute().to_pandas().sort_index()
+    pd.testing.assert_series_equal(sums, pdf.groupby("k").x.sum(), check_exact=False)
+
+
+def test_skewed_keys_empty_and_many_partitions(client):
+    pdf = _frame(ROWS, 1000, seed=1)
+    pdf.loc[: ROWS * 9 // 10, "k"] = 7  # 90 % of the rows share one key
+    _check_hash_shuffle(client, pdf, 5, 64)  # most of the 64 outputs get few or no rows
+
+
+def test_ledger_says_device_buffers_over_ucx(client):
+    _check_hash_shuffle(client, _frame(ROWS, 1000, seed=2), 8, 8)
+    records = dg.ledger.records(client)
+    moved = records[(records.op == "shuffle") & (records.path != "local")]
+    assert set(moved.path) == {"ucx-device"}
+    assert set(moved.copies) == {1}
+    assert moved.bytes.sum() > 0
+
+
+def test_spills_device_to_host_to_disk_and_stays_correct(client):
+    client.run(
+        dask.config.set,
+        {"gpudirect.shuffle.device-limit": "64KiB", "gpudirect.shuffle.host-limit": "64KiB"},
+    )
+    _check_hash_shuffle(client, _frame(ROWS, 1000, seed=3), 8, 8)
+    spills = dg.ledger.records(client).query("op == 'spill'")
+    assert {"device-to-host", "host-to-disk"} <= set(spills.path)
+
+
+def test_shuffle_array_is_a_seeded_permutation_on_the_gpu(client):
+    import cupy
+
+    records = np.arange(100_000 * 3, dtype=np.float32).reshape(100_000, 3)
+    arr = da.from_array(records, chunks=(9_000, 3)).map_blocks(cupy.asarray)
+    one = dg.shuffle_array(arr, seed=11, client=client)
+    assert one.chunks == arr.chunks
+    blocks = client.gather(client.compute(one.to_delayed().ravel().tolist()))
+    assert all(isinstance(b, cupy.ndarray) for b in blocks)
+    got = cupy.asnumpy(cupy.concatenate(blocks))
+    np.testing.assert_array_equal(got[np.argsort(got[:, 0])], records)  # rows kept whole
+    assert not np.array_equal(got, records)
+    again = cupy.asnumpy(dg.shuffle_array(arr, seed=11, client=client).compute())
+    other = cupy.asnumpy(dg.shuffle_array(arr, seed=12, client=client).compute())
+    np.testing.assert_array_equal(again, got)
+    assert not np.array_equal(other, got)
+    paths = set(dg.ledger.records(client).query("op == 'shuffle' and path != 'local'").path)
+    assert paths == {"ucx-device"}
