@@ -59,7 +59,8 @@ def exchange(
     for i, future in enumerate(inputs):
         on_worker[sorted(holders[future.key])[0]][i] = future
     participants = tuple(sorted(on_worker))
-    owners = tuple(participants[j % len(participants)] for j in range(npartitions))
+    # Contiguous runs: the rows one worker sends another are then one slice of each input.
+    owners = tuple(participants[j * len(participants) // npartitions] for j in range(npartitions))
     plan = Exchange(uuid.uuid4().hex[:12], participants, owners, splitter, target)
     _check_memory(client, plan, client.nbytes([f.key for f in inputs], summary=False))
     logger.info(
@@ -105,7 +106,12 @@ def _watch(client: Client, plan: Exchange, stages: dict[str, Future]) -> None:
     """Wait for every stage; on a failure or a lost participant, abort the rest and raise."""
     pending = set(stages.values())
     while pending:
-        done, pending = wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
+        try:
+            wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
+        except TimeoutError:  # nothing finished in this interval: check on the participants
+            pass
+        done = {f for f in pending if f.done()}
+        pending -= done
         errors = [f for f in done if f.status != "finished"]
         alive = set(client.nthreads())
         gone = sorted(set(plan.participants) - alive)

@@ -13,6 +13,7 @@ at ``gpudirect.shuffle.max-in-flight``; every handler and all run state live on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -22,6 +23,7 @@ from collections import defaultdict
 from typing import Any
 
 import dask.config
+import numpy as np
 from dask.sizeof import sizeof
 from dask.utils import parse_bytes, parse_timedelta
 from distributed.comm.addressing import get_address_host
@@ -43,9 +45,14 @@ class Exchange:
 
     id: str
     participants: tuple[str, ...]
-    owners: tuple[str, ...]  # owners[j]: the worker that builds output partition j
-    splitter: Any  # split(index, part) -> {j: piece}; combine(j, pieces) -> partition
+    owners: tuple[str, ...]  # owners[j]: the worker that builds output j; contiguous runs of j
+    splitter: Any  # split(i, part) -> (rows ordered by output, counts); rows(); combine()
     target: str  # "device" or "host": where the pieces live
+
+    def outputs_of(self, worker: str) -> range:
+        """The output partitions ``worker`` builds: one contiguous run."""
+        mine = [j for j, owner in enumerate(self.owners) if owner == worker]
+        return range(mine[0], mine[-1] + 1) if mine else range(0)
 
 
 def transfer_path(target: str, source: str, dest: str) -> tuple[str, int]:
@@ -66,7 +73,7 @@ class ShuffleRun:
         self.service = service
         self.id = shuffle_id
         self.buffer = buffer
-        self.received: dict[int, list[int]] = defaultdict(list)  # output j -> input indices
+        self.received: dict[int, tuple[int, list[int]]] = {}  # input i -> (first j, row counts)
         self.finished: set[str] = set()
         self.changed = asyncio.Event()
         self.error: ShuffleError | None = None
@@ -75,16 +82,26 @@ class ShuffleRun:
             parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
         )
 
-    def put(self, pieces: list) -> None:
-        """Keep received ``[input index, output index, piece]`` triples."""
+    def put(self, i: int, first: int, counts: list[int], piece: Any) -> None:
+        """Keep the rows of input ``i`` for outputs ``first, first + 1, ...`` (``counts`` each)."""
         self.raise_if_failed()
-        for i, j, piece in pieces:
-            self.buffer[f"{j}-{i}"] = piece
-            self.received[j].append(i)
+        self.buffer[str(i)] = piece
+        self.received[i] = (first, counts)
 
-    def pieces(self, j: int) -> list:
-        """Output ``j``'s pieces in input order (so a rerun gives the same partition)."""
-        return [self.buffer.pop(f"{j}-{i}") for i in sorted(self.received.pop(j, []))]
+    def outputs(self, exchange: Exchange, mine: range) -> dict[int, Any]:
+        """Build the outputs ``mine`` from what arrived, taking each input's rows in input order
+        (so the same shuffle gives the same partitions)."""
+        splitter = exchange.splitter
+        parts: dict[int, list] = defaultdict(list)
+        for i in sorted(self.received):
+            first, counts = self.received.pop(i)
+            piece = self.buffer.pop(str(i))
+            offsets = np.concatenate([[0], np.cumsum(counts)])
+            for k, n in enumerate(counts):
+                if n:
+                    parts[first + k].append(splitter.rows(piece, offsets[k], offsets[k + 1]))
+            del piece
+        return {j: splitter.combine(j, parts.pop(j, [])) for j in mine}
 
     def fail(self, error: ShuffleError) -> None:
         if self.error is None:
@@ -95,25 +112,30 @@ class ShuffleRun:
         if self.error is not None:
             raise self.error
 
-    async def send(self, exchange: Exchange, dest: str, pieces: list) -> None:
-        """Start sending ``pieces`` to ``dest``; wait first while too many bytes are in flight."""
+    async def send(self, exchange: Exchange, dest: str, message: tuple) -> None:
+        """Start sending ``(i, first, counts, piece)`` to ``dest``; wait first while too many
+        bytes are in flight."""
         self.raise_if_failed()
-        nbytes = sum(sizeof(p) for _, _, p in pieces)
+        nbytes = sizeof(message[-1])
         await self.limiter.wait_for_available()
         self.raise_if_failed()
         self.limiter.increase(nbytes)
-        task = asyncio.create_task(self._send(exchange, dest, pieces, nbytes))
+        task = asyncio.create_task(self._send(exchange, dest, message, nbytes))
         self.sends.add(task)
         task.add_done_callback(self.sends.discard)
 
-    async def _send(self, exchange: Exchange, dest: str, pieces: list, nbytes: int) -> None:
+    async def _send(self, exchange: Exchange, dest: str, message: tuple, nbytes: int) -> None:
         worker = self.service.worker
+        i, first, counts, piece = message
         start = time.perf_counter()
         try:
             await worker.rpc(dest).gpudirect_shuffle_receive(
                 shuffle_id=self.id,
                 target=exchange.target,
-                pieces=[[i, j, to_serialize(piece)] for i, j, piece in pieces],
+                i=i,
+                first=first,
+                counts=counts,
+                piece=to_serialize(piece),
             )
         except Exception as exc:  # any comm failure fails the whole shuffle
             self.fail(ShuffleError(f"shuffle {self.id}: sending to worker {dest} failed: {exc}"))
@@ -178,8 +200,10 @@ class ShuffleService:
         worker.handlers["gpudirect_shuffle_finished"] = self.peer_finished
 
     # --- handlers (event loop) ---------------------------------------------------------------
-    def receive(self, shuffle_id: str, target: str, pieces: list) -> None:
-        self.run(shuffle_id, target).put(pieces)
+    def receive(
+        self, shuffle_id: str, target: str, i: int, first: int, counts: list[int], piece: Any
+    ) -> None:
+        self.run(shuffle_id, target).put(i, first, counts, piece)
 
     def peer_finished(self, shuffle_id: str, target: str, source: str) -> None:
         run = self.run(shuffle_id, target)
@@ -239,32 +263,46 @@ class ShuffleService:
     def stage(self, exchange: Exchange, inputs: dict[int, Any]) -> dict[int, Any]:
         """Split and send this worker's inputs, then build the output partitions it owns."""
         me = self.worker.address
+        clock = _Phases()
+        runs = {w: exchange.outputs_of(w) for w in exchange.participants}
         run = self._on_loop(self.run, exchange.id, exchange.target)
         try:
             for i, part in sorted(inputs.items()):
-                by_dest: dict[str, list] = defaultdict(list)
-                for j, piece in exchange.splitter.split(i, part).items():
-                    by_dest[exchange.owners[j]].append((i, j, piece))
-                for dest, pieces in by_dest.items():
-                    if dest == me:
-                        self._on_loop(run.put, pieces)
-                        self.ledger.add(
-                            op="shuffle",
-                            path="local",
-                            nbytes=sum(sizeof(p) for _, _, p in pieces),
-                            seconds=0.0,
-                            shard=exchange.id,
-                            peer=me,
-                        )
-                    else:
-                        self._on_loop(run.send, exchange, dest, pieces)
-                del by_dest
-            timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
-            self._on_loop(run.finish, exchange, timeout)
-            mine = [j for j, owner in enumerate(exchange.owners) if owner == me]
-            return {j: exchange.splitter.combine(j, run.pieces(j)) for j in mine}
+                with clock("split"):
+                    ordered, counts = exchange.splitter.split(i, part)
+                    offsets = np.concatenate([[0], np.cumsum(counts)])
+                with clock("send"):  # waits while max-in-flight bytes are on the wire
+                    for dest, js in runs.items():
+                        start, stop = offsets[js.start], offsets[js.stop]
+                        if stop == start:
+                            continue
+                        piece = exchange.splitter.rows(ordered, start, stop)
+                        message = (i, js.start, counts[js.start : js.stop].tolist(), piece)
+                        if dest == me:
+                            self._keep(exchange, run, message)
+                        else:
+                            self._on_loop(run.send, exchange, dest, message)
+                ordered = piece = None  # let the reordered copy go before the next split
+            with clock("wait for peers"):
+                timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
+                self._on_loop(run.finish, exchange, timeout)
+            with clock("combine"):
+                return run.outputs(exchange, runs[me])
         finally:
             self._on_loop(self.close, exchange.id, "finished")
+            logger.info("shuffle %s on %s: %s", exchange.id, me, clock)
+
+    def _keep(self, exchange: Exchange, run: ShuffleRun, message: tuple) -> None:
+        """Rows whose outputs this worker owns: into its own buffer, recorded as not moved."""
+        self._on_loop(run.put, *message)
+        self.ledger.add(
+            op="shuffle",
+            path="local",
+            nbytes=sizeof(message[-1]),
+            seconds=0.0,
+            shard=exchange.id,
+            peer=self.worker.address,
+        )
 
     def _on_loop(self, func, *args):
         """Run ``func`` (a coroutine function or a plain one) on the worker's event loop."""
@@ -274,6 +312,24 @@ class ShuffleService:
             return await result if asyncio.iscoroutine(result) else result
 
         return sync(self.worker.loop, call)
+
+
+class _Phases:
+    """Seconds spent in each phase of a stage, for the worker's log."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+    def __str__(self) -> str:
+        return ", ".join(f"{phase} {s:.3f} s" for phase, s in self.seconds.items())
 
 
 def _limit(key: str, whole: int) -> int:
