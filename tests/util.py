@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from dask.dataframe.shuffle import partitioning_index
 from distributed import LocalCluster
 from pandas.testing import assert_frame_equal
 
@@ -62,6 +64,21 @@ def assert_same_frame(got: pd.DataFrame, expected: pd.DataFrame, by=None) -> Non
     assert_frame_equal(got.reset_index(drop=True), expected.reset_index(drop=True))
 
 
+def owner_of_rows(pdf: pd.DataFrame, on, npartitions: int) -> np.ndarray:
+    """The output partition of each row: Dask's ``partitioning_index`` of the ``on`` columns."""
+    on = list(on) if isinstance(on, (list, tuple)) else [on]
+    return np.asarray(partitioning_index(pdf[on], npartitions))
+
+
+def assert_hash_partitions(parts: list, pdf: pd.DataFrame, on, npartitions: int) -> None:
+    """Shuffle output ``j`` is exactly the rows of ``pdf`` that hash to ``j``, in input order."""
+    assert len(parts) == npartitions
+    where = owner_of_rows(pdf, on, npartitions)
+    for j, part in enumerate(parts):
+        assert isinstance(part, pd.DataFrame)
+        assert_frame_equal(part, pdf[where == j])
+
+
 def load_good(client, path) -> None:
     """The cluster still loads a good dataset after a failure."""
     got = compute(client, dg.read_parquet(path, client=client))
@@ -93,8 +110,12 @@ def ucx_environment() -> None:
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
 
-def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2) -> LocalCluster:
-    """A LocalCluster with worker processes over ``protocol`` (dashboard on a free port)."""
+def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2, **kwargs) -> LocalCluster:
+    """A LocalCluster with worker processes over ``protocol`` (dashboard on a free port).
+
+    ``kwargs`` go to LocalCluster, and from there to each worker's Nanny where LocalCluster does
+    not take them (e.g. ``config=``).
+    """
     if protocol == "ucxx":
         pytest.importorskip("distributed_ucxx")
         ucx_environment()
@@ -105,4 +126,5 @@ def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2) -> LocalC
         processes=True,
         dashboard_address=":0",
         host="127.0.0.1",
+        **kwargs,
     )

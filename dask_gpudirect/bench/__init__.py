@@ -1,6 +1,7 @@
 """Benchmarks that print ratios against baselines measured in the same run.
 
-Run them as ``dask-gpudirect bench read`` or ``python -m dask_gpudirect.bench read``.
+Run them as ``dask-gpudirect bench read`` (or ``shuffle``), or ``python -m dask_gpudirect.bench
+read``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ def bench() -> None:
 
 def _register() -> None:
     from .read import read
+    from .shuffle import shuffle
 
     bench.add_command(read)
+    bench.add_command(shuffle)
 
 
 _register()

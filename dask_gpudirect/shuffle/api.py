@@ -30,7 +30,8 @@ def shuffle(
     The all-to-all runs now, worker to worker (cuDF pieces stay on the GPU and travel over UCX
     with ``protocol="ucxx"``), and the result is a Dask DataFrame of the computed partitions,
     ready for joins and group-bys. Rows go to the partition that Dask's own hash
-    (``partitioning_index``) picks, so every key lands in exactly one partition.
+    (``dask.dataframe.shuffle.partitioning_index``) picks, so every key lands in exactly one
+    partition.
 
     Parameters
     ----------

@@ -23,8 +23,8 @@ from .. import targets
 class HashSplit:
     """Output partition ``j`` gets the rows whose hash of ``on`` modulo ``npartitions`` is ``j``.
 
-    The hash is Dask's own (``partitioning_index``), so rows land where ``df.shuffle(on)`` would
-    put them for the same backend and number of partitions.
+    The hash is Dask's own (``partitioning_index``, dispatched to pandas or cuDF), so a user can
+    tell which partition holds a key with the same function.
     """
 
     on: list[str]
