@@ -1,0 +1,286 @@
+"""``dg.shuffle`` and ``dg.shuffle_array`` against pandas and NumPy, over tcp and ucxx.
+
+Every test runs a real all-to-all between the worker processes of the session clusters and
+checks contents: which rows each output partition holds (and in which order), that records stay
+whole, and what the ledger says moved. Faults (a worker killed, a broken connection, spilling,
+the memory pre-check, bad options) are in test_shuffle_faults.py.
+"""
+
+from __future__ import annotations
+
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from dask.sizeof import sizeof
+from pandas.testing import assert_frame_equal, assert_series_equal
+from util import assert_hash_partitions, clear_ledgers, compute, owner_of_rows, partitions
+
+import dask_gpudirect as dg
+from dask_gpudirect import ledger
+
+REMOTE = {"tcp": "tcp-host", "ucxx": "ucx-host"}  # the ledger path of a piece that moved
+
+
+def sample_frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:
+    """Keys, values of several dtypes (nulls included) and a named, non-default index."""
+    rng = np.random.default_rng(seed)
+    k = rng.integers(0, keys, n)
+    return pd.DataFrame(
+        {
+            "k": k,
+            "s": pd.array([f"s{i % 7}" for i in range(n)], dtype="string"),
+            "v": rng.random(n),
+            "n": pd.array([None if i % 5 == 0 else i for i in range(n)], dtype="Int64"),
+            "c": pd.Categorical([("x", "y", "z")[i % 3] for i in range(n)]),
+            "t": pd.Timestamp("2024-01-01") + pd.to_timedelta(rng.integers(0, 10**6, n), "s"),
+        },
+        index=pd.Index(np.arange(n) * 3 + 1, name="row"),
+    )
+
+
+def test_hash_shuffle_matches_pandas(client):
+    pdf = sample_frame(2000, keys=50)
+    df = dd.from_pandas(pdf, npartitions=4)
+    out = dg.shuffle(df, "k", npartitions=5, client=client)
+    assert isinstance(out, dd.DataFrame)
+    assert out.npartitions == 5
+    assert_series_equal(out.dtypes, pdf.dtypes)
+    parts = partitions(client, out)
+    assert_hash_partitions(parts, pdf, "k", 5)
+    # every key in exactly one partition
+    homes = {}
+    for j, part in enumerate(parts):
+        for key in part["k"].unique():
+            assert homes.setdefault(key, j) == j
+    assert set(homes) == set(pdf["k"])
+    # the whole frame, index included, comes back as one computed collection
+    assert_frame_equal(compute(client, out).sort_index(), pdf)
+
+
+@pytest.mark.parametrize("npartitions", [None, 1, 3, 9])
+def test_npartitions(client, npartitions):
+    """Fewer, as many (the default) or more outputs than inputs."""
+    pdf = sample_frame(600, keys=40, seed=1)
+    df = dd.from_pandas(pdf, npartitions=4)
+    out = dg.shuffle(df, "k", npartitions=npartitions, client=client)
+    expected = npartitions or df.npartitions
+    assert out.npartitions == expected
+    assert_hash_partitions(partitions(client, out), pdf, "k", expected)
+
+
+def test_several_on_columns(client):
+    pdf = sample_frame(1000, keys=4, seed=2)
+    df = dd.from_pandas(pdf, npartitions=3)
+    out = dg.shuffle(df, ["k", "s"], npartitions=6, client=client)
+    parts = partitions(client, out)
+    assert_hash_partitions(parts, pdf, ["k", "s"], 6)
+    pairs = [set(zip(p["k"], p["s"], strict=True)) for p in parts]
+    assert sum(map(len, pairs)) == len(set().union(*pairs)) == 4 * 7  # no pair in two partitions
+
+
+def test_result_is_a_dataframe_to_keep_computing_on(client):
+    """A group-by after the shuffle, whole or partition by partition, gives pandas' answer."""
+    pdf = sample_frame(3000, keys=100, seed=3)
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=5), "k", npartitions=4, client=client)
+    expected = pdf.groupby("k")["v"].sum()
+    assert_series_equal(compute(client, out.groupby("k")["v"].sum()).sort_index(), expected)
+    # each key sits in one partition, so per-partition group-bys need no second step
+    local = out.map_partitions(lambda p: p.groupby("k")["v"].sum(), meta=("v", "f8"))
+    got = compute(client, local)
+    assert got.index.is_unique
+    assert_series_equal(got.sort_index(), expected)
+    assert compute(client, out[out["v"] > 0.5]["n"].count()) == pdf[pdf["v"] > 0.5]["n"].count()
+    assert len(out) == len(pdf)
+
+
+def test_skewed_keys(client):
+    """90% of the rows share one key: its partition holds all of them, the rest spread."""
+    rng = np.random.default_rng(4)
+    pdf = sample_frame(2000, keys=200, seed=4)
+    pdf.loc[rng.random(len(pdf)) < 0.9, "k"] = 7
+    assert (pdf["k"] == 7).mean() > 0.85
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=4, client=client)
+    parts = partitions(client, out)
+    assert_hash_partitions(parts, pdf, "k", 4)
+    heavy = owner_of_rows(pdf.loc[pdf["k"] == 7], "k", 4)[0]
+    assert (parts[heavy]["k"] == 7).sum() == (pdf["k"] == 7).sum()
+
+
+def test_empty_partitions(client):
+    """Input partitions with no rows, and outputs no row hashes to: typed empty frames."""
+    pdf = sample_frame(800, keys=3, seed=5)
+    df = dd.from_pandas(pdf, npartitions=8)
+    cut = pdf.index[500]
+    df = df.map_partitions(lambda p: p[p.index > cut])  # the first five inputs are now empty
+    lengths = compute(client, df.map_partitions(len))
+    assert (lengths == 0).sum() >= 4
+    kept = pdf.loc[pdf.index > pdf.index[500]]
+    out = dg.shuffle(df, "k", npartitions=12, client=client)
+    parts = partitions(client, out)
+    assert_hash_partitions(parts, kept, "k", 12)
+    empty = [p for p in parts if p.empty]
+    assert len(empty) >= 9  # three keys: at most three outputs get rows
+    for part in empty:
+        assert_series_equal(part.dtypes, pdf.dtypes)
+        assert part.index.name == "row"
+
+
+def test_empty_frame(client):
+    pdf = sample_frame(10, keys=3).iloc[:0]
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=1), "k", npartitions=3, client=client)
+    parts = partitions(client, out)
+    assert len(parts) == 3
+    for part in parts:
+        assert_frame_equal(part, pdf)
+
+
+def test_many_partitions(client):
+    pdf = sample_frame(3000, keys=1000, seed=6)
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=10), "k", npartitions=100, client=client)
+    parts = partitions(client, out)
+    assert_hash_partitions(parts, pdf, "k", 100)
+    assert sum(not p.empty for p in parts) > 90
+
+
+def test_integer_column_label(client):
+    """Column labels need not be strings: ``on=0`` names column 0, as in pandas and Dask."""
+    pdf = pd.DataFrame({0: np.arange(100) % 7, 1: np.arange(100.0)})
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=2), 0, npartitions=3, client=client)
+    assert_hash_partitions(partitions(client, out), pdf, [0], 3)
+
+
+def test_one_worker(client):
+    """Every input on one worker: every piece stays local and the result is still right."""
+    pdf = sample_frame(1000, keys=30, seed=7)
+    worker = sorted(client.nthreads())[0]
+    df = client.persist(dd.from_pandas(pdf, npartitions=4), workers=[worker])
+    clear_ledgers(client)
+    out = dg.shuffle(df, "k", npartitions=4, client=client)
+    assert_hash_partitions(partitions(client, out), pdf, "k", 4)
+    records = ledger.records(client)
+    records = records[records["op"] == "shuffle"]
+    assert set(records["path"]) == {"local"}
+    assert set(records["worker"]) == {worker}
+
+
+def test_ledger_records_each_piece(client):
+    """A shuffle record per input and destination: the protocol's host path if the rows moved,
+    ``local`` if they stayed; the bytes add up to the frame's."""
+    n = 20_000
+    pdf = pd.DataFrame({"k": np.arange(n) % 101, "v": np.arange(n * 1.0)}, index=np.arange(n) * 2)
+    df = client.persist(dd.from_pandas(pdf, npartitions=4))
+    inputs = partitions(client, df)
+    clear_ledgers(client)
+    out = dg.shuffle(df, "k", npartitions=4, client=client)
+    outputs = partitions(client, out)
+    assert_hash_partitions(outputs, pdf, "k", 4)
+
+    records = ledger.records(client)
+    assert set(records["op"]) == {"shuffle"}  # nothing spilled under the default limits
+    assert len(set(records["shard"])) == 1  # the shuffle's id
+    protocol = client.scheduler.address.split("://")[0]
+    assert set(records["path"]) == {REMOTE[protocol], "local"}
+    local = records[records["path"] == "local"]
+    moved = records[records["path"] != "local"]
+    assert (local["peer"] == local["worker"]).all() and (local["copies"] == 0).all()
+    assert (moved["peer"] != moved["worker"]).all() and (moved["copies"] == 1).all()
+    assert set(moved["worker"]) == set(local["worker"]) == set(client.nthreads())
+    # every input has rows for both workers: one message (or local put) per input and worker
+    assert len(records) == 4 * 2
+    assert sorted(records.groupby("worker").size()) == [4, 4]
+    # 24 bytes a row (index, k, v) either way; the 16 pieces add Dask's sizeof overhead
+    for parts in (inputs, outputs):
+        total = sum(sizeof(p) for p in parts)
+        assert total <= records["bytes"].sum() <= 1.15 * total
+
+
+# --- dg.shuffle_array -------------------------------------------------------------------------
+
+
+def blocks(client, x) -> list[np.ndarray]:
+    """The chunks the workers hold, in order along axis 0."""
+    return client.gather(client.compute(list(x.to_delayed().ravel())))
+
+
+def test_shuffle_array_is_a_permutation(client):
+    n = 1000
+    x = da.from_array(np.arange(n) * 10, chunks=((300, 250, 200, 250),))
+    y = dg.shuffle_array(x, seed=11, client=client)
+    assert isinstance(y, da.Array)
+    assert y.chunks == x.chunks and y.dtype == x.dtype
+    got = blocks(client, y)
+    assert [b.shape for b in got] == [(c,) for c in x.chunks[0]]
+    whole = np.concatenate(got)
+    np.testing.assert_array_equal(compute(client, y), whole)
+    np.testing.assert_array_equal(np.sort(whole), np.arange(n) * 10)  # same multiset
+    assert (whole != np.arange(n) * 10).mean() > 0.9  # and not the input order
+    # any record can land in any chunk: each output chunk draws from every input chunk
+    for block in got:
+        if len(block) >= 200:
+            sources = np.searchsorted(np.cumsum([300, 250, 200, 250]), block // 10, "right")
+            assert set(sources) == {0, 1, 2, 3}
+
+
+def test_shuffle_array_keeps_empty_chunks(client):
+    """Chunk sizes are kept when some are 0 (as ``compute_chunk_sizes`` after a filter gives)."""
+    x = da.from_array(np.arange(100), chunks=((0, 40, 0, 60, 0),))
+    y = dg.shuffle_array(x, seed=3, client=client)
+    assert y.chunks == x.chunks
+    got = blocks(client, y)
+    assert [len(b) for b in got] == [0, 40, 0, 60, 0]
+    np.testing.assert_array_equal(np.sort(np.concatenate(got)), np.arange(100))
+
+
+def test_shuffle_array_seed(client):
+    x = da.from_array(np.arange(500), chunks=100)
+    a = compute(client, dg.shuffle_array(x, seed=1, client=client))
+    b = compute(client, dg.shuffle_array(x, seed=1, client=client))
+    c = compute(client, dg.shuffle_array(x, seed=2, client=client))
+    d = compute(client, dg.shuffle_array(x, client=client))  # a fresh seed
+    np.testing.assert_array_equal(a, b)
+    assert (a != c).mean() > 0.9
+    assert (a != d).mean() > 0.9
+    for z in (a, c, d):
+        np.testing.assert_array_equal(np.sort(z), np.arange(500))
+
+
+@pytest.mark.parametrize("record", [(3,), (2, 4)], ids=str)
+def test_shuffle_array_keeps_records_whole(client, record):
+    """N-D records move as units, even when axis 1 was chunked; axis-0 chunks are kept."""
+    n = 400
+    width = int(np.prod(record))
+    data = np.arange(n * width, dtype="f4").reshape(n, *record)
+    x = da.from_array(data, chunks=(90, *(max(1, d // 2) for d in record)))
+    y = dg.shuffle_array(x, seed=5, client=client)
+    assert y.shape == x.shape and y.chunks[0] == x.chunks[0]
+    got = blocks(client, y)
+    assert [b.shape for b in got] == [(c, *record) for c in x.chunks[0]]
+    whole = np.concatenate(got).reshape(n, width)
+    first = whole[:, 0].astype(int) // width
+    np.testing.assert_array_equal(whole, data.reshape(n, width)[first])  # rows intact
+    np.testing.assert_array_equal(np.sort(first), np.arange(n))  # each row once
+    assert (first != np.arange(n)).mean() > 0.9
+
+
+def test_shuffle_array_structured_records(client):
+    dtype = np.dtype([("id", "<i8"), ("x", "<f4", (2,))])
+    data = np.zeros(300, dtype)
+    data["id"] = np.arange(300)
+    data["x"] = np.arange(600, dtype="f4").reshape(300, 2)
+    y = dg.shuffle_array(da.from_array(data, chunks=70), seed=3, client=client)
+    got = compute(client, y)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np.sort(got["id"]), np.arange(300))
+    np.testing.assert_array_equal(got["x"], data["x"][got["id"]])
+
+
+def test_explicit_client_need_not_be_current(tcp_client, ucxx_client):
+    """``client=`` is enough: neither session client is the default or the current one."""
+    pdf = sample_frame(200, keys=10, seed=9)
+    for c in (tcp_client, ucxx_client):
+        out = dg.shuffle(dd.from_pandas(pdf, npartitions=2), "k", npartitions=3, client=c)
+        assert_hash_partitions(partitions(c, out), pdf, "k", 3)
+        y = dg.shuffle_array(da.from_array(np.arange(50), chunks=20), seed=1, client=c)
+        np.testing.assert_array_equal(np.sort(compute(c, y)), np.arange(50))
