@@ -1,0 +1,424 @@
+"""Shuffles that go wrong, and the limits that make them spill or refuse to start.
+
+The destructive tests run on a cluster of their own per protocol (``tight``) whose workers keep
+1 KiB of received pieces in host memory (every piece spills straight to disk) and 64 KiB on
+disk. The limits reach the worker processes through each Nanny's ``config=``, as dotted keys: the
+nanny hands them to its worker process on start and on every restart. Two other ways do not
+survive a restart or do not work at all: ``dask.config.set`` around the cluster's start reaches
+the first worker processes, but the nanny's copy of the config shares its nested dicts with the
+client's, so leaving the ``with`` block resets what a restarted worker gets; and
+``LocalCluster(env={"DASK_GPUDIRECT__SHUFFLE__HOST_LIMIT": ...})`` is overridden by the
+client's whole config (gpudirect defaults included) that the nanny forwards.
+
+Faults are real: a worker process killed with SIGKILL while its shuffle is in flight, a
+connection aborted by the receiving worker, a peer slower than ``gpudirect.shuffle.timeout``. To
+keep a shuffle in flight long enough, a test wraps one worker's ``gpudirect_shuffle_receive``
+comm handler so it sleeps before receiving; the sleep is test instrumentation, the transfer
+itself is untouched. Knobs read when a run starts (max-in-flight, timeout) are changed on the
+running workers. Bad options, which need no cluster of their own, close the module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import cloudpickle
+import dask
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from dask.sizeof import sizeof
+from distributed import Client, futures_of, wait
+from util import (
+    assert_hash_partitions,
+    clear_ledgers,
+    compute,
+    partitions,
+    start_cluster,
+)
+
+import dask_gpudirect as dg
+from dask_gpudirect import ledger
+
+# The worker-side helpers below travel to the worker processes by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+PROTOCOLS = ["tcp", "ucxx"]
+HOST_LIMIT = "1 KiB"
+DISK_LIMIT = "64 KiB"
+RECEIVE = "gpudirect_shuffle_receive"
+
+
+@pytest.fixture(scope="module", params=PROTOCOLS)
+def tight(request):
+    """A 2-worker cluster whose workers keep 1 KiB of shuffle pieces in memory, 64 KiB on disk."""
+    limits = {
+        "gpudirect.shuffle.host-limit": HOST_LIMIT,
+        "gpudirect.shuffle.disk-limit": DISK_LIMIT,
+    }
+    cluster = start_cluster(request.param, threads=1, config=limits)
+    client = Client(cluster, set_as_default=False)
+    client.wait_for_workers(2)
+    client.register_plugin(dg.GPUDirectPlugin())
+    yield client
+    client.close()
+    cluster.close()
+
+
+@pytest.fixture
+def cluster(tight):
+    """``tight``, made current, with empty ledgers and every handler as the plugin set it."""
+    tight.run(restore_receive)
+    clear_ledgers(tight)
+    with tight.as_current():
+        yield tight
+    tight.run(restore_receive)
+
+
+# --- run on the workers ------------------------------------------------------------------------
+
+
+def shuffle_state(dask_worker) -> dict:
+    """The worker's live shuffle runs, ended runs, and spill directories left behind."""
+    service = dask_worker.plugins["gpudirect"].shuffle
+    local = dask_worker.local_directory
+    spills = [d for d in os.listdir(local) if d.startswith("gpudirect-shuffle-")]
+    return {"runs": sorted(service.runs), "closed": dict(service.closed), "spills": spills}
+
+
+def shuffle_limits(dask_worker) -> dict:
+    return dask_worker.plugins["gpudirect"].shuffle.limits("host")
+
+
+def delay_receive(dask_worker, seconds: float) -> None:
+    """Make this worker sleep ``seconds`` before it takes each shuffle message."""
+    service = dask_worker.plugins["gpudirect"].shuffle
+
+    async def receive(**msg):
+        await asyncio.sleep(seconds)
+        return service.receive(**msg)
+
+    dask_worker.handlers[RECEIVE] = receive
+
+
+def break_receive(dask_worker) -> None:
+    """Make this worker abort the connection of every shuffle message it is sent."""
+
+    async def receive(comm, **msg):
+        comm.abort()
+
+    dask_worker.handlers[RECEIVE] = receive
+
+
+def restore_receive(dask_worker) -> None:
+    dask_worker.handlers[RECEIVE] = dask_worker.plugins["gpudirect"].shuffle.receive
+
+
+def set_config(values: dict) -> dict:
+    """Set ``values`` in this process's Dask config for good; the values they replace."""
+    old = {key: dask.config.get(key) for key in values}
+    dask.config.set(values)
+    return old
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def worker_config(client, values: dict):
+    """``values`` in every worker's config (read when a shuffle run starts), then restored."""
+    old = client.run(set_config, values)
+    try:
+        yield
+    finally:
+        for worker, previous in old.items():
+            client.run(set_config, previous, workers=[worker])
+
+
+def frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {"k": rng.integers(0, keys, n), "v": rng.random(n)}, index=np.arange(n) * 2 + 1
+    )
+
+
+def wait_until_clean(client, timeout: float = 20) -> dict:
+    """Poll until no worker has a live run or a spill directory; the last state seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = client.run(shuffle_state)
+        if all(not s["runs"] and not s["spills"] for s in state.values()):
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"shuffle state left behind: {state}")
+        time.sleep(0.1)
+
+
+def shuffle_records(client) -> pd.DataFrame:
+    records = ledger.records(client)
+    return records[records["op"] == "shuffle"]
+
+
+def moved_records(client) -> pd.DataFrame:
+    """Shuffle records of pieces that went to another worker."""
+    records = shuffle_records(client)
+    return records[records["path"] != "local"]
+
+
+# --- the config reaches the workers ------------------------------------------------------------
+
+
+def test_limits_reach_the_workers(cluster):
+    limits = cluster.run(shuffle_limits)
+    assert len(limits) == 2
+    for limit in limits.values():
+        assert limit == {"device": 0, "host": 1024, "disk": 64 * 1024}
+
+
+# --- spilling ----------------------------------------------------------------------------------
+
+
+def test_spills_to_disk_and_is_right(cluster):
+    """Every received piece passes the 1 KiB host limit and is spilled; the result is exact."""
+    pdf = frame(2000, keys=97)  # 48 KB: 24 KB a worker, within 1 KiB + 64 KiB
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    out = dg.shuffle(df, "k", npartitions=4, client=cluster)
+    outputs = partitions(cluster, out)
+    assert_hash_partitions(outputs, pdf, "k", 4)
+
+    records = ledger.records(cluster)
+    spills = records[records["op"] == "spill"]
+    assert set(spills["path"]) == {"host-to-disk"}
+    assert set(spills["worker"]) == set(cluster.nthreads())  # both workers spilled
+    assert (spills["bytes"] > 1024).all() and (spills["copies"] == 1).all()
+    assert set(spills["shard"]) == set(shuffle_records(cluster)["shard"])  # the shuffle's id
+    # every row went through the disk: the raw 24 bytes a row, give or take headers
+    assert 0.8 * len(pdf) * 24 <= spills["bytes"].sum() <= 1.5 * sum(map(sizeof, outputs))
+    wait_until_clean(cluster)  # spill files removed
+
+
+def test_shuffle_array_spills_and_is_right(cluster):
+    data = np.arange(3000 * 2, dtype="i8").reshape(3000, 2)  # 48 KB
+    y = dg.shuffle_array(da.from_array(data, chunks=(750, 2)), seed=4, client=cluster)
+    got = compute(cluster, y)
+    assert (got[:, 1] == got[:, 0] + 1).all()
+    np.testing.assert_array_equal(np.sort(got[:, 0]), data[:, 0])
+    spills = ledger.records(cluster)
+    spills = spills[spills["op"] == "spill"]
+    assert set(spills["path"]) == {"host-to-disk"} and spills["bytes"].sum() >= 0.8 * data.nbytes
+    wait_until_clean(cluster)
+
+
+def test_memory_precheck_refuses_before_moving_data(cluster):
+    """A share bigger than host + disk limits fails with "cannot fit" before a byte moves."""
+    pdf = frame(20_000, keys=50)  # 480 KB: about 240 KB a worker, over 1 KiB + 64 KiB
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    before = cluster.run(shuffle_state)
+    with pytest.raises(dg.ShuffleError, match="cannot fit") as info:
+        dg.shuffle(df, "k", client=cluster)
+    assert any(w in str(info.value) for w in cluster.nthreads())  # names the worker
+    assert "host-limit" in str(info.value)  # and the knobs to raise
+    assert ledger.records(cluster).empty  # nothing was sent, kept or spilled
+    assert cluster.run(shuffle_state) == before  # no run was even started
+    # a shuffle that fits still runs
+    small = frame(500, keys=10, seed=1)
+    out = dg.shuffle(dd.from_pandas(small, npartitions=2), "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), small, "k", 2)
+
+
+def test_disk_limit_reached_mid_shuffle(cluster):
+    """The pre-check expects an even split; one key sends everything to one worker's disk."""
+    pdf = frame(4000, keys=1)  # 96 KB: 48 KB a worker expected, 96 KB on one in fact
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    with pytest.raises(dg.ShuffleError, match="would pass the disk limit of 65536 bytes") as info:
+        dg.shuffle(df, "k", npartitions=2, client=cluster)
+    assert "gpudirect.shuffle.disk-limit" in str(info.value)
+    wait_until_clean(cluster)  # the spill files of the failed run are gone
+    spills = ledger.records(cluster)
+    spills = spills[spills["op"] == "spill"]
+    assert 0 < spills.groupby("worker")["bytes"].sum().max() <= 64 * 1024  # the limit held
+    # the cluster still shuffles what fits
+    small = frame(500, keys=10, seed=2)
+    out = dg.shuffle(dd.from_pandas(small, npartitions=2), "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), small, "k", 2)
+
+
+# --- transfers that fail -----------------------------------------------------------------------
+
+
+def test_broken_connection(cluster):
+    """A receiver that drops the connection fails the shuffle, names it, and leaves no state."""
+    victim = sorted(cluster.nthreads())[0]
+    cluster.run(break_receive, workers=[victim])
+    pdf = frame(2000, keys=97, seed=3)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    start = time.monotonic()
+    with pytest.raises(dg.ShuffleError, match="no output was returned") as info:
+        dg.shuffle(df, "k", client=cluster)
+    assert time.monotonic() - start < 30
+    assert victim in str(info.value)
+    wait_until_clean(cluster)
+    assert (moved_records(cluster)["peer"] != victim).all()  # no transfer to it claimed
+    cluster.run(restore_receive, workers=[victim])
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+
+
+def test_slow_peer_is_waited_for(cluster):
+    """A receiver that takes seconds per message is slow, not failed."""
+    victim = sorted(cluster.nthreads())[0]
+    cluster.run(delay_receive, seconds=1.5, workers=[victim])
+    pdf = frame(1000, keys=31, seed=4)
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=2), "k", npartitions=3, client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 3)
+    moved = moved_records(cluster)
+    moved = moved[moved["peer"] == victim]
+    assert len(moved) >= 1
+    assert (moved["worker"] != victim).all() and (moved["seconds"] >= 1.5).all()
+
+
+def test_tiny_max_in_flight(cluster):
+    """One message on the wire at a time (each over the 1-byte cap) still gets everything."""
+    pdf = frame(2000, keys=97, seed=6)
+    with worker_config(cluster, {"gpudirect.shuffle.max-in-flight": 1}):
+        out = dg.shuffle(dd.from_pandas(pdf, npartitions=8), "k", npartitions=5, client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 5)
+
+
+def test_peer_slower_than_the_timeout(cluster):
+    """Waiting longer than ``gpudirect.shuffle.timeout`` for a peer fails the shuffle, naming it."""
+    victim, other = sorted(cluster.nthreads())
+    cluster.run(delay_receive, seconds=3, workers=[victim])
+    pdf = frame(2000, keys=97, seed=7)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    with worker_config(cluster, {"gpudirect.shuffle.timeout": "1s"}):
+        start = time.monotonic()
+        with pytest.raises(dg.ShuffleError, match=r"waited 1 s \(gpudirect.shuffle.timeout\)") as e:
+            dg.shuffle(df, "k", client=cluster)
+        assert time.monotonic() - start < 3
+    assert other in str(e.value)
+    wait_until_clean(cluster)
+    cluster.run(restore_receive)
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+
+
+def test_abort_frees_a_stage_stuck_sending(cluster):
+    """When a shuffle fails, the others' stages end at once, even one whose send is stuck.
+
+    The victim takes 6 s per message and times out waiting (1 s); the other worker's stage is
+    then still waiting on its send to the victim. The abort must wake it (ShuffleService.abort:
+    "Fail the run (waking its stage task)"), not leave its thread busy until the send returns.
+    """
+    victim, _ = sorted(cluster.nthreads())
+    cluster.run(delay_receive, seconds=6, workers=[victim])
+    df = cluster.persist(dd.from_pandas(frame(2000, keys=97, seed=8), npartitions=4))
+    try:
+        with worker_config(cluster, {"gpudirect.shuffle.timeout": "1s"}):
+            with pytest.raises(dg.ShuffleError, match="gpudirect.shuffle.timeout"):
+                dg.shuffle(df, "k", client=cluster)
+        wait_until_clean(cluster, timeout=2)
+    finally:
+        cluster.run(restore_receive)
+        wait_until_clean(cluster, timeout=20)  # later tests need the worker's thread
+
+
+def test_worker_killed_mid_shuffle(cluster):
+    """SIGKILL a worker while the shuffle waits on it: a ShuffleError naming it, then a rerun.
+
+    Last in the module: the nanny restarts the worker under a new address.
+    """
+    victim, survivor = sorted(cluster.nthreads())
+    pid = cluster.run(os.getpid, workers=[victim])[victim]
+    cluster.run(delay_receive, seconds=60, workers=[victim])
+    pdf = frame(2000, keys=97, seed=5)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    wait(df)
+    assert set(map(tuple, cluster.who_has(futures_of(df)).values())) == {(victim,), (survivor,)}
+
+    def shuffle():
+        with cluster.as_current():
+            return dg.shuffle(df, "k", client=cluster)
+
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(shuffle)
+        deadline = time.monotonic() + 20
+        while not cluster.run(shuffle_state, workers=[victim])[victim]["runs"]:
+            assert not running.done(), running.exception()
+            assert time.monotonic() < deadline, "the shuffle never started on the victim"
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(dg.ShuffleError, match="no output was returned") as info:
+            running.result(timeout=60)
+    assert time.monotonic() - killed < 30
+    assert victim in str(info.value)
+
+    state = wait_until_clean(cluster)
+    assert victim not in state
+    # the same shuffle again, on whatever now holds the inputs (the survivor recomputed the lost)
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+    # the nanny's new worker joins with the plugin and the limits, and takes part in a shuffle
+    cluster.wait_for_workers(2, timeout=30)
+    (new,) = set(cluster.nthreads()) - {survivor}
+    assert new != victim
+    assert cluster.run(shuffle_limits, workers=[new])[new]["host"] == 1024
+    halves = [
+        cluster.persist(dd.from_pandas(half, npartitions=2), workers=[w])
+        for half, w in ((pdf.iloc[:1000], new), (pdf.iloc[1000:], survivor))
+    ]
+    clear_ledgers(cluster)
+    out = dg.shuffle(dd.concat(halves), "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+    assert set(shuffle_records(cluster)["worker"]) == {new, survivor}
+
+
+# --- options that are refused ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"on": "nope"}, r"columns \['nope'\] are not in"),
+        ({"on": ["k", "nope"]}, r"columns \['nope'\] are not in"),
+        ({"on": []}, "cannot shuffle on"),
+        ({"on": "k", "npartitions": 0}, "bad npartitions 0"),
+        ({"on": "k", "npartitions": -2}, "bad npartitions -2"),
+        ({"on": "k", "npartitions": 2.5}, "bad npartitions 2.5"),
+        ({"on": "k", "npartitions": "3"}, "bad npartitions '3'"),
+    ],
+    ids=str,
+)
+def test_bad_shuffle_options(tcp, kwargs, match):
+    clear_ledgers(tcp)
+    df = dd.from_pandas(frame(100, keys=5), npartitions=2)
+    with pytest.raises(dg.InputError, match=match):
+        dg.shuffle(df, client=tcp, **kwargs)
+    assert ledger.records(tcp).empty
+
+
+@pytest.mark.parametrize(
+    ("make", "seed", "match"),
+    [
+        (lambda: da.arange(10, chunks=5), -1, "bad seed -1"),
+        (lambda: da.arange(10, chunks=5), 1.5, "bad seed 1.5"),
+        (lambda: da.arange(10, chunks=5), "1", "bad seed '1'"),
+        (lambda: da.from_array(np.array(3.0)), 1, "0-d array"),
+        (lambda: (x := da.arange(10, chunks=5))[x > 3], 1, "chunk sizes along axis 0 are unknown"),
+    ],
+    ids=["negative-seed", "float-seed", "str-seed", "0-d", "unknown-chunks"],
+)
+def test_bad_shuffle_array_options(tcp, make, seed, match):
+    clear_ledgers(tcp)
+    with pytest.raises(dg.InputError, match=match):
+        dg.shuffle_array(make(), seed=seed, client=tcp)
+    assert ledger.records(tcp).empty
