@@ -1,0 +1,880 @@
+"""``dask-gpudirect bench shuffle``: dg.shuffle against Dask's shuffles and a raw transfer, one run.
+
+On one cluster and one frame it measures:
+
+- ``dg.shuffle(df, "key")``;
+- Dask's task shuffle and P2P shuffle, ``df.shuffle("key", shuffle_method=...).persist()`` (on the
+  device target ``df`` is a dask_cudf frame);
+- a raw worker-to-worker transfer of one large buffer (CuPy on the device target, NumPy on the
+  host), the wire's ceiling for a Dask transfer;
+
+and prints GB/s per GPU, the ratios and the issue's targets (dg >= 3x the faster of Dask's
+shuffles, >= 0.5x the raw transfer), plus the ledger's record of the path dg's bytes took.
+
+What keeps the numbers honest:
+
+1. The frame is made on the workers (CuPy or NumPy random, so nothing crosses the wire to build
+   it), its partitions placed round-robin on the workers with ``client.submit(workers=...)`` so
+   every worker starts with the same share, and persisted before any timing.
+2. Each method runs once to warm up (worker imports, UCX endpoints, memory pools), then
+   ``--repeat`` more times; a run is the whole call, graph building included, until every output
+   partition is in memory. The output is checked (rows, and the sum of ``z``) outside the timing,
+   then released, and the workers are seen to hold only the input before the next run.
+3. Each method has a time budget (``--method-timeout``, cut to what ``--time-limit`` leaves). No
+   run starts that the fastest run so far says cannot finish in it; a run that overruns is
+   abandoned, recorded as timed out, and the cluster restarted (with the frame made again) so that
+   it cannot slow the methods after it.
+4. The raw transfer's time is the receiving worker's own record of it
+   (``Worker.transfer_incoming_log``: the comm's read and deserialisation, without scheduling).
+5. Between runs the scheduler's log of recent messages to the workers is emptied. The local
+   cluster's scheduler runs in this process, and that debugging log keeps the last 1000 task
+   specs alive; ``dg.shuffle``'s output tasks hold the ``Future`` of each exchange stage, so
+   without this its outputs could never be released between runs.
+
+The client holds a CUDA context on the device target (dask_cudf builds its graphs with cuDF
+objects) but makes it only after the cluster has started, as dask-cuda asks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+
+import click
+
+from ..cuda import gpu_count
+from .common import (
+    GIB,
+    cpu_name,
+    held_keys,
+    log,
+    markdown_table,
+    print_table,
+    start_cluster,
+    versions,
+    write_outputs,
+)
+
+#: Bytes per row of the frame: int64 key, float64 x and y, int64 z.
+ROW_BYTES = 32
+KEY_RANGE = 1 << 62
+METHODS = ("gpudirect", "tasks", "p2p", "raw")
+#: Measurement order: the raw transfer before the frame exists; P2P, the slowest, last.
+RUN_ORDER = ("raw", "gpudirect", "tasks", "p2p")
+LABELS = {
+    "gpudirect": {"device": "dg.shuffle(df, 'key')", "host": "dg.shuffle(df, 'key')"},
+    "tasks": {
+        "device": "dask_cudf df.shuffle('key', shuffle_method='tasks')",
+        "host": "df.shuffle('key', shuffle_method='tasks')",
+    },
+    "p2p": {
+        "device": "dask_cudf df.shuffle('key', shuffle_method='p2p')",
+        "host": "df.shuffle('key', shuffle_method='p2p')",
+    },
+    "raw": {
+        "device": "raw transfer: one CuPy buffer, worker A -> B",
+        "host": "raw transfer: one NumPy buffer, worker A -> B",
+    },
+}
+#: The issue's targets on the device target: dg.shuffle per GPU against each baseline.
+TARGET_VS_DASK = 3.0
+TARGET_VS_RAW = 0.5
+#: Seconds kept back from --time-limit to write the outputs and close the cluster.
+RESERVE_S = 15.0
+#: A budget shorter than this does not start a method.
+MIN_BUDGET_S = 5.0
+LEDGER_TITLE = "dg's ledger of the last dg.shuffle run, summed over the workers"
+
+
+def _log(message: str) -> None:
+    log("shuffle", message)
+
+
+# --- on the workers ---------------------------------------------------------------------------
+
+
+def _partition(rows: int, seed: int, target: str):
+    """One partition of the frame: cuDF from CuPy random on the device target, else pandas."""
+    if target == "device":
+        import cudf
+        import cupy as xp
+
+        frame = cudf.DataFrame
+    else:
+        import numpy as xp
+        import pandas
+
+        frame = pandas.DataFrame
+    rs = xp.random.RandomState(seed)
+    return frame(
+        {
+            "key": rs.randint(0, KEY_RANGE, size=rows, dtype="int64"),
+            "x": rs.random_sample(rows),
+            "y": rs.standard_normal(rows),
+            "z": rs.randint(0, 1000, size=rows, dtype="int64"),
+        }
+    )
+
+
+def _buffer(nbytes: int, target: str):
+    """The raw transfer's buffer, written once so that its memory is really there."""
+    if target == "device":
+        import cupy
+
+        return cupy.full(nbytes, 1, dtype=cupy.uint8)
+    import numpy
+
+    return numpy.full(nbytes, 1, dtype=numpy.uint8)
+
+
+def _size(buffer) -> int:
+    return int(buffer.nbytes)
+
+
+def _incoming(key: str, dask_worker=None) -> list[dict]:
+    """This worker's logged fetches of ``key``: seconds and bytes, as the worker measured them."""
+    return [
+        {"duration": e["duration"], "total": e["total"], "who": e["who"]}
+        for e in dask_worker.transfer_incoming_log
+        if key in e["keys"]
+    ]
+
+
+def _clear_ledger(dask_worker) -> None:
+    plugin = dask_worker.plugins.get("gpudirect")
+    if plugin is not None:
+        plugin.ledger.clear()
+
+
+def _ucx_environment() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+class _TimedOut(Exception):
+    """A run did not finish within its budget; it was abandoned."""
+
+
+def _call(fn: Callable[[], dict], timeout: float) -> dict:
+    """``fn()`` in a daemon thread, abandoned after ``timeout`` seconds (``_TimedOut``).
+
+    A thread, because ``dg.shuffle`` blocks until the exchange is done and Dask's ``wait`` can be
+    left the same way: the caller then restarts the cluster, which ends the work itself.
+    """
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="bench-shuffle-run", daemon=True)
+    thread.start()
+    thread.join(max(0.0, timeout))
+    if thread.is_alive():
+        raise _TimedOut(f"no result after {timeout:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def _forget_messages(dask_scheduler) -> None:
+    """Empty the scheduler's log of recent messages to workers: it keeps task specs alive."""
+    for stream in dask_scheduler.stream_comms.values():
+        stream.recent_message_log.clear()
+
+
+def _wait_released(client, baseline: int) -> None:
+    """Until the workers hold no more keys than ``baseline`` (the input), or 30 s."""
+    client.run_on_scheduler(_forget_messages)
+    deadline = time.monotonic() + 30
+    while sum(client.run(held_keys).values()) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _gbps(nbytes: int, seconds: float | None, per: int) -> float | None:
+    return nbytes / seconds / 1e9 / per if seconds else None
+
+
+def _record(key: str, status: str = "ok", **fields) -> dict:
+    rec = {"key": key, "status": status, "bytes": 0, "seconds": None, "runs": [], "note": ""}
+    rec.update(fields)
+    return rec
+
+
+def _measure(
+    key: str,
+    run_once: Callable[[], dict],
+    nbytes: int,
+    per: int,
+    repeat: int,
+    budget: float,
+    after: Callable[[], None],
+) -> tuple[dict, bool]:
+    """One warm-up and ``repeat`` timed runs of ``run_once`` within ``budget`` seconds.
+
+    ``run_once`` returns ``{"seconds": s, "note": ...}`` and may add fields that are kept per
+    run; ``after`` runs between runs (release, wait). Returns the record, and whether a run timed
+    out (the caller must then restart the cluster).
+    """
+    deadline = time.monotonic() + budget
+    runs: list[dict] = []
+    note, stop = "", ""  # what the runs say; why fewer runs than asked
+    for i in range(1 + repeat):
+        left = deadline - time.monotonic()
+        if runs and min(r["seconds"] for r in runs) * 1.2 > left:
+            stop = f"budget of {budget:.0f} s reached after {len(runs)} run(s)"
+            break
+        try:
+            out = _call(run_once, left)
+        except _TimedOut as exc:
+            _log(f"{key} run {i + 1}: timed out ({exc})")
+            if not runs:
+                return _record(
+                    key,
+                    "timed out",
+                    bytes=nbytes,
+                    note=f"no run finished within its budget of {budget:.0f} s "
+                    f"(< {_gbps(nbytes, budget, per):.3f} GB/s per GPU)",
+                ), True
+            stop = f"run {i + 1} timed out at the budget of {budget:.0f} s"
+            return _summarise(key, runs, nbytes, per, note, stop), True
+        after()
+        note = note or out.get("note", "")
+        runs.append(out)
+        speed = _gbps(nbytes, out["seconds"], per)
+        _log(f"{key} run {i + 1}/{1 + repeat}: {out['seconds']:.3f} s, {speed:.3f} GB/s per GPU")
+    return _summarise(key, runs, nbytes, per, note, stop), False
+
+
+def _summarise(key: str, runs: list[dict], nbytes: int, per: int, note: str, stop: str) -> dict:
+    """The record of ``runs``: the median of the warm runs, or the first run if it is all."""
+    seconds = [r["seconds"] for r in runs]
+    warm = seconds[1:]
+    figure = statistics.median(warm) if warm else seconds[0]
+    if not warm:
+        stop = "; ".join(s for s in (stop, "the first (cold) run only") if s)
+    extra = {k: [r[k] for r in runs] for k in runs[0] if k not in ("seconds", "note")}
+    return _record(
+        key,
+        bytes=nbytes,
+        seconds=figure,
+        runs=seconds,
+        first_seconds=seconds[0],
+        best_seconds=min(warm or seconds),
+        warm_runs=len(warm),
+        gbps=_gbps(nbytes, figure, 1),
+        gbps_per_gpu=_gbps(nbytes, figure, per),
+        best_gbps_per_gpu=_gbps(nbytes, min(warm or seconds), per),
+        first_gbps_per_gpu=_gbps(nbytes, seconds[0], per),
+        note=note,
+        stopped=stop,
+        **extra,
+    )
+
+
+class _Frame:
+    """The input frame, made on the workers; made again after a restart."""
+
+    def __init__(self, client, target: str, gib: float, partitions: int):
+        self.client, self.target = client, target
+        self.rows = max(partitions, int(gib * GIB) // ROW_BYTES)
+        self.partitions = partitions
+        self.df = None
+        self.nbytes = self.z_sum = self.held = 0
+
+    def make(self) -> dict:
+        """Build, persist and measure the frame; returns its description."""
+        import dask.dataframe as dd
+        from distributed import futures_of, wait
+
+        client = self.client
+        if self.target == "device":
+            import dask_cudf  # noqa: F401  (registers the cuDF backend before the frame exists)
+        self.df = None
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        base, extra = divmod(self.rows, self.partitions)
+        futures = [
+            client.submit(
+                _partition,
+                base + (i < extra),
+                1000 + i,
+                self.target,
+                workers=[workers[i % len(workers)]],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for i in range(self.partitions)
+        ]
+        meta = client.submit(_partition, 0, 0, self.target, pure=False).result()
+        df = dd.from_delayed(futures, meta=meta, divisions=None, verify_meta=False).persist()
+        wait(df)
+        # the persisted partitions stay where they were made; the makers' keys can go
+        del futures
+        parts = futures_of(df)
+        failed = [f for f in parts if f.status != "finished"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} input partition(s) failed: {failed[0].exception()}")
+        self.df = df
+        self.nbytes = sum(client.nbytes([f.key for f in parts], summary=False).values())
+        rows, self.z_sum = _counts(client, df)
+        if rows != self.rows:
+            raise RuntimeError(f"the frame has {rows} rows, {self.rows} were made")
+        self.held = len(parts)
+        _wait_released(client, self.held)
+        placed: dict[str, int] = {}
+        for holders in client.who_has(parts).values():
+            for worker in holders:
+                placed[worker] = placed.get(worker, 0) + 1
+        return {
+            "kind": "cuDF" if self.target == "device" else "pandas",
+            "bytes": self.nbytes,
+            "rows": self.rows,
+            "partitions": self.partitions,
+            "columns": f"key int64 uniform over [0, 2^{KEY_RANGE.bit_length() - 1}), "
+            "x float64, y float64, z int64",
+            "partitions_per_worker": placed,
+        }
+
+
+def _counts(client, df) -> tuple[int, int]:
+    """Rows of ``df`` and the sum of its ``z`` column, computed on the cluster."""
+    rows, z_sum = client.compute([df.map_partitions(len).sum(), df["z"].sum()], sync=True)
+    return int(rows), int(z_sum)
+
+
+def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
+    """One timed shuffle of ``frame`` by ``method``, checked after the clock stops."""
+    from distributed import futures_of, wait
+
+    def run() -> dict:
+        df = frame.df
+        if method == "gpudirect":
+            client.run(_clear_ledger)  # so that the ledger read after the runs holds the last one
+        start = time.perf_counter()
+        if method == "gpudirect":
+            import dask_gpudirect as dg
+
+            out = dg.shuffle(df, "key", client=client)
+        else:
+            out = df.shuffle("key", shuffle_method=method).persist()
+        wait(out)
+        seconds = time.perf_counter() - start
+        failed = [f for f in futures_of(out) if f.status != "finished"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")
+        rows, z_sum = _counts(client, out)
+        if (rows, z_sum) != (frame.rows, frame.z_sum):
+            raise RuntimeError(
+                f"the shuffle lost data: {rows} rows and sum(z) {z_sum}, "
+                f"the input has {frame.rows} and {frame.z_sum}"
+            )
+        note = f"{df.npartitions} -> {out.npartitions} partitions; rows and sum(z) checked"
+        return {"seconds": seconds, "note": note}
+
+    return run
+
+
+def _raw_run(client, a: str, b: str, nbytes: int, target: str) -> Callable[[], dict]:
+    """One buffer made on ``a``, then fetched by a task on ``b``: the fetch as ``b`` logged it."""
+    from distributed import wait
+
+    def run() -> dict:
+        buf = client.submit(
+            _buffer, nbytes, target, workers=[a], allow_other_workers=False, pure=False
+        )
+        wait(buf)
+        start = time.perf_counter()
+        size = client.submit(
+            _size, buf, workers=[b], allow_other_workers=False, pure=False
+        ).result()
+        round_trip = time.perf_counter() - start
+        fetches = client.run(_incoming, buf.key, workers=[b])[b]
+        del buf
+        if size != nbytes or len(fetches) != 1:
+            raise RuntimeError(f"{b} logged {len(fetches)} fetches of the buffer, size {size}")
+        return {
+            "seconds": fetches[0]["duration"],
+            "round_trip_seconds": round_trip,
+            "note": f"{a} -> {b}; time from {b}'s transfer_incoming_log",
+        }
+
+    return run
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def _device_names() -> list[str]:
+    """GPU names from ``nvidia-smi`` (no CUDA context in this process)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _ledger(client) -> list[dict]:
+    """dg's ledger rows of the shuffle (``op`` shuffle or spill), per worker and path."""
+    import dask_gpudirect as dg
+
+    report = dg.report(client)
+    if report.empty:
+        return []
+    return report[report["op"].isin(["shuffle", "spill"])].to_dict(orient="records")
+
+
+def _run(result: dict, opts: dict, target: str) -> None:
+    recs = result["records"]
+    methods = [m for m in RUN_ORDER if m in opts["methods"]]
+    workers = opts["workers"]
+    deadline = time.monotonic() + opts["time_limit"] - RESERVE_S if opts["time_limit"] else None
+
+    def budget() -> float:
+        if deadline is None:
+            return opts["method_timeout"]
+        return min(opts["method_timeout"], deadline - time.monotonic())
+
+    cuda_options = {}
+    if opts["ucx_transports"] == "nvlink":
+        cuda_options = {"enable_tcp_over_ucx": True, "enable_nvlink": True}
+    _log(f"starting the cluster ({workers} worker(s), {opts['protocol']}, {target} target)")
+    t0 = time.perf_counter()
+    cluster, client = start_cluster(
+        target,
+        workers,
+        opts["threads_per_worker"],
+        opts["protocol"],
+        opts["rmm_pool_size"],
+        **cuda_options,
+    )
+    try:
+        client.wait_for_workers(workers)
+        addresses = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        result["cluster"] = {
+            "class": f"{type(cluster).__module__}.{type(cluster).__name__}",
+            "workers": workers,
+            "threads_per_worker": opts["threads_per_worker"],
+            "protocol": opts["protocol"],
+            "rmm_pool_size": opts["rmm_pool_size"],
+            "ucx_transports": opts["ucx_transports"] if opts["protocol"] == "ucxx" else None,
+            "start_seconds": round(time.perf_counter() - t0, 2),
+        }
+        if opts["protocol"] == "ucxx":
+            result["cluster"]["worker_ucx_env"] = client.run(_ucx_environment)[addresses[0]]
+        frame = _Frame(client, target, opts["gib"], opts["partitions"])
+        for method in methods:
+            left = budget()
+            if left < MIN_BUDGET_S:
+                recs.append(_record(method, "not run", note="--time-limit reached"))
+                continue
+            try:
+                rec, timed_out = _one_method(client, method, frame, addresses, opts, budget, result)
+            except Exception as exc:  # one failed method is reported; the others still run
+                _log(f"{method} failed: {type(exc).__name__}: {exc}")
+                rec, timed_out = (
+                    _record(method, "error", note=f"{type(exc).__name__}: {exc}"),
+                    False,
+                )
+            recs.append(rec)
+            if timed_out and method != methods[-1]:
+                _log("restarting the cluster after the timed-out run")
+                client.restart()
+                frame.df = None
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _one_method(
+    client, method: str, frame: _Frame, addresses: list[str], opts: dict, budget, result: dict
+) -> tuple[dict, bool]:
+    """Measure ``method`` within ``budget()`` seconds; (record, whether a run timed out)."""
+    if method == "raw":
+        if len(addresses) < 2:
+            return _record("raw", "not run", note="needs two workers"), False
+        nbytes = opts["raw_mib"] << 20
+        _log(f"measuring raw: a {nbytes / 1e9:.2f} GB buffer, budget {budget():.0f} s")
+        run = _raw_run(client, addresses[0], addresses[1], nbytes, frame.target)
+        after = partial(_wait_released, client, 0)  # the raw transfer runs before the frame
+        return _measure("raw", run, nbytes, 1, opts["repeat"], budget(), after)
+    if frame.df is None:
+        _log(f"making the frame ({frame.rows} rows, {frame.partitions} partitions)")
+        result["data"] = frame.make()
+        _log(f"frame: {frame.nbytes / 1e9:.3f} GB")
+    _log(f"measuring {method}: budget {budget():.0f} s")
+    run = _shuffle_run(client, frame, method)
+    after = partial(_wait_released, client, frame.held)
+    out = _measure(method, run, frame.nbytes, opts["workers"], opts["repeat"], budget(), after)
+    if method == "gpudirect" and out[0]["status"] == "ok" and not out[1]:
+        result["ledger"] = _ledger(client)
+    return out
+
+
+# --- results ----------------------------------------------------------------------------------
+
+
+def _checks(records: list[dict], target: str) -> list[dict]:
+    by = {r["key"]: r for r in records}
+    dg = by.get("gpudirect")
+    if dg is None:
+        return []
+    out = []
+    dask = [by[k] for k in ("tasks", "p2p") if k in by]
+    ran = [r for r in dask if r["status"] == "ok"]
+    pairs = []
+    if dask:
+        base = max(ran, key=lambda r: r["gbps_per_gpu"]) if ran else dask[0]
+        pairs.append(("faster of Dask's shuffles", base, TARGET_VS_DASK))
+    if "raw" in by:
+        pairs.append(("raw single-buffer transfer", by["raw"], TARGET_VS_RAW))
+    for name, base, factor in pairs:
+        want = factor if target == "device" else None
+        ratio = None
+        if dg["status"] == "ok" and base["status"] == "ok":
+            ratio = dg["gbps_per_gpu"] / base["gbps_per_gpu"]
+        if want is None:
+            verdict = "-"
+        elif ratio is None:
+            verdict = "not run"
+        else:
+            verdict = "pass" if ratio >= want else "miss"
+        out.append(
+            {
+                "check": name,
+                "path": "gpudirect",
+                "baseline": base["key"],
+                "ratio": ratio,
+                "target": want,
+                "result": verdict,
+            }
+        )
+    return out
+
+
+def _label(key: str, target: str) -> str:
+    return LABELS[key][target]
+
+
+HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
+CHECK_HEADER = ("dg.shuffle per GPU against", "ratio", "target", "result")
+LEDGER_HEADER = ("op", "path", "transfers", "GB", "copies", "x frame bytes")
+
+
+def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
+    """Method rows (label, GB/s per GPU, best, first, seconds, runs) and footnotes."""
+    by = {r["key"]: r for r in result["records"]}
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    for key in METHODS:
+        rec = by.get(key)
+        if rec is None:
+            continue
+        label = _label(key, result["target"])
+        if rec["status"] == "ok":
+            if rec["stopped"]:
+                label += f" [{_note(notes, rec['stopped'])}]"
+            rows.append(
+                (
+                    label,
+                    f"{rec['gbps_per_gpu']:.2f}",
+                    f"{rec['best_gbps_per_gpu']:.2f}",
+                    f"{rec['first_gbps_per_gpu']:.2f}",
+                    f"{rec['seconds']:.3f}",
+                    f"1 + {rec['warm_runs']}",
+                )
+            )
+        else:
+            why = rec.get("note") or "no reason given"
+            rows.append((label, f"{rec['status']} [{_note(notes, why)}]", "", "", "", ""))
+    return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
+
+
+def _note(notes: list[str], note: str) -> int:
+    if note not in notes:
+        notes.append(note)
+    return notes.index(note) + 1
+
+
+def _check_rows(result: dict) -> list[tuple[str, ...]]:
+    rows = []
+    for c in result["checks"]:
+        ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
+        want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
+        rows.append((f"{c['check']} ({c['baseline']})", ratio, want, c["result"]))
+    return rows
+
+
+def _ledger_rows(result: dict) -> list[tuple[str, ...]]:
+    """The ledger summed over the workers, per (op, path)."""
+    sums: dict[tuple[str, str], list] = {}
+    for r in result.get("ledger") or []:
+        acc = sums.setdefault((r["op"], r["path"]), [0, 0, r["copies"]])
+        acc[0] += int(r["count"])
+        acc[1] += int(r["bytes"])
+    frame = (result.get("data") or {}).get("bytes") or 0
+    return [
+        (
+            op,
+            path,
+            str(count),
+            f"{nbytes / 1e9:.3f}",
+            str(copies),
+            f"{nbytes / frame:.2f}" if frame else "-",
+        )
+        for (op, path), (count, nbytes, copies) in sorted(sums.items())
+    ]
+
+
+def _setup_line(result: dict) -> str:
+    c = result.get("cluster") or {}
+    line = f"{c.get('workers', '?')} worker(s), {c.get('threads_per_worker', '?')} thread(s) each"
+    line += f", protocol {c.get('protocol', '?')}"
+    if c.get("ucx_transports"):
+        line += f" (UCX transports: {c['ucx_transports']})"
+    if c.get("rmm_pool_size"):
+        line += f", RMM pool {c['rmm_pool_size']} per worker"
+    return line
+
+
+def _data_line(result: dict) -> str:
+    d = result.get("data")
+    if not d:
+        return "not made"
+    return (
+        f"{d['kind']} frame of {d['bytes'] / 1e9:.3f} GB, {d['rows']} rows ({d['columns']}), "
+        f"{d['partitions']} partitions placed round-robin on the workers"
+    )
+
+
+def _device_line(result: dict) -> str:
+    if result["target"] == "host":
+        return f"{result['device']} (target `host`)"
+    return f"{result['gpus']} x {result['device']} (target `device`)"
+
+
+def _markdown(result: dict) -> str:
+    rows, notes = _rows(result)
+    lines = [
+        f"# dask-gpudirect shuffle benchmark: {result['device']}",
+        "",
+        f"- date: {result['date']}",
+        f"- device: {_device_line(result)}",
+        f"- cluster: {_setup_line(result)}",
+        f"- command: `{result['command']}`",
+        f"- data: {_data_line(result)}",
+        "",
+        *markdown_table(HEADER, rows),
+        "",
+    ]
+    if notes:
+        lines += [*(f"{n}  " for n in notes), ""]
+    if result["checks"]:
+        lines += [*markdown_table(CHECK_HEADER, _check_rows(result)), ""]
+    ledger = _ledger_rows(result)
+    if ledger:
+        lines += [
+            f"{LEDGER_TITLE}:",
+            "",
+            *markdown_table(LEDGER_HEADER, ledger),
+            "",
+        ]
+    lines.append(
+        "GB/s per GPU: frame bytes / seconds / workers, the median of the warm runs (best and the "
+        "first, cold, run beside it); a run is the whole call until every output partition is in "
+        "memory. Raw: the buffer's bytes / the seconds its fetch took as the receiving worker "
+        "logged it (one GPU sends, one receives). Targets apply to the device target: dg.shuffle "
+        f">= {TARGET_VS_DASK:g}x the faster of Dask's two shuffles and >= {TARGET_VS_RAW:g}x the "
+        "raw transfer."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _print_table(result: dict) -> None:
+    rows, notes = _rows(result)
+    title = f"bench shuffle: {_device_line(result)}, {_setup_line(result)}"
+    print_table(title, HEADER, rows, notes, right=HEADER[1:])
+    if result["checks"]:
+        print_table("targets", CHECK_HEADER, _check_rows(result), [], right=("ratio",))
+    ledger = _ledger_rows(result)
+    if ledger:
+        print_table(LEDGER_TITLE, LEDGER_HEADER, ledger, [], right=LEDGER_HEADER[2:])
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+@click.command(name="shuffle")
+@click.option(
+    "--target",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "host", "device"]),
+    help="auto: device where a GPU is visible, host otherwise.",
+)
+@click.option("--gib", default=0.25, show_default=True, type=float, help="frame size, GiB")
+@click.option(
+    "--workers", default=None, type=click.IntRange(1), help="default: one per GPU; 2 on the host"
+)
+@click.option("--threads-per-worker", default=1, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--protocol",
+    default=None,
+    type=click.Choice(["tcp", "ucxx"]),
+    help="default: ucxx on the device target, tcp on the host target",
+)
+@click.option(
+    "--ucx-transports",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "nvlink"]),
+    help="ucxx only. auto: dask-cuda's default, UCX picks every transport it finds (cuda_ipc "
+    "over NVLink among them); nvlink: enable_nvlink=True (UCX_TLS=tcp,cuda_copy,cuda_ipc).",
+)
+@click.option(
+    "--partitions",
+    default=None,
+    type=click.IntRange(1),
+    help="input partitions; default max(32, 4 per worker, 4 per GiB)",
+)
+@click.option("--repeat", default=3, show_default=True, type=click.IntRange(0), help="warm runs")
+@click.option(
+    "--rmm-pool-size", default=None, help="RMM pool per worker, e.g. 40GB (default: no pool)"
+)
+@click.option(
+    "--methods",
+    default=",".join(METHODS),
+    show_default=True,
+    help="comma-separated: gpudirect, tasks, p2p, raw",
+)
+@click.option(
+    "--raw-mib",
+    default=None,
+    type=click.IntRange(1),
+    help="raw transfer buffer, MiB (default: 1024 on the device target, 64 on the host)",
+)
+@click.option(
+    "--method-timeout",
+    default=150.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="seconds each method may take, all its runs together",
+)
+@click.option(
+    "--time-limit",
+    default=None,
+    type=click.FloatRange(30),
+    help="seconds for the whole run: the last methods get what is left",
+)
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
+def shuffle(
+    target,
+    gib,
+    workers,
+    threads_per_worker,
+    protocol,
+    ucx_transports,
+    partitions,
+    repeat,
+    rmm_pool_size,
+    methods,
+    raw_mib,
+    method_timeout,
+    time_limit,
+    json_path,
+    md_path,
+):
+    """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
+    gpus = gpu_count()
+    if target == "auto":
+        target = "device" if gpus else "host"
+    if target == "device" and not gpus:
+        raise click.UsageError("--target device needs a GPU, and none is visible here")
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(METHODS))
+    if unknown or not chosen:
+        raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    workers = workers or (gpus if target == "device" else 2)
+    if target == "device" and workers > gpus:
+        raise click.UsageError(f"--workers {workers}: LocalCUDACluster has one worker per GPU")
+    protocol = protocol or ("ucxx" if target == "device" else "tcp")
+    if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
+        raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
+    opts = {
+        "gib": gib,
+        "workers": workers,
+        "threads_per_worker": threads_per_worker,
+        "protocol": protocol,
+        "ucx_transports": ucx_transports,
+        "partitions": partitions or max(32, 4 * workers, math.ceil(4 * gib)),
+        "repeat": repeat,
+        "rmm_pool_size": rmm_pool_size,
+        "methods": chosen,
+        "raw_mib": raw_mib or (1024 if target == "device" else 64),
+        "method_timeout": method_timeout,
+        "time_limit": time_limit,
+    }
+    import dask
+
+    import dask_gpudirect  # noqa: F401  (loads the gpudirect.* defaults into dask.config)
+
+    names = _device_names() if target == "device" else []
+    result = {
+        "benchmark": "shuffle",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
+        "target": target,
+        "gpus": gpus,
+        "device": names[0] if names else None,
+        "device_names": names,
+        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
+        "options": opts,
+        "gpudirect_config": dask.config.get("gpudirect.shuffle", default={}),
+        "versions": versions(),
+        "records": [],
+    }
+    try:
+        _run(result, opts, target)
+    except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
+        result["interrupted"] = True
+        _log("interrupted: writing what was measured so far")
+    except Exception as exc:  # the cluster did not start, say: still report what ran
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        _log(f"stopped: {result['error']}")
+    result["device"] = result["device"] or (
+        f"CPU {result['host']['cpu']}" if target == "host" else "unknown GPU"
+    )
+    done = {r["key"] for r in result["records"]}
+    why = "interrupted" if result.get("interrupted") else result.get("error", "not reached")
+    for key in opts["methods"]:
+        if key not in done:
+            result["records"].append(_record(key, "not run", note=why))
+    result["records"].sort(key=lambda r: METHODS.index(r["key"]))
+    result["checks"] = _checks(result["records"], target)
+    write_outputs(result, json_path, md_path, _markdown)
+    _print_table(result)
+    errors = [r for r in result["records"] if r["status"] == "error"]
+    if result.get("error") or errors:
+        why = f"{len(errors)} measurement(s) failed"
+        if result.get("error"):
+            why += f"; the run stopped: {result['error']}"
+        raise SystemExit(f"{why}: see the table and the log")
