@@ -91,7 +91,7 @@ TARGET_VS_DASK = 3.0
 TARGET_VS_RAW = 0.5
 #: Seconds kept back from --time-limit to write the outputs and close the cluster.
 RESERVE_S = 15.0
-#: A budget shorter than this does not start a method.
+#: What --time-limit must still leave for a method to start.
 MIN_BUDGET_S = 5.0
 LEDGER_TITLE = "dg's ledger of the last dg.shuffle run, summed over the workers"
 
@@ -167,6 +167,14 @@ class _TimedOut(Exception):
     """A run did not finish within its budget; it was abandoned."""
 
 
+class _Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or ``timeout -s INT``) during a method: ``record`` holds the runs it finished."""
+
+    def __init__(self, record: dict):
+        super().__init__()
+        self.record = record
+
+
 def _call(fn: Callable[[], dict], timeout: float) -> dict:
     """``fn()`` in a daemon thread, abandoned after ``timeout`` seconds (``_TimedOut``).
 
@@ -240,6 +248,11 @@ def _measure(
             break
         try:
             out = _call(run_once, left)
+        except KeyboardInterrupt:
+            if not runs:
+                raise
+            stop = f"interrupted during run {i + 1}"
+            raise _Interrupted(_summarise(key, runs, nbytes, per, note, stop)) from None
         except _TimedOut as exc:
             _log(f"{key} run {i + 1}: timed out ({exc})")
             if not runs:
@@ -482,12 +495,14 @@ def _run(result: dict, opts: dict, target: str) -> None:
             result["cluster"]["worker_ucx_env"] = client.run(_ucx_environment)[addresses[0]]
         frame = _Frame(client, target, opts["gib"], opts["partitions"])
         for method in methods:
-            left = budget()
-            if left < MIN_BUDGET_S:
+            if deadline is not None and deadline - time.monotonic() < MIN_BUDGET_S:
                 recs.append(_record(method, "not run", note="--time-limit reached"))
                 continue
             try:
                 rec, timed_out = _one_method(client, method, frame, addresses, opts, budget, result)
+            except _Interrupted as stop:
+                recs.append(stop.record)
+                raise
             except Exception as exc:  # one failed method is reported; the others still run
                 _log(f"{method} failed: {type(exc).__name__}: {exc}")
                 rec, timed_out = (
