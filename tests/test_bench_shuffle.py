@@ -1,0 +1,91 @@
+"""``dask-gpudirect bench shuffle`` end to end on the host target, at a tiny size.
+
+Run as a subprocess, as a user would: the command starts and stops its own cluster, which must
+not meet the session clusters of this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+METHODS = ["gpudirect", "tasks", "p2p", "raw"]
+#: The ledger path of a host transfer between the two workers, by protocol.
+WIRE_PATH = {"tcp": "tcp-host", "ucxx": "ucx-host"}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("protocol", ["tcp", "ucxx"])
+def test_bench_shuffle_host(tmp_path, protocol):
+    if protocol == "ucxx":
+        pytest.importorskip("distributed_ucxx")
+    out_json, out_md = tmp_path / "shuffle.json", tmp_path / "shuffle.md"
+    cmd = [
+        sys.executable,
+        "-m",
+        "dask_gpudirect.bench",
+        "shuffle",
+        "--target",
+        "host",
+        "--gib",
+        str(16 / 1024),
+        "--workers",
+        "2",
+        "--protocol",
+        protocol,
+        "--repeat",
+        "1",
+        "--raw-mib",
+        "16",
+        "--json",
+        str(out_json),
+        "--markdown",
+        str(out_md),
+    ]
+    # UCX over TCP sockets, as in util.ucx_environment; the workers inherit it
+    env = {**os.environ, "COLUMNS": "160", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert "dg.shuffle(df, 'key')" in proc.stdout
+
+    result = json.loads(out_json.read_text())
+    assert result["benchmark"] == "shuffle" and result["target"] == "host"
+    assert result["device"].startswith("CPU")
+    assert result["command"].split().count("shuffle") == 1
+    assert result["versions"]["distributed"] != "not installed"
+    assert result["cluster"]["protocol"] == protocol and result["cluster"]["workers"] == 2
+    data = result["data"]
+    assert data["rows"] == (16 << 20) // 32 and data["bytes"] >= 16 << 20
+    assert sorted(data["partitions_per_worker"].values()) == [16, 16]
+
+    records = {r["key"]: r for r in result["records"]}
+    assert sorted(records) == sorted(METHODS)
+    for key in METHODS:
+        rec = records[key]
+        assert rec["status"] == "ok", rec
+        assert rec["gbps_per_gpu"] > 0 and rec["best_gbps_per_gpu"] > 0, rec
+        assert len(rec["runs"]) == 2 and rec["warm_runs"] == 1, rec
+    assert records["raw"]["bytes"] == 16 << 20
+    assert all(s > 0 for s in records["raw"]["round_trip_seconds"])
+    assert "rows and sum(z) checked" in records["gpudirect"]["note"]
+
+    checks = {c["check"]: c for c in result["checks"]}
+    assert sorted(checks) == ["faster of Dask's shuffles", "raw single-buffer transfer"]
+    faster = max(("tasks", "p2p"), key=lambda k: records[k]["gbps_per_gpu"])
+    assert checks["faster of Dask's shuffles"]["baseline"] == faster
+    for check in checks.values():  # ratios on the host target, targets only on the device
+        base = records[check["baseline"]]
+        assert check["ratio"] == pytest.approx(
+            records["gpudirect"]["gbps_per_gpu"] / base["gbps_per_gpu"]
+        )
+        assert check["target"] is None and check["result"] == "-", check
+
+    paths = {(r["op"], r["path"]) for r in result["ledger"]}
+    assert ("shuffle", WIRE_PATH[protocol]) in paths, paths
+    markdown = out_md.read_text()
+    assert "| df.shuffle('key', shuffle_method='p2p') |" in markdown
+    assert f"| shuffle | {WIRE_PATH[protocol]} |" in markdown
