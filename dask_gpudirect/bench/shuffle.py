@@ -126,6 +126,11 @@ def _partition(rows: int, seed: int, target: str):
     )
 
 
+def _meta(target: str):
+    """The frame's empty meta, cut from one row: CuPy's generators are not asked for zero."""
+    return _partition(1, 0, target).iloc[:0]
+
+
 def _buffer(nbytes: int, target: str):
     """The raw transfer's buffer, written once so that its memory is really there."""
     if target == "device":
@@ -332,7 +337,7 @@ class _Frame:
             )
             for i in range(self.partitions)
         ]
-        meta = client.submit(_partition, 0, 0, self.target, pure=False).result()
+        meta = client.submit(_meta, self.target, pure=False).result()
         df = dd.from_delayed(futures, meta=meta, divisions=None, verify_meta=False).persist()
         wait(df)
         # the persisted partitions stay where they were made; the makers' keys can go
@@ -590,6 +595,8 @@ def _label(key: str, target: str) -> str:
 
 
 HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
+#: The host target has no GPUs: the same figure is per worker there.
+HOST_HEADER = ("method", "GB/s per worker", *HEADER[2:])
 CHECK_HEADER = ("dg.shuffle per GPU against", "ratio", "target", "result")
 LEDGER_HEADER = ("op", "path", "transfers", "GB", "copies", "x frame bytes")
 
@@ -621,6 +628,10 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
             why = rec.get("note") or "no reason given"
             rows.append((label, f"{rec['status']} [{_note(notes, why)}]", "", "", "", ""))
     return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
+
+
+def _header(result: dict) -> tuple[str, ...]:
+    return HOST_HEADER if result["target"] == "host" else HEADER
 
 
 def _note(notes: list[str], note: str) -> int:
@@ -697,7 +708,7 @@ def _markdown(result: dict) -> str:
         f"- command: `{result['command']}`",
         f"- data: {_data_line(result)}",
         "",
-        *markdown_table(HEADER, rows),
+        *markdown_table(_header(result), rows),
         "",
     ]
     if notes:
@@ -713,10 +724,11 @@ def _markdown(result: dict) -> str:
             "",
         ]
     lines.append(
-        "GB/s per GPU: frame bytes / seconds / workers, the median of the warm runs (best and the "
-        "first, cold, run beside it); a run is the whole call until every output partition is in "
-        "memory. Raw: the buffer's bytes / the seconds its fetch took as the receiving worker "
-        "logged it (one GPU sends, one receives). Targets apply to the device target: dg.shuffle "
+        "GB/s per GPU (per worker on the host target): frame bytes / seconds / workers, the "
+        "median of the warm runs (best and the first, cold, run beside it); a run is the whole "
+        "call until every output partition is in memory. Raw: the buffer's bytes / the seconds "
+        "its fetch took as the receiving worker logged it (one GPU sends, one receives). Targets "
+        "apply to the device target: dg.shuffle "
         f">= {TARGET_VS_DASK:g}x the faster of Dask's two shuffles and >= {TARGET_VS_RAW:g}x the "
         "raw transfer."
     )
@@ -726,7 +738,8 @@ def _markdown(result: dict) -> str:
 def _print_table(result: dict) -> None:
     rows, notes = _rows(result)
     title = f"bench shuffle: {_device_line(result)}, {_setup_line(result)}"
-    print_table(title, HEADER, rows, notes, right=HEADER[1:])
+    header = _header(result)
+    print_table(title, header, rows, notes, right=header[1:])
     if result["checks"]:
         print_table("targets", CHECK_HEADER, _check_rows(result), [], right=("ratio",))
     ledger = _ledger_rows(result)
