@@ -5,8 +5,13 @@
 #
 # (after the chunk calls of ../shared/gpu/README.md have installed the stack into /tmp/site).
 # Writes into $OUT: env.txt, gpu-tests.log, gpu-junit.xml, bench-read.log, read.json, read.md,
-# and prints the short table last. Each part has its own time limit and a failing part does not
-# stop the next; the whole run stays under 9 minutes. Exit status: 0 only if both parts passed.
+# bench-shuffle.log, shuffle.json, shuffle.md, and prints the short tables last. Each part has its
+# own time limit and a failing part does not stop the next; the whole run stays under 9.5 minutes
+# (the shuffle benchmark gets what the parts before it leave). Exit status: 0 only if every part
+# that ran passed. Skip parts with SKIP_TESTS=1, SKIP_READ=1, SKIP_SHUFFLE=1; for example the
+# shuffle benchmark alone, with all the time there is, on nvidia-h200-x2:
+#
+#     SKIP_TESTS=1 SKIP_READ=1 bash scripts/gpu-suite.sh
 set -uo pipefail
 
 OUT=${OUT:-$PWD/gpu-out}
@@ -20,6 +25,17 @@ BENCH_TARGET=${BENCH_TARGET:-device}                      # host: exercise the s
 TESTS_LIMIT=${TESTS_LIMIT:-220}                         # seconds, each part
 BENCH_LIMIT=${BENCH_LIMIT:-260}
 # BENCH_ARGS: more options for `bench read`, e.g. "--threads-per-worker 4 --rmm-pool-size 40GB"
+SUITE_LIMIT=${SUITE_LIMIT:-565}                         # seconds for the whole script (9.5 min: 570)
+SHUFFLE_GIB=${SHUFFLE_GIB:-8}
+SHUFFLE_WORKERS=${SHUFFLE_WORKERS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')}
+[[ $SHUFFLE_WORKERS -ge 1 ]] || SHUFFLE_WORKERS=2        # no GPU: the host target's two workers
+SHUFFLE_PROTOCOL=${SHUFFLE_PROTOCOL:-ucxx}
+SHUFFLE_RMM_POOL=${SHUFFLE_RMM_POOL:-40GB}               # per worker, as in FACTS.md's Dask shuffles
+# SHUFFLE_LIMIT: seconds for `bench shuffle` (default and cap: what SUITE_LIMIT leaves it)
+# SHUFFLE_ARGS: more options for `bench shuffle`, e.g. "--method-timeout 200 --repeat 2"
+SKIP_TESTS=${SKIP_TESTS:-0}
+SKIP_READ=${SKIP_READ:-0}
+SKIP_SHUFFLE=${SKIP_SHUFFLE:-0}
 start=$SECONDS
 
 # --- the machine -----------------------------------------------------------------------------
@@ -52,32 +68,72 @@ PY
 [[ -d /tmp/site/cudf ]] || echo "WARNING: /tmp/site has no cudf: run the install calls first" | tee -a "$OUT/env.txt"
 
 # --- 1. the GPU test suite -------------------------------------------------------------------
-echo "== GPU tests (limit ${TESTS_LIMIT}s) =="
-timeout -s INT -k 10 "$TESTS_LIMIT" \
-  python3 -m pytest -m gpu tests/gpu --maxfail=15 -q -ra --junitxml="$OUT/gpu-junit.xml" \
-  2>&1 | tee "$OUT/gpu-tests.log"
-tests_rc=${PIPESTATUS[0]}
-echo "== GPU tests: exit $tests_rc after $((SECONDS - start))s =="
+tests_rc=skipped
+if [[ $SKIP_TESTS != 1 ]]; then
+  echo "== GPU tests (limit ${TESTS_LIMIT}s) =="
+  timeout -s INT -k 10 "$TESTS_LIMIT" \
+    python3 -m pytest -m gpu tests/gpu --maxfail=15 -q -ra --junitxml="$OUT/gpu-junit.xml" \
+    2>&1 | tee "$OUT/gpu-tests.log"
+  tests_rc=${PIPESTATUS[0]}
+  echo "== GPU tests: exit $tests_rc after $((SECONDS - start))s =="
+fi
 
 # --- 2. the read benchmark at the real sizes -------------------------------------------------
-echo "== bench read: ${BINARY_GIB} GiB binary, ${PARQUET_GIB} GiB Parquet (limit ${BENCH_LIMIT}s) =="
-timeout -s INT -k 10 "$BENCH_LIMIT" \
-  python3 -m dask_gpudirect.bench read --target "$BENCH_TARGET" \
-    --binary-gib "$BINARY_GIB" --parquet-gib "$PARQUET_GIB" --files 8 --workers 1 \
-    --protocol tcp --drop-cache --dir "$BENCH_DIR" \
-    --json "$OUT/read.json" --markdown "$OUT/read.md" ${BENCH_ARGS:-} \
-  > "$OUT/bench-read.log" 2>&1
-bench_rc=$?
-echo "== bench read: exit $bench_rc after $((SECONDS - start))s (log: bench-read.log) =="
-
-# --- the short table, last -------------------------------------------------------------------
-echo
-echo "GPU tests: exit $tests_rc: $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
-echo "bench read: exit $bench_rc; total $((SECONDS - start))s"
-if [[ -s $OUT/read.md ]]; then
-  cat "$OUT/read.md"
-else
-  echo "no read.md: the end of bench-read.log:"
-  tail -40 "$OUT/bench-read.log"
+bench_rc=skipped
+if [[ $SKIP_READ != 1 ]]; then
+  echo "== bench read: ${BINARY_GIB} GiB binary, ${PARQUET_GIB} GiB Parquet (limit ${BENCH_LIMIT}s) =="
+  timeout -s INT -k 10 "$BENCH_LIMIT" \
+    python3 -m dask_gpudirect.bench read --target "$BENCH_TARGET" \
+      --binary-gib "$BINARY_GIB" --parquet-gib "$PARQUET_GIB" --files 8 --workers 1 \
+      --protocol tcp --drop-cache --dir "$BENCH_DIR" \
+      --json "$OUT/read.json" --markdown "$OUT/read.md" ${BENCH_ARGS:-} \
+    > "$OUT/bench-read.log" 2>&1
+  bench_rc=$?
+  echo "== bench read: exit $bench_rc after $((SECONDS - start))s (log: bench-read.log) =="
 fi
-[[ $tests_rc == 0 && $bench_rc == 0 ]]
+
+# --- 3. the shuffle benchmark: dg.shuffle, Dask's two shuffles, a raw transfer -----------------
+shuffle_rc=skipped
+if [[ $SKIP_SHUFFLE != 1 ]]; then
+  left=$((SUITE_LIMIT - (SECONDS - start) - 15))          # 10 s for timeout -k, 5 for the summary
+  limit=${SHUFFLE_LIMIT:-$left}
+  (( limit > left )) && limit=$left
+  if (( limit < 60 )); then
+    echo "== bench shuffle: not run, ${limit}s left; run it alone: SKIP_TESTS=1 SKIP_READ=1 =="
+    shuffle_rc="not run (${limit}s left)"
+  else
+    echo "== bench shuffle: ${SHUFFLE_GIB} GiB, ${SHUFFLE_WORKERS} worker(s), ${SHUFFLE_PROTOCOL} (limit ${limit}s) =="
+    (( limit < 240 )) && echo "   (${limit}s may not fit every method at ${SHUFFLE_GIB} GiB: SKIP_TESTS=1 SKIP_READ=1 gives it the whole run)"
+    rmm=()
+    [[ $BENCH_TARGET == device ]] && rmm=(--rmm-pool-size "$SHUFFLE_RMM_POOL")
+    timeout -s INT -k 10 "$limit" \
+      python3 -m dask_gpudirect.bench shuffle --target "$BENCH_TARGET" \
+        --gib "$SHUFFLE_GIB" --workers "$SHUFFLE_WORKERS" --protocol "$SHUFFLE_PROTOCOL" \
+        ${rmm[@]+"${rmm[@]}"} --time-limit "$((limit - 5))" \
+        --json "$OUT/shuffle.json" --markdown "$OUT/shuffle.md" ${SHUFFLE_ARGS:-} \
+      > "$OUT/bench-shuffle.log" 2>&1
+    shuffle_rc=$?
+    echo "== bench shuffle: exit $shuffle_rc after $((SECONDS - start))s (log: bench-shuffle.log) =="
+  fi
+fi
+
+# --- the short tables, last ------------------------------------------------------------------
+echo
+if [[ $tests_rc == skipped ]]; then
+  echo "GPU tests: skipped (SKIP_TESTS=1)"
+else
+  echo "GPU tests: exit $tests_rc: $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
+fi
+echo "bench read: exit $bench_rc; bench shuffle: exit $shuffle_rc; total $((SECONDS - start))s"
+show() {  # the Markdown a benchmark wrote, else the end of its log
+  if [[ -s $OUT/$1.md ]]; then
+    cat "$OUT/$1.md"
+  else
+    echo "no $1.md: the end of bench-$1.log:"
+    tail -40 "$OUT/bench-$1.log"
+  fi
+}
+[[ $bench_rc == skipped ]] || show read
+[[ $shuffle_rc == skipped || $shuffle_rc == "not run"* ]] || show shuffle
+ok() { [[ $1 == 0 || $1 == skipped || $1 == "not run"* ]]; }
+ok "$tests_rc" && ok "$bench_rc" && ok "$shuffle_rc"
