@@ -22,8 +22,8 @@ What keeps the numbers honest:
    then released, and the workers are seen to hold only the input before the next run.
 3. Each method has a time budget (``--method-timeout``, cut to what ``--time-limit`` leaves). No
    run starts that the fastest run so far says cannot finish in it; a run that overruns is
-   abandoned, recorded as timed out, and the cluster restarted (with the frame made again) so that
-   it cannot slow the methods after it.
+   abandoned and recorded as timed out. After a timeout or an error the cluster is restarted (and
+   the frame made again), so that leftover work or memory cannot slow the methods after it.
 4. The raw transfer's time is the receiving worker's own record of it
    (``Worker.transfer_incoming_log``: the comm's read and deserialisation, without scheduling).
 5. Between runs the scheduler's log of recent messages to the workers is emptied. The local
@@ -509,14 +509,13 @@ def _run(result: dict, opts: dict, target: str) -> None:
                 recs.append(stop.record)
                 raise
             except Exception as exc:  # one failed method is reported; the others still run
-                _log(f"{method} failed: {type(exc).__name__}: {exc}")
-                rec, timed_out = (
-                    _record(method, "error", note=f"{type(exc).__name__}: {exc}"),
-                    False,
-                )
+                why = f"{type(exc).__name__}: {exc}"
+                _log(f"{method} failed: {why}")
+                rec, timed_out = _record(method, "error", note=why), False
             recs.append(rec)
-            if timed_out and method != methods[-1]:
-                _log("restarting the cluster after the timed-out run")
+            if (timed_out or rec["status"] == "error") and method != methods[-1]:
+                # abandoned or failed work (a shuffle mid-way, memory held) must not slow the rest
+                _log(f"restarting the cluster after {method} ({rec['status']})")
                 client.restart()
                 frame.df = None
     finally:
