@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 import operator
 import secrets
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Alias
 from distributed import Client, default_client
 
 from .. import targets
@@ -21,7 +24,7 @@ from .split import HashSplit, PermutationSplit, contingency
 
 def shuffle(
     df: dd.DataFrame,
-    on: str | Sequence[str],
+    on: Hashable | Sequence[Hashable],
     npartitions: int | None = None,
     client: Client | None = None,
 ) -> dd.DataFrame:
@@ -51,7 +54,7 @@ def shuffle(
         workers' memory and disk; no partial result is returned.
     """
     client = client or default_client()
-    on = [on] if isinstance(on, str) else list(on)
+    on = list(on) if isinstance(on, list | tuple) else [on]
     missing = [c for c in on if c not in df.columns]
     if missing or not on:
         raise InputError(
@@ -103,13 +106,13 @@ def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None 
     splitter = PermutationSplit(seed, contingency(seed, sizes), target, meta)
     inputs = client.compute(list(arr.to_delayed().ravel()))
     stages = exchange(client, inputs, splitter, len(sizes), target)
-    blocks = [
-        da.from_delayed(
-            dask.delayed(operator.getitem)(stage, j), (n, *record), dtype=arr.dtype, meta=meta
-        )
-        for j, (stage, n) in enumerate(zip(stages, sizes, strict=True))
-    ]
-    return da.concatenate(blocks)
+    # Not da.concatenate of from_delayed blocks: it drops chunks of length 0.
+    parts = [dask.delayed(operator.getitem)(stage, j) for j, stage in enumerate(stages)]
+    name = f"gpudirect-shuffle-array-{tokenize(*parts)}"
+    trailing = (0,) * len(record)
+    layer = {(name, j, *trailing): Alias((name, j, *trailing), p.key) for j, p in enumerate(parts)}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=parts)
+    return da.Array(graph, name, (tuple(sizes), *((n,) for n in record)), meta=meta)
 
 
 def _integer(value, name: str, minimum: int, what: str) -> int:

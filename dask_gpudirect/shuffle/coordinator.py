@@ -50,7 +50,8 @@ def exchange(
     ``{j: partition}`` of every output its worker owns.
     """
     ensure_plugins(client)
-    wait(inputs)
+    with client.as_current():  # distributed.wait uses the current client; ours may not be it
+        wait(inputs)
     failed = [f for f in inputs if f.status != "finished"]
     if failed:
         failed[0].result()  # the input's own error, in the user's process
@@ -107,7 +108,8 @@ def _watch(client: Client, plan: Exchange, stages: dict[str, Future]) -> None:
     pending = set(stages.values())
     while pending:
         try:
-            wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
+            with client.as_current():
+                wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
         except TimeoutError:  # nothing finished in this interval: check on the participants
             pass
         done = {f for f in pending if f.done()}
