@@ -311,6 +311,29 @@ def test_peer_slower_than_the_timeout(cluster):
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
+def test_concurrent_shuffles_on_one_thread_workers(cluster):
+    """Shuffles started at once from several client threads all finish, on 1-thread workers.
+
+    A stage holds its worker's thread until its peers' stages have sent everything; when two
+    shuffles' stages take the threads of different workers first, each waits for the other's
+    (until ``gpudirect.shuffle.timeout``, 3 s here instead of 600 s).
+    """
+    frames = [frame(1000, keys=50 + s, seed=s) for s in range(6)]  # 24 KB each: they fit
+
+    def shuffle(pdf):
+        with cluster.as_current():
+            out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=3)
+            return partitions(cluster, out)
+
+    with worker_config(cluster, {"gpudirect.shuffle.timeout": "3s"}):
+        for _ in range(2):
+            with ThreadPoolExecutor(len(frames)) as pool:
+                results = list(pool.map(shuffle, frames))
+            for pdf, parts in zip(frames, results, strict=True):
+                assert_hash_partitions(parts, pdf, "k", 3)
+    wait_until_clean(cluster)
+
+
 def test_abort_frees_a_stage_stuck_sending(cluster):
     """When a shuffle fails, the others' stages end at once, even one whose send is stuck.
 
