@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between the client's checks that every participant is still in the cluster.
 WATCH_INTERVAL = 0.5
+#: Seconds the client gives aborted stages to stop before it cancels them and raises.
+ABORT_GRACE = 10
 
 
 def _stage(exchange: Exchange, inputs: dict[int, Any]) -> dict[int, Any]:
@@ -123,13 +125,13 @@ def _watch(client: Client, plan: Exchange, stages: dict[str, Future]) -> None:
             reason = f"worker(s) {gone} left the cluster during shuffle {plan.id}"
         else:
             reason = f"shuffle {plan.id} failed: {_error_text(errors[0])}"
-        client.run(
-            _abort,
-            shuffle_id=plan.id,
-            reason=reason,
-            workers=sorted(set(plan.participants) & alive),
-            on_error="ignore",
-        )
+        survivors = sorted(set(plan.participants) & alive)
+        client.run(_abort, shuffle_id=plan.id, reason=reason, workers=survivors, on_error="ignore")
+        try:  # let the survivors stop and clean up before the caller retries
+            with client.as_current():
+                wait([stages[w] for w in survivors], timeout=ABORT_GRACE)
+        except TimeoutError:
+            pass
         client.cancel(list(stages.values()))
         raise ShuffleError(
             f"{reason}; no output was returned. The cluster is still usable: run the shuffle "

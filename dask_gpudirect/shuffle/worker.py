@@ -26,6 +26,7 @@ import dask.config
 import numpy as np
 from dask.sizeof import sizeof
 from dask.utils import parse_bytes, parse_timedelta
+from distributed import secede
 from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
 from distributed.shuffle._limiter import ResourceLimiter
@@ -75,7 +76,8 @@ class ShuffleRun:
         self.buffer = buffer
         self.received: dict[int, tuple[int, list[int]]] = {}  # input i -> (first j, row counts)
         self.finished: set[str] = set()
-        self.changed = asyncio.Event()
+        self.changed = asyncio.Event()  # a peer finished, or the run failed
+        self.failed = asyncio.Event()
         self.error: ShuffleError | None = None
         self.sends: set[asyncio.Task] = set()
         self.limiter = ResourceLimiter(
@@ -104,21 +106,38 @@ class ShuffleRun:
         return {j: splitter.combine(j, parts.pop(j, [])) for j in mine}
 
     def fail(self, error: ShuffleError) -> None:
+        """Record the first error, stop our sends, and wake whatever the stage waits on."""
         if self.error is None:
             self.error = error
+        self.failed.set()
         self.changed.set()
+        for task in self.sends:
+            task.cancel()
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
             raise self.error
+
+    async def _unless_failed(self, awaitable):
+        """Await ``awaitable``, or raise the run's error as soon as it fails (an abort from the
+        client, a failed send), so no stage keeps waiting on a peer that is gone."""
+        task = asyncio.ensure_future(awaitable)
+        failed = asyncio.ensure_future(self.failed.wait())
+        try:
+            await asyncio.wait({task, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            failed.cancel()
+            if not task.done():
+                task.cancel()
+        self.raise_if_failed()
+        return task.result()
 
     async def send(self, exchange: Exchange, dest: str, message: tuple) -> None:
         """Start sending ``(i, first, counts, piece)`` to ``dest``; wait first while too many
         bytes are in flight."""
         self.raise_if_failed()
         nbytes = sizeof(message[-1])
-        await self.limiter.wait_for_available()
-        self.raise_if_failed()
+        await self._unless_failed(self.limiter.wait_for_available())
         self.limiter.increase(nbytes)
         task = asyncio.create_task(self._send(exchange, dest, message, nbytes))
         self.sends.add(task)
@@ -156,19 +175,23 @@ class ShuffleRun:
     async def finish(self, exchange: Exchange, timeout: float) -> None:
         """Wait for our sends, tell every peer we are done, and wait until every peer is."""
         while self.sends:
-            await asyncio.wait(set(self.sends))
+            await self._unless_failed(asyncio.wait(set(self.sends)))
         self.raise_if_failed()
         me = self.service.worker.address
         peers = [p for p in exchange.participants if p != me]
         try:
-            await asyncio.gather(
-                *(
-                    self.service.worker.rpc(p).gpudirect_shuffle_finished(
-                        shuffle_id=self.id, target=exchange.target, source=me
+            await self._unless_failed(
+                asyncio.gather(
+                    *(
+                        self.service.worker.rpc(p).gpudirect_shuffle_finished(
+                            shuffle_id=self.id, target=exchange.target, source=me
+                        )
+                        for p in peers
                     )
-                    for p in peers
                 )
             )
+        except ShuffleError:
+            raise
         except Exception as exc:
             raise ShuffleError(f"shuffle {self.id}: a peer could not be told: {exc}") from exc
         self.finished.add(me)
@@ -263,6 +286,9 @@ class ShuffleService:
     def stage(self, exchange: Exchange, inputs: dict[int, Any]) -> dict[int, Any]:
         """Split and send this worker's inputs, then build the output partitions it owns."""
         me = self.worker.address
+        # Out of the worker's thread count while it waits on peers: two shuffles at once on
+        # one-thread workers would otherwise each hold a worker the other needs.
+        secede()
         clock = _Phases()
         runs = {w: exchange.outputs_of(w) for w in exchange.participants}
         run = self._on_loop(self.run, exchange.id, exchange.target)
