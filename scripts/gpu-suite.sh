@@ -92,6 +92,19 @@ if [[ $SKIP_READ != 1 ]]; then
   echo "== bench read: exit $bench_rc after $((SECONDS - start))s (log: bench-read.log) =="
 fi
 
+# --- 1b. UCX's own report of the transports a small dg.shuffle used --------------------------
+# UCX_PROTO_INFO=y makes every worker print the protocol and transport UCX chose per endpoint
+# and message kind; kept are the lines about GPU memory (cuda_ipc = NVLink/peer copy).
+if [[ $SKIP_TESTS != 1 && $BENCH_TARGET == device ]]; then
+  echo "== UCX transports of a 0.25 GiB dg.shuffle (UCX_PROTO_INFO=y) =="
+  UCX_PROTO_INFO=y timeout -s INT -k 10 120 \
+    python3 -m dask_gpudirect.bench shuffle --gib 0.25 --methods gpudirect --repeat 1 \
+      --protocol ucxx --workers "$SHUFFLE_WORKERS" > "$OUT/ucx-proto-info.log" 2>&1
+  grep -E "cuda|GPU" "$OUT/ucx-proto-info.log" | sed -E 's/^\[[0-9.]+\] \[[^]]*\] *//' \
+    | sort | uniq -c | sort -rn > "$OUT/ucx-transports.txt"
+  head -20 "$OUT/ucx-transports.txt"
+fi
+
 # --- 3. the shuffle benchmark: dg.shuffle, Dask's two shuffles, a raw transfer -----------------
 shuffle_rc=skipped
 if [[ $SKIP_SHUFFLE != 1 ]]; then
