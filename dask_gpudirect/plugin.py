@@ -47,6 +47,7 @@ class GPUDirectPlugin(WorkerPlugin):
         self.shuffle = ShuffleService(worker, self.ledger)
         if self.gpus:
             self.target("device")  # configures kvikio now, so a bad option fails at setup
+            _register_cudf_with_dask()
         logger.info(
             "gpudirect on %s: %d GPU(s), options %s", worker.address, self.gpus, self.options
         )
@@ -71,6 +72,18 @@ class GPUDirectPlugin(WorkerPlugin):
     def describe(self) -> dict[str, Any]:
         """What placement and reports need to know about this worker."""
         return {"gpus": self.gpus, "options": self.options}
+
+
+def _register_cudf_with_dask() -> None:
+    """Teach this worker's Dask the size and the dispatch of cuDF objects.
+
+    dask_cudf registers them on import; without it Dask measures a cuDF frame as a small Python
+    object, so the scheduler's byte counts (memory, shuffle planning) are wrong.
+    """
+    try:
+        import dask_cudf  # noqa: F401
+    except ImportError:
+        logger.warning("dask_cudf is missing: Dask will not know the size of cuDF partitions")
 
 
 def current_plugin() -> GPUDirectPlugin:

@@ -65,8 +65,9 @@ def shuffle(
     npartitions = _integer(npartitions, "npartitions", 1, "a positive integer")
     meta = df._meta
     inputs = client.compute(df.to_delayed())
-    splitter = HashSplit(on, npartitions, meta)
-    stages = exchange(client, inputs, splitter, npartitions, targets.holding(meta))
+    target = targets.holding(meta)
+    splitter = HashSplit(on, npartitions, target, meta)
+    stages = exchange(client, inputs, splitter, npartitions, target)
     parts = [dask.delayed(operator.getitem)(stage, j) for j, stage in enumerate(stages)]
     with dask.config.set({"dataframe.convert-string": False}):
         return dd.from_delayed(parts, meta=meta, verify_meta=False)

@@ -27,16 +27,15 @@ class HashSplit:
     tell which partition holds a key with the same function.
     """
 
-    on: list[str]
+    on: list
     npartitions: int
+    target: str
     meta: Any  # an empty partition: what an output partition with no rows looks like
 
     def split(self, index: int, part) -> tuple[Any, np.ndarray]:
         where = partitioning_index(part[self.on], self.npartitions)
-        present = where.value_counts()  # one row per output partition: small, on the host
-        counts = np.zeros(self.npartitions, dtype=np.int64)
-        counts[present.index.to_numpy()] = present.to_numpy()
-        return part.take(where.argsort(kind="stable")), counts
+        order, counts = targets.module(self.target).group_order(where, self.npartitions)
+        return part.take(order), counts
 
     def rows(self, part, start: int, stop: int):
         return part.iloc[start:stop]

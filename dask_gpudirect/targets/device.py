@@ -9,6 +9,7 @@ from __future__ import annotations
 import cupy
 import kvikio
 import kvikio.defaults
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pylibcudf as plc
@@ -52,6 +53,13 @@ def unsupported(dtype) -> str | None:
 def permutation(n: int, seed: int) -> cupy.ndarray:
     """A random order of ``n`` records, made on the GPU, the same for the same seed."""
     return cupy.random.RandomState(seed).permutation(n)
+
+
+def group_order(where, n: int) -> tuple[cupy.ndarray, np.ndarray]:
+    """The row order that groups equal values of ``where`` (0..n-1, a cuDF Series), and how many
+    rows hold each value. CuPy sorts are stable; the counts come back to the host (n numbers)."""
+    values = cupy.asarray(where.values)
+    return cupy.argsort(values), cupy.bincount(values, minlength=n).get()
 
 
 def memory_bytes(worker) -> int:

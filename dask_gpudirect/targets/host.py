@@ -32,6 +32,13 @@ def permutation(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)
 
 
+def group_order(where, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The row order that groups equal values of ``where`` (0..n-1, a Series), stably, and how
+    many rows hold each value."""
+    values = where.to_numpy()
+    return np.argsort(values, kind="stable"), np.bincount(values, minlength=n)
+
+
 def memory_bytes(worker) -> int:
     """The memory that received shuffle pieces may use a fraction of: the worker's limit."""
     import psutil
