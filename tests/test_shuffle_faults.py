@@ -303,7 +303,7 @@ def test_peer_slower_than_the_timeout(cluster):
         start = time.monotonic()
         with pytest.raises(dg.ShuffleError, match=r"waited 1 s \(gpudirect.shuffle.timeout\)") as e:
             dg.shuffle(df, "k", client=cluster)
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 10  # bounded, whatever the load
     assert other in str(e.value)
     wait_until_clean(cluster)
     cluster.run(restore_receive)
@@ -337,18 +337,18 @@ def test_concurrent_shuffles_on_one_thread_workers(cluster):
 def test_abort_frees_a_stage_stuck_sending(cluster):
     """When a shuffle fails, the others' stages end at once, even one whose send is stuck.
 
-    The victim takes 6 s per message and times out waiting (1 s); the other worker's stage is
+    The victim takes 10 s per message and times out waiting (1 s); the other worker's stage is
     then still waiting on its send to the victim. The abort must wake it (ShuffleService.abort:
     "Fail the run (waking its stage task)"), not leave its thread busy until the send returns.
     """
     victim, _ = sorted(cluster.nthreads())
-    cluster.run(delay_receive, seconds=6, workers=[victim])
+    cluster.run(delay_receive, seconds=10, workers=[victim])
     df = cluster.persist(dd.from_pandas(frame(2000, keys=97, seed=8), npartitions=4))
     try:
         with worker_config(cluster, {"gpudirect.shuffle.timeout": "1s"}):
             with pytest.raises(dg.ShuffleError, match="gpudirect.shuffle.timeout"):
                 dg.shuffle(df, "k", client=cluster)
-        wait_until_clean(cluster, timeout=2)
+        wait_until_clean(cluster, timeout=4)
     finally:
         cluster.run(restore_receive)
         wait_until_clean(cluster, timeout=20)  # later tests need the worker's thread
