@@ -445,3 +445,20 @@ def test_bad_shuffle_array_options(tcp, make, seed, match):
     with pytest.raises(dg.InputError, match=match):
         dg.shuffle_array(make(), seed=seed, client=tcp)
     assert ledger.records(tcp).empty
+
+
+def test_an_input_that_fails_raises_its_own_error(tcp):
+    """A partition that cannot be computed raises its error; no stage starts, nothing moves."""
+
+    def boom(part):
+        if part.index[0] > 100:
+            raise ValueError("partition 1 is broken")
+        return part
+
+    pdf = frame(100, keys=5)
+    df = dd.from_pandas(pdf, npartitions=2).map_partitions(boom, meta=pdf.iloc[:0])
+    clear_ledgers(tcp)
+    with pytest.raises(ValueError, match="partition 1 is broken"):
+        dg.shuffle(df, "k", client=tcp)
+    assert ledger.records(tcp).empty
+    assert not any(s["runs"] for s in tcp.run(shuffle_state).values())
