@@ -100,7 +100,7 @@ if [[ $SKIP_TESTS != 1 && $BENCH_TARGET == device ]]; then
   UCX_PROTO_INFO=y timeout -s INT -k 10 120 \
     python3 -m dask_gpudirect.bench shuffle --gib 0.25 --methods gpudirect --repeat 1 \
       --protocol ucxx --workers "$SHUFFLE_WORKERS" > "$OUT/ucx-proto-info.log" 2>&1
-  grep -E "cuda|GPU" "$OUT/ucx-proto-info.log" | sed -E 's/^\[[0-9.]+\] \[[^]]*\] *//' \
+  grep -E "^\[[0-9.]+\] .*(cuda|GPU)" "$OUT/ucx-proto-info.log" | sed -E 's/^\[[0-9.]+\] \[[^]]*\] *//' \
     | sort | uniq -c | sort -rn > "$OUT/ucx-transports.txt"
   head -20 "$OUT/ucx-transports.txt"
 fi
