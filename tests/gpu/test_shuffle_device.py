@@ -1,8 +1,10 @@
 """The shuffle on the GPU: cuDF and CuPy pieces move worker to worker over UCXX.
 
-Two clusters: two workers sharing GPU 0 (always), and one worker per GPU (where the machine
-has two or more). Results are checked against pandas / NumPy, and the ledger must say that the
-pieces went as device buffers (``ucx-device``, one copy) and that tiny limits spill them.
+Three clusters: two workers sharing GPU 0 over UCXX and over tcp, and one worker per GPU over
+UCXX (where the machine has two or more). Results are checked against pandas / NumPy, and the
+ledger must say how the pieces went: as device buffers over UCX (``ucx-device``, one copy) or
+staged through host memory over tcp (``tcp-host-staged``, two copies), and that tiny limits
+spill them.
 """
 
 from __future__ import annotations
@@ -23,11 +25,18 @@ pytestmark = pytest.mark.gpu
 ROWS = 200_000
 
 
-@pytest.fixture(scope="module", params=["two-workers-one-gpu", "one-worker-per-gpu"])
+PATHS = {"ucxx": ("ucx-device", 1), "tcp": ("tcp-host-staged", 2)}
+
+
+@pytest.fixture(
+    scope="module",
+    params=["ucxx-two-workers-one-gpu", "tcp-two-workers-one-gpu", "ucxx-one-worker-per-gpu"],
+)
 def client(request):
     from distributed import Client, LocalCluster
 
-    if request.param == "one-worker-per-gpu":
+    protocol = request.param.partition("-")[0]
+    if request.param.endswith("one-worker-per-gpu"):
         if gpu_count() < 2:
             pytest.skip("one worker per GPU needs 2 or more GPUs (nvidia-h200-x2)")
         cluster = dg.LocalCUDACluster(
@@ -37,7 +46,7 @@ def client(request):
         cluster = LocalCluster(
             n_workers=2,
             threads_per_worker=2,
-            protocol="ucxx",
+            protocol=protocol,
             dashboard_address=None,
             env={"CUDA_VISIBLE_DEVICES": "0"},
         )
@@ -99,12 +108,17 @@ def test_skewed_keys_empty_and_many_partitions(client):
     _check_hash_shuffle(client, pdf, 5, 64)  # most of the 64 outputs get few or no rows
 
 
-def test_ledger_says_device_buffers_over_ucx(client):
+def _moved_paths(client) -> set:
+    return set(dg.ledger.records(client).query("op == 'shuffle' and path != 'local'").path)
+
+
+def test_ledger_says_how_device_buffers_went(client):
     _check_hash_shuffle(client, _frame(ROWS, 1000, seed=2), 8, 8)
     records = dg.ledger.records(client)
     moved = records[(records.op == "shuffle") & (records.path != "local")]
-    assert set(moved.path) == {"ucx-device"}
-    assert set(moved.copies) == {1}
+    path, copies = PATHS[client.scheduler.address.partition("://")[0]]
+    assert set(moved.path) == {path}
+    assert set(moved.copies) == {copies}
     assert moved.bytes.sum() > 0
 
 
@@ -134,5 +148,4 @@ def test_shuffle_array_is_a_seeded_permutation_on_the_gpu(client):
     other = cupy.asnumpy(dg.shuffle_array(arr, seed=12, client=client).compute())
     np.testing.assert_array_equal(again, got)
     assert not np.array_equal(other, got)
-    paths = set(dg.ledger.records(client).query("op == 'shuffle' and path != 'local'").path)
-    assert paths == {"ucx-device"}
+    assert _moved_paths(client) == {PATHS[client.scheduler.address.partition("://")[0]][0]}
