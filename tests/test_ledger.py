@@ -106,4 +106,16 @@ def test_ledger_is_bounded():
 
 
 def test_copies_per_route():
-    assert COPIES == {"gds": 1, "kvikio-compat": 2, "posix-host": 1}
+    """The copy counts of NVIDIA's GPUDirect write-ups, per path a byte can take."""
+    assert COPIES == {
+        "gds": 1,
+        "kvikio-compat": 2,
+        "posix-host": 1,
+        "ucx-device": 1,
+        "tcp-host-staged": 2,
+        "ucx-host": 1,
+        "tcp-host": 1,
+        "local": 0,
+        "device-to-host": 1,
+        "host-to-disk": 1,
+    }
