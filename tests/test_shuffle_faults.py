@@ -447,6 +447,14 @@ def test_bad_shuffle_array_options(tcp, make, seed, match):
     assert ledger.records(tcp).empty
 
 
+def test_not_a_dask_collection(tcp):
+    """A pandas frame or a NumPy array by mistake: an InputError that says what is needed."""
+    with pytest.raises(dg.InputError, match="needs a Dask DataFrame, not DataFrame"):
+        dg.shuffle(frame(10, keys=2), "k", client=tcp)
+    with pytest.raises(dg.InputError, match="needs a Dask Array, not ndarray"):
+        dg.shuffle_array(np.arange(10), seed=1, client=tcp)
+
+
 def test_an_input_that_fails_raises_its_own_error(tcp):
     """A partition that cannot be computed raises its error; no stage starts, nothing moves."""
 

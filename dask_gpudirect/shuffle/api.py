@@ -53,6 +53,8 @@ def shuffle(
         When a worker leaves or a transfer fails mid-shuffle, or the shuffle cannot fit in the
         workers' memory and disk; no partial result is returned.
     """
+    if not isinstance(df, dd.DataFrame):
+        raise InputError(None, f"dg.shuffle needs a Dask DataFrame, not {type(df).__name__}")
     client = client or default_client()
     on = list(on) if isinstance(on, list | tuple) else [on]
     missing = [c for c in on if c not in df.columns]
@@ -89,6 +91,8 @@ def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None 
     client
         The Dask client (default: the current one).
     """
+    if not isinstance(arr, da.Array):
+        raise InputError(None, f"dg.shuffle_array needs a Dask Array, not {type(arr).__name__}")
     client = client or default_client()
     if arr.ndim == 0:
         raise InputError(None, "cannot shuffle a 0-d array: records are along axis 0")

@@ -13,13 +13,13 @@ at ``gpudirect.shuffle.max-in-flight``; every handler and all run state live on 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
 import os
 import shutil
 import time
-from collections import defaultdict
 from typing import Any
 
 import dask.config
@@ -38,6 +38,9 @@ from ..ledger import STAGED_ACROSS_NODES, Ledger
 from .buffer import SpillBuffer
 
 logger = logging.getLogger(__name__)
+
+#: Ended shuffles a worker remembers, so that a late piece of one is refused, not kept.
+MAX_CLOSED = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +97,7 @@ class ShuffleRun:
         """Build the outputs ``mine`` from what arrived, taking each input's rows in input order
         (so the same shuffle gives the same partitions)."""
         splitter = exchange.splitter
-        parts: dict[int, list] = defaultdict(list)
+        parts: dict[int, list] = collections.defaultdict(list)
         for i in sorted(self.received):
             first, counts = self.received.pop(i)
             piece = self.buffer.pop(str(i))
@@ -218,7 +221,8 @@ class ShuffleService:
         self.worker = worker
         self.ledger = ledger
         self.runs: dict[str, ShuffleRun] = {}
-        self.closed: dict[str, str] = {}  # shuffle id -> why it ended, to refuse late pieces
+        # shuffle id -> why it ended, to refuse late pieces; the oldest are forgotten
+        self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
         worker.handlers["gpudirect_shuffle_receive"] = self.receive
         worker.handlers["gpudirect_shuffle_finished"] = self.peer_finished
 
@@ -235,7 +239,7 @@ class ShuffleService:
 
     def abort(self, shuffle_id: str, reason: str) -> None:
         """Fail the run (waking its stage task) and refuse any piece that still arrives."""
-        self.closed.setdefault(shuffle_id, reason)
+        self._remember_closed(shuffle_id, reason)
         run = self.runs.get(shuffle_id)
         if run is not None:
             run.fail(ShuffleError(f"shuffle {shuffle_id} was aborted: {reason}"))
@@ -251,10 +255,15 @@ class ShuffleService:
         return self.runs[shuffle_id]
 
     def close(self, shuffle_id: str, reason: str) -> None:
-        self.closed.setdefault(shuffle_id, reason)
+        self._remember_closed(shuffle_id, reason)
         run = self.runs.pop(shuffle_id, None)
         if run is not None:
             run.buffer.close()
+
+    def _remember_closed(self, shuffle_id: str, reason: str) -> None:
+        self.closed.setdefault(shuffle_id, reason)
+        while len(self.closed) > MAX_CLOSED:
+            self.closed.popitem(last=False)
 
     def limits(self, target: str) -> dict[str, int]:
         """Bytes of received pieces this worker keeps on the GPU, in host memory and on disk."""
@@ -344,7 +353,7 @@ class _Phases:
     """Seconds spent in each phase of a stage, for the worker's log."""
 
     def __init__(self):
-        self.seconds: dict[str, float] = defaultdict(float)
+        self.seconds: dict[str, float] = collections.defaultdict(float)
 
     @contextlib.contextmanager
     def __call__(self, phase: str):
