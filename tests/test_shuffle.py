@@ -284,3 +284,26 @@ def test_explicit_client_need_not_be_current(tcp_client, ucxx_client):
         assert_hash_partitions(partitions(c, out), pdf, "k", 3)
         y = dg.shuffle_array(da.from_array(np.arange(50), chunks=20), seed=1, client=c)
         np.testing.assert_array_equal(np.sort(compute(c, y)), np.arange(50))
+
+
+def _shuffle_keys_held(dask_worker) -> list:
+    return [k for k in dask_worker.data if "gpudirect-shuffle" in str(k)]
+
+
+def test_dropping_the_result_frees_it(client):
+    """Nothing of a shuffle stays on the workers once the user drops its result (the scheduler
+    of a LocalCluster runs in this process, where a Future inside a graph would pin it)."""
+    import gc
+    import time
+
+    pdf = sample_frame(500, keys=7, seed=4)
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=3, client=client)
+    arr = dg.shuffle_array(da.arange(100, chunks=30), seed=2, client=client)
+    assert len(compute(client, out)) == 500 and len(compute(client, arr)) == 100
+    assert any(client.run(_shuffle_keys_held).values())
+    del out, arr
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while any(client.run(_shuffle_keys_held).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(client.run(_shuffle_keys_held).values())

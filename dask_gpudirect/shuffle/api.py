@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import operator
 import secrets
+import uuid
 from collections.abc import Hashable, Sequence
 
 import dask
@@ -13,7 +14,6 @@ import dask.dataframe as dd
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import Alias
 from distributed import Client, default_client
 
 from .. import targets
@@ -69,10 +69,13 @@ def shuffle(
     inputs = client.compute(df.to_delayed())
     target = targets.holding(meta)
     splitter = HashSplit(on, npartitions, target, meta)
-    stages = exchange(client, inputs, splitter, npartitions, target)
-    parts = [dask.delayed(operator.getitem)(stage, j) for j, stage in enumerate(stages)]
+    name = f"gpudirect-shuffle-{tokenize(df, on, npartitions, uuid.uuid4())}"
+    keys = [(name, j) for j in range(npartitions)]
+    outputs = exchange(client, inputs, splitter, keys, target)
     with dask.config.set({"dataframe.convert-string": False}):
-        return dd.from_delayed(parts, meta=meta, verify_meta=False)
+        return dd.from_graph(
+            dict(zip(keys, outputs, strict=True)), meta, (None,) * (npartitions + 1), keys, name
+        )
 
 
 def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None = None) -> da.Array:
@@ -110,13 +113,10 @@ def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None 
     target = targets.holding(arr._meta)
     splitter = PermutationSplit(seed, contingency(seed, sizes), target, meta)
     inputs = client.compute(list(arr.to_delayed().ravel()))
-    stages = exchange(client, inputs, splitter, len(sizes), target)
-    # Not da.concatenate of from_delayed blocks: it drops chunks of length 0.
-    parts = [dask.delayed(operator.getitem)(stage, j) for j, stage in enumerate(stages)]
-    name = f"gpudirect-shuffle-array-{tokenize(*parts)}"
-    trailing = (0,) * len(record)
-    layer = {(name, j, *trailing): Alias((name, j, *trailing), p.key) for j, p in enumerate(parts)}
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=parts)
+    name = f"gpudirect-shuffle-array-{tokenize(arr, seed, uuid.uuid4())}"
+    keys = [(name, j, *(0,) * len(record)) for j in range(len(sizes))]
+    outputs = exchange(client, inputs, splitter, keys, target)
+    graph = HighLevelGraph.from_collections(name, dict(zip(keys, outputs, strict=True)))
     return da.Array(graph, name, (tuple(sizes), *((n,) for n in record)), meta=meta)
 
 

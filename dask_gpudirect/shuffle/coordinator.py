@@ -10,10 +10,12 @@ partial output is returned.
 from __future__ import annotations
 
 import logging
+import operator
 import uuid
 from collections import defaultdict
 from typing import Any
 
+from dask.typing import Key
 from dask.utils import format_bytes
 from distributed import Client, Future, wait
 
@@ -44,13 +46,16 @@ def _abort(dask_worker, shuffle_id: str, reason: str) -> None:
 
 
 def exchange(
-    client: Client, inputs: list[Future], splitter: Any, npartitions: int, target: str
+    client: Client, inputs: list[Future], splitter: Any, keys: list[Key], target: str
 ) -> list[Future]:
     """Run the all-to-all of ``inputs`` (computed partitions, in order) through ``splitter``.
 
-    Returns, for each output partition ``j``, the future of the stage that holds it: a dict
-    ``{j: partition}`` of every output its worker owns.
+    Returns one future per output partition, under ``keys``: what a persisted collection is
+    made of. (Not tasks that take the stage futures as arguments: a Future inside a graph that
+    reaches a scheduler in this process is unpickled as a new Future, which keeps the stage's
+    results alive long after the user dropped the output.)
     """
+    npartitions = len(keys)
     ensure_plugins(client)
     with client.as_current():  # distributed.wait uses the current client; ours may not be it
         wait(inputs)
@@ -86,7 +91,13 @@ def exchange(
         for i, (w, parts) in enumerate(sorted(on_worker.items()))
     }
     _watch(client, plan, stages)
-    return [stages[owner] for owner in owners]
+    outputs = [
+        client.submit(operator.getitem, stages[owner], j, key=key, workers=[owner])
+        for j, (owner, key) in enumerate(zip(owners, keys, strict=True))
+    ]
+    with client.as_current():
+        wait(outputs)
+    return outputs
 
 
 def _check_memory(client: Client, plan: Exchange, nbytes: dict[str, int]) -> None:
