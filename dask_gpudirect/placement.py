@@ -16,13 +16,15 @@ from typing import Any
 from dask.task_spec import DataNode, Task
 from distributed import SchedulerPlugin
 
+from .access import allowed
 from .errors import InputError
 from .shards import Shard, load
 
 
 def readable_dirs(dirs: list[str]) -> list[str]:
-    """The directories of ``dirs`` that this process can list and read (run on each worker)."""
-    return [d for d in dirs if os.path.isdir(d) and os.access(d, os.R_OK | os.X_OK)]
+    """The directories of ``dirs`` this process can list and read and its allowed roots admit
+    (run on each worker)."""
+    return [d for d in dirs if os.path.isdir(d) and os.access(d, os.R_OK | os.X_OK) and allowed(d)]
 
 
 def assign(shards: list[Shard], readable: dict[str, set[str]]) -> list[Shard]:
@@ -35,7 +37,11 @@ def assign(shards: list[Shard], readable: dict[str, set[str]]) -> list[Shard]:
         directory = os.path.dirname(shard.path)
         able = [w for w in load_bytes if directory in readable[w]]
         if not able:
-            raise InputError(shard.path, "no worker can read this file (checked every worker)")
+            raise InputError(
+                shard.path,
+                "no worker can read this file (checked every worker: it must exist there, be "
+                "readable, and lie inside gpudirect.allowed-roots where that is set)",
+            )
         worker = min(able, key=lambda w: (load_bytes[w], w))
         load_bytes[worker] += shard.nbytes
         placed[i] = dataclasses.replace(shard, worker=worker)

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from . import access
 from .errors import InputError
 
 
@@ -53,6 +54,7 @@ def load(shard: Shard) -> Any:
     """Task body: read ``shard`` on this worker's target and decode it."""
     from .plugin import current_plugin
 
+    access.check(shard.path)  # the worker's own roots: the client's planning is not trusted
     target = current_plugin().target(shard.target)
     buffer = target.read(shard)
     try:
