@@ -227,3 +227,18 @@ def test_dask_worker_preload(tmp_path, data, caplog):
                 p.kill()
                 p.wait()
         log.close()
+
+
+def test_a_worker_that_joins_later_gets_the_plugin_and_takes_part(tmp_path):
+    """``register_plugin`` is kept by the scheduler: a worker that joins afterwards has the
+    plugin with the same options and loads shards in the next read."""
+    np.save(tmp_path / "x.npy", np.arange(4000, dtype=np.int64))
+    with start_cluster("tcp", n_workers=1, threads=1) as cluster, Client(cluster) as client:
+        client.register_plugin(dg.GPUDirectPlugin(threads=3))
+        cluster.scale(2)
+        client.wait_for_workers(2)
+        assert [o["threads"] for o in options_by_worker(client)] == [3, 3]
+        arr = dg.read_binary(tmp_path / "x.npy", blocksize=4000, client=client)  # 8 chunks
+        np.testing.assert_array_equal(client.compute(arr).result(), np.arange(4000))
+        readers = set(dg.ledger.records(client).query("op == 'read'").worker)
+        assert readers == set(client.scheduler_info()["workers"])
