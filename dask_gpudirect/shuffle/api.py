@@ -27,6 +27,7 @@ def shuffle(
     on: Hashable | Sequence[Hashable],
     npartitions: int | None = None,
     client: Client | None = None,
+    progress: bool = False,
 ) -> dd.DataFrame:
     """Hash-shuffle ``df``: output partition ``j`` holds every row whose ``on`` hashes to ``j``.
 
@@ -46,6 +47,9 @@ def shuffle(
         Output partitions (default: as many as ``df`` has).
     client
         The Dask client (default: the current one).
+    progress
+        Show a progress bar on stderr (a live bar in terminals and notebooks, plain lines
+        elsewhere): the input partitions computed, then the pieces received.
 
     Raises
     ------
@@ -71,14 +75,16 @@ def shuffle(
     splitter = HashSplit(on, npartitions, target, meta)
     name = f"gpudirect-shuffle-{tokenize(df, on, npartitions, uuid.uuid4())}"
     keys = [(name, j) for j in range(npartitions)]
-    outputs = exchange(client, inputs, splitter, keys, target)
+    outputs = exchange(client, inputs, splitter, keys, target, progress)
     with dask.config.set({"dataframe.convert-string": False}):
         return dd.from_graph(
             dict(zip(keys, outputs, strict=True)), meta, (None,) * (npartitions + 1), keys, name
         )
 
 
-def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None = None) -> da.Array:
+def shuffle_array(
+    arr: da.Array, seed: int | None = None, client: Client | None = None, progress: bool = False
+) -> da.Array:
     """A uniformly random permutation of ``arr``'s records (axis 0) across all workers.
 
     The per-epoch global shuffle of a training input pipeline: every record can land in any
@@ -93,6 +99,8 @@ def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None 
         A non-negative integer; None draws a fresh one.
     client
         The Dask client (default: the current one).
+    progress
+        Show a progress bar on stderr, as ``dg.shuffle`` does.
     """
     if not isinstance(arr, da.Array):
         raise InputError(None, f"dg.shuffle_array needs a Dask Array, not {type(arr).__name__}")
@@ -115,7 +123,7 @@ def shuffle_array(arr: da.Array, seed: int | None = None, client: Client | None 
     inputs = client.compute(list(arr.to_delayed().ravel()))
     name = f"gpudirect-shuffle-array-{tokenize(arr, seed, uuid.uuid4())}"
     keys = [(name, j, *(0,) * len(record)) for j in range(len(sizes))]
-    outputs = exchange(client, inputs, splitter, keys, target)
+    outputs = exchange(client, inputs, splitter, keys, target, progress)
     graph = HighLevelGraph.from_collections(name, dict(zip(keys, outputs, strict=True)))
     return da.Array(graph, name, (tuple(sizes), *((n,) for n in record)), meta=meta)
 

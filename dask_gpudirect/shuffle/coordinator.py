@@ -21,6 +21,7 @@ from distributed import Client, Future, wait
 
 from ..cluster import ensure_plugins
 from ..errors import ShuffleError
+from ..progress import ShuffleProgress
 from .worker import Exchange
 
 logger = logging.getLogger(__name__)
@@ -46,19 +47,28 @@ def _abort(dask_worker, shuffle_id: str, reason: str) -> None:
 
 
 def exchange(
-    client: Client, inputs: list[Future], splitter: Any, keys: list[Key], target: str
+    client: Client,
+    inputs: list[Future],
+    splitter: Any,
+    keys: list[Key],
+    target: str,
+    progress: bool = False,
 ) -> list[Future]:
     """Run the all-to-all of ``inputs`` (computed partitions, in order) through ``splitter``.
 
     Returns one future per output partition, under ``keys``: what a persisted collection is
     made of. (Not tasks that take the stage futures as arguments: a Future inside a graph that
     reaches a scheduler in this process is unpickled as a new Future, which keeps the stage's
-    results alive long after the user dropped the output.)
+    results alive long after the user dropped the output.) ``progress`` shows a bar on stderr.
     """
-    npartitions = len(keys)
     ensure_plugins(client)
-    with client.as_current():  # distributed.wait uses the current client; ours may not be it
-        wait(inputs)
+    with ShuffleProgress(client, len(inputs), progress) as shown:
+        shown.computed(inputs)
+        return _exchange(client, inputs, splitter, keys, target, shown)
+
+
+def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) -> list[Future]:
+    npartitions = len(keys)
     failed = [f for f in inputs if f.status != "finished"]
     if failed:
         failed[0].result()  # the input's own error, in the user's process
@@ -90,7 +100,7 @@ def exchange(
         )
         for i, (w, parts) in enumerate(sorted(on_worker.items()))
     }
-    _watch(client, plan, stages)
+    _watch(client, plan, stages, shown)
     outputs = [
         client.submit(operator.getitem, stages[owner], j, key=key, workers=[owner])
         for j, (owner, key) in enumerate(zip(owners, keys, strict=True))
@@ -116,7 +126,9 @@ def _check_memory(client: Client, plan: Exchange, nbytes: dict[str, int]) -> Non
             )
 
 
-def _watch(client: Client, plan: Exchange, stages: dict[str, Future]) -> None:
+def _watch(
+    client: Client, plan: Exchange, stages: dict[str, Future], shown: ShuffleProgress
+) -> None:
     """Wait for every stage; on a failure or a lost participant, abort the rest and raise."""
     pending = set(stages.values())
     while pending:
@@ -131,6 +143,7 @@ def _watch(client: Client, plan: Exchange, stages: dict[str, Future]) -> None:
         alive = set(client.nthreads())
         gone = sorted(set(plan.participants) - alive)
         if not errors and not gone:
+            shown.exchange(plan, stages, pending)
             continue
         if gone:
             reason = f"worker(s) {gone} left the cluster during shuffle {plan.id}"

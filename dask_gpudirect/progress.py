@@ -1,0 +1,173 @@
+"""Progress of work that runs now: a live bar in terminals and notebooks, plain lines elsewhere.
+
+Loads are lazy Dask collections, so Dask's own ``distributed.progress(df.persist())`` shows them.
+``dg.shuffle`` runs its all-to-all inside the call, where no Dask bar can reach it, so it takes
+``progress=True`` and shows it here: the input partitions computed, then the pieces that reached
+the workers owning them. The CLI turns these bars on by default.
+
+Where the output is not a terminal (CI logs, captured output), a bar is a plain line every
+``LINE_INTERVAL`` seconds and one at the end: no carriage returns, no escape codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+#: Seconds between polls of the work a bar follows.
+POLL_INTERVAL = 0.5
+#: Seconds between plain progress lines where the output is not a terminal.
+LINE_INTERVAL = 10.0
+
+
+class Bar:
+    """One bar on stderr: ``update`` it with what is done, and ``close`` it (or leave ``with``).
+
+    Live (rich) where stderr is an interactive terminal or a notebook with ipywidgets; else plain
+    lines at most every ``LINE_INTERVAL`` seconds while the count moves, and one when it closes.
+    """
+
+    def __init__(self, label: str, total: int, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.label, self.total, self.done, self.detail = label, total, 0, ""
+        self.started = self.last_line = time.monotonic()
+        self._live: Progress | None = None
+        if self.console.is_interactive or _notebook(self.console):
+            self._live = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self._task = self._live.add_task(label, total=total, detail="")
+            self._live.start()
+
+    def update(
+        self, done: int, total: int | None = None, label: str | None = None, detail: str = ""
+    ) -> None:
+        """Show ``done`` of ``total`` (unchanged if None) under ``label`` with a ``detail``."""
+        moved = done != self.done or (total is not None and total != self.total)
+        self.done, self.detail = done, detail
+        self.total = self.total if total is None else total
+        self.label = label or self.label
+        if self._live is not None:
+            self._live.update(
+                self._task,
+                completed=done,
+                total=self.total,
+                description=self.label,
+                detail=detail,
+            )
+        elif moved and time.monotonic() - self.last_line >= LINE_INTERVAL:
+            self._line()
+
+    def print(self, message: str) -> None:
+        """``message`` on a line of its own, above a live bar."""
+        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    def close(self, stopped: bool = False) -> None:
+        """Stop a live bar; where there is none, the last line. ``stopped``: the work failed."""
+        if self._live is not None:
+            self._live.stop()
+        else:
+            self._line(" (stopped)" if stopped else "")
+
+    def _line(self, end: str = "") -> None:
+        self.last_line = time.monotonic()
+        share = f" ({100 * self.done // self.total}%)" if self.total else ""
+        detail = f", {self.detail}" if self.detail else ""
+        seconds = self.last_line - self.started
+        self.print(f"{self.label}: {self.done}/{self.total}{share}{detail}, {seconds:.1f} s{end}")
+
+    def __enter__(self) -> Bar:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.close(stopped=kind is not None)
+
+
+def _notebook(console: Console) -> bool:
+    """A Jupyter kernel that can show a live bar (rich draws it in an ipywidgets output)."""
+    return console.is_jupyter and importlib.util.find_spec("ipywidgets") is not None
+
+
+def wait(client: Client, futures: list[Future], bar: Bar | None = None) -> None:
+    """``distributed.wait(futures)`` on ``client``, counting on ``bar`` those that finished."""
+    from distributed import wait as wait_all
+
+    with client.as_current():  # distributed.wait uses the current client; ours may not be it
+        if bar is None:
+            wait_all(futures)
+            return
+        pending = set(futures)
+        while pending:
+            with contextlib.suppress(TimeoutError):
+                wait_all(pending, timeout=POLL_INTERVAL, return_when="FIRST_COMPLETED")
+            pending = {f for f in pending if not f.done()}
+            bar.update(len(futures) - len(pending))
+
+
+def _received(dask_worker, shuffle_id: str) -> int:
+    """Input partitions whose rows for this worker's outputs have arrived here (on a worker)."""
+    run = dask_worker.plugins["gpudirect"].shuffle.runs.get(shuffle_id)
+    return len(run.received) if run is not None else 0
+
+
+class ShuffleProgress:
+    """What ``progress=True`` shows of one shuffle: the inputs computed, then pieces received.
+
+    Each input sends one piece to every worker that owns outputs, so such a worker expects as
+    many pieces as there are inputs (fewer where an input has no rows for it: its finished stage
+    then completes its count). Without ``enabled`` it only waits.
+    """
+
+    def __init__(self, client: Client, inputs: int, enabled: bool):
+        self.client, self.inputs = client, inputs
+        self.bar = Bar("dg.shuffle: input partitions", inputs) if enabled else None
+        self.seen: dict[str, int] = {}
+
+    def computed(self, futures: list[Future]) -> None:
+        """Wait for the input partitions, counting them."""
+        wait(self.client, futures, self.bar)
+
+    def exchange(self, plan: Any, stages: dict[str, Future], pending: set[Future]) -> None:
+        """One poll of the pieces each owner of ``plan`` has received; ``pending``: the stages
+        still running."""
+        if self.bar is None:
+            return
+        got = self.client.run(
+            _received, shuffle_id=plan.id, workers=list(plan.participants), on_error="ignore"
+        )
+        owners = [w for w in plan.participants if plan.outputs_of(w)]
+        for w in owners:
+            have = self.inputs if stages[w] not in pending else min(self.inputs, got.get(w, 0))
+            self.seen[w] = max(have, self.seen.get(w, 0))  # combining empties the received set
+        self.bar.update(
+            sum(self.seen.values()),
+            total=self.inputs * len(owners),
+            label=f"dg.shuffle {plan.id}: pieces received",
+            detail=f"stages done {len(stages) - len(pending)}/{len(stages)}",
+        )
+
+    def __enter__(self) -> ShuffleProgress:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self.bar is not None:
+            self.bar.close(stopped=kind is not None)
