@@ -1,7 +1,7 @@
 """Benchmarks that print ratios against baselines measured in the same run.
 
 Run them as ``dask-gpudirect bench read`` (or ``shuffle``), or ``python -m dask_gpudirect.bench
-read``.
+read``; ``bench plot results.json out.png`` draws a result again.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ def bench() -> None:
 
 
 def _register() -> None:
+    from .plot import plot
     from .read import read
     from .shuffle import shuffle
 
     bench.add_command(read)
     bench.add_command(shuffle)
+    bench.add_command(plot)
 
 
 _register()

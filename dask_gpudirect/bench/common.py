@@ -1,4 +1,4 @@
-"""What every ``bench`` command shares: progress lines, versions, the cluster, the outputs.
+"""What every ``bench`` command shares: progress, versions, the cluster, the outputs, options.
 
 One place, so that ``bench read`` and ``bench shuffle`` start their clusters the same way and write
 JSON, Markdown and the printed table in one form.
@@ -14,10 +14,13 @@ import platform
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import click
+
+from ..progress import Bar
+from .plot import check_matplotlib, draw
 
 GIB = 1 << 30
 
@@ -40,9 +43,57 @@ VERSIONED = [
 ]
 
 
+def _plottable(ctx, param, path: str | None) -> str | None:
+    """``--plot``'s path, once matplotlib is known to be there: at the start, not after the run."""
+    if path:
+        check_matplotlib()
+    return path
+
+
+#: The running command's bar and the records it counts, while ``--progress`` shows one.
+_steps: tuple[Bar, list] | None = None
+
+PROGRESS_OPTION = click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="A bar of the measurements done (plain lines when stderr is not a terminal).",
+)
+PLOT_OPTION = click.option(
+    "--plot",
+    "plot_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    callback=_plottable,
+    help="Draw the GB/s against the ceilings to this PNG (needs the plot extra).",
+)
+
+
 def log(bench: str, message: str) -> None:
-    """A progress line on stderr, so that stdout keeps only the table."""
-    click.echo(f"[bench {bench} {time.strftime('%H:%M:%S')}] {message}", err=True)
+    """A progress line on stderr, so that stdout keeps only the table; above the bar if shown."""
+    line = f"[bench {bench} {time.strftime('%H:%M:%S')}] {message}"
+    if _steps is None:
+        click.echo(line, err=True)
+        return
+    bar, records = _steps
+    bar.print(line)
+    bar.update(len(records))
+
+
+@contextlib.contextmanager
+def progress_bar(bench: str, records: list, total: int, enabled: bool) -> Iterator[None]:
+    """While enabled, a bar of ``len(records)`` of ``total`` measurements, moved by ``log``."""
+    global _steps
+    if not enabled:
+        yield
+        return
+    with Bar(f"bench {bench}: measurements", total) as bar:
+        _steps = bar, records
+        try:
+            yield
+        finally:
+            _steps = None
+            bar.update(len(records))
 
 
 def versions() -> dict[str, str]:
@@ -127,8 +178,14 @@ def start_cluster(
     return cluster, client
 
 
-def write_outputs(result: dict, json_path: str | None, md_path: str | None, markdown) -> None:
-    """``result`` as JSON and ``markdown(result)`` as Markdown, where asked for."""
+def write_outputs(
+    result: dict,
+    json_path: str | None,
+    md_path: str | None,
+    markdown,
+    plot_path: str | None = None,
+) -> None:
+    """``result`` as JSON, ``markdown(result)`` as Markdown and its bar chart, where asked for."""
     if json_path:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
@@ -137,6 +194,8 @@ def write_outputs(result: dict, json_path: str | None, md_path: str | None, mark
         os.makedirs(os.path.dirname(os.path.abspath(md_path)), exist_ok=True)
         with open(md_path, "w") as f:
             f.write(markdown(result))
+    if plot_path:
+        draw(result, plot_path)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

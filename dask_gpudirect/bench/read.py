@@ -55,11 +55,14 @@ from ..cuda import gpu_count
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
 from .common import (
     GIB,
+    PLOT_OPTION,
+    PROGRESS_OPTION,
     cpu_name,
     held_keys,
     log,
     markdown_table,
     print_table,
+    progress_bar,
     start_cluster,
     versions,
     write_outputs,
@@ -515,7 +518,7 @@ def _checks(records: list[dict], target: str) -> list[dict]:
     return out
 
 
-def _label(key: str, target: str) -> str:
+def label_of(key: str, target: str) -> str:
     return LABELS[key].get(target) or LABELS[key]["device"]
 
 
@@ -532,7 +535,7 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         rec = by.get((key, cache))
         if rec is None:
             continue
-        label = _label(key, target)
+        label = label_of(key, target)
         if rec["status"] == "ok" and rec.get("gbps") is not None:
             speed = f"{rec['gbps']:.2f}"
         else:
@@ -628,6 +631,8 @@ def _print_table(result: dict) -> None:
 )
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
 @click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
+@PLOT_OPTION
+@PROGRESS_OPTION
 @click.option(
     "--target",
     default="auto",
@@ -649,6 +654,8 @@ def read(
     json_path,
     md_path,
     target,
+    plot_path,
+    progress,
 ):
     """Loading speed of dg.read_parquet / dg.read_binary against the baselines and ceilings."""
     gpus = gpu_count()
@@ -683,7 +690,8 @@ def read(
     if root is None:
         tmp = root = tempfile.mkdtemp(prefix="dask-gpudirect-bench-")
     try:
-        _run(result, opts, os.path.abspath(root), target, gpus)
+        with progress_bar("read", result["records"], len(ORDER), progress):
+            _run(result, opts, os.path.abspath(root), target, gpus)
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True
         _log("interrupted: writing what was measured so far")
@@ -699,7 +707,7 @@ def read(
     rank = {k: i for i, k in enumerate(ORDER)}
     result["records"].sort(key=lambda r: rank.get((r["key"], r["cache"]), len(rank)))
     result["checks"] = _checks(result["records"], target)
-    write_outputs(result, json_path, md_path, _markdown)
+    write_outputs(result, json_path, md_path, _markdown, plot_path)
     _print_table(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
     if result.get("error") or errors:

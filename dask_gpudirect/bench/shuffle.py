@@ -55,11 +55,14 @@ import click
 from ..cuda import gpu_count
 from .common import (
     GIB,
+    PLOT_OPTION,
+    PROGRESS_OPTION,
     cpu_name,
     held_keys,
     log,
     markdown_table,
     print_table,
+    progress_bar,
     start_cluster,
     versions,
     write_outputs,
@@ -589,7 +592,7 @@ def _checks(records: list[dict], target: str) -> list[dict]:
     return out
 
 
-def _label(key: str, target: str) -> str:
+def label_of(key: str, target: str) -> str:
     return LABELS[key][target]
 
 
@@ -609,7 +612,7 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         rec = by.get(key)
         if rec is None:
             continue
-        label = _label(key, result["target"])
+        label = label_of(key, result["target"])
         if rec["status"] == "ok":
             if rec["stopped"]:
                 label += f" [{_note(notes, rec['stopped'])}]"
@@ -813,6 +816,8 @@ def _print_table(result: dict) -> None:
 )
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
 @click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
+@PLOT_OPTION
+@PROGRESS_OPTION
 def shuffle(
     target,
     gib,
@@ -829,6 +834,8 @@ def shuffle(
     time_limit,
     json_path,
     md_path,
+    plot_path,
+    progress,
 ):
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
     gpus = gpu_count()
@@ -880,7 +887,8 @@ def shuffle(
         "records": [],
     }
     try:
-        _run(result, opts, target)
+        with progress_bar("shuffle", result["records"], len(chosen), progress):
+            _run(result, opts, target)
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True
         _log("interrupted: writing what was measured so far")
@@ -897,7 +905,7 @@ def shuffle(
             result["records"].append(_record(key, "not run", note=why))
     result["records"].sort(key=lambda r: METHODS.index(r["key"]))
     result["checks"] = _checks(result["records"], target)
-    write_outputs(result, json_path, md_path, _markdown)
+    write_outputs(result, json_path, md_path, _markdown, plot_path)
     _print_table(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
     if result.get("error") or errors:

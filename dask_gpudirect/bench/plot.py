@@ -1,0 +1,178 @@
+"""``--plot out.png`` and ``dask-gpudirect bench plot``: measured GB/s against the ceilings.
+
+Drawn from the result a benchmark writes as JSON, so that a committed result can be drawn again.
+One bar per path on a log scale (the paths span three orders of magnitude), each labelled with
+its GB/s and its share of the ceiling; the ceilings hatched, with a dashed line across; the
+issue's targets (device target only) as red marks on the bar of the path they apply to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import click
+
+INSTALL_HINT = 'plotting needs matplotlib: pip install "dask-gpudirect[plot]"'
+COLORS = {"dg": "tab:blue", "baseline": "tab:gray", "ceiling": "white"}
+TARGET_COLOR = "tab:red"
+
+
+def check_matplotlib() -> None:
+    """Fail now, before a long run, when the plot could not be drawn at its end."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.UsageError(INSTALL_HINT) from None
+
+
+def draw(result: dict, path: str) -> None:
+    """Draw ``result`` (of ``bench read`` or ``bench shuffle``) to the image file ``path``."""
+    check_matplotlib()
+    from matplotlib.figure import Figure  # Agg without pyplot: no global backend switched
+
+    panels = _read_panels(result) if result["benchmark"] == "read" else _shuffle_panels(result)
+    rows = max(len(p["rows"]) for p in panels)
+    fig = Figure(figsize=(7.5 * len(panels), 1.6 + 0.42 * rows), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, panel in zip(axes, panels, strict=True):
+        _draw_panel(ax, panel)
+    title = f"bench {result['benchmark']}: {result['device']} ({result['target']} target)"
+    fig.suptitle(f"{title}, {str(result.get('date', ''))[:10]}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+# --- what to draw ---------------------------------------------------------------------------
+
+
+def _row(label: str, rec: dict, value: Any, kind: str) -> dict:
+    ok = rec["status"] == "ok" and bool(value)  # a log scale has no room for 0
+    return {"label": label, "value": value if ok else None, "status": rec["status"], "kind": kind}
+
+
+def _read_panels(result: dict) -> list[dict]:
+    """Warm page cache against the pinned copy, dropped cache against ``dd iflag=direct``."""
+    from .read import ORDER, label_of
+
+    target = result["target"]
+    by = {(r["key"], r["cache"]): r for r in result["records"]}
+    panels = []
+    for title, caches, ceiling in (
+        ("page cache warm", ("-", "warm"), "h2d-pinned"),
+        ("page cache dropped", ("cold",), "dd-direct"),
+    ):
+        rows, index = [], {}
+        for key, cache in ORDER:
+            rec = by.get((key, cache))
+            if rec is None or cache not in caches:
+                continue
+            kind = "ceiling" if key == ceiling else "dg" if key.startswith("dg-") else "baseline"
+            index[key] = len(rows)
+            rows.append(_row(label_of(key, target), rec, rec.get("gbps"), kind))
+        targets = [
+            (index[c["path"]], c["target"] * by[(c["baseline"], c["baseline_cache"])]["gbps"], c)
+            for c in result["checks"]
+            if c["cache"] in caches and _has_target(c, by[(c["baseline"], c["baseline_cache"])])
+        ]
+        panels.append(_panel(title, "GB/s (file bytes)", rows, targets))
+    return panels
+
+
+def _shuffle_panels(result: dict) -> list[dict]:
+    """GB/s per GPU of each shuffle against the raw single-buffer transfer."""
+    from .shuffle import METHODS, label_of
+
+    target = result["target"]
+    by = {r["key"]: r for r in result["records"]}
+    rows, index = [], {}
+    for key in METHODS:
+        if key in by:
+            kind = "ceiling" if key == "raw" else "dg" if key == "gpudirect" else "baseline"
+            index[key] = len(rows)
+            rows.append(_row(label_of(key, target), by[key], by[key].get("gbps_per_gpu"), kind))
+    targets = [
+        (index[c["path"]], c["target"] * by[c["baseline"]]["gbps_per_gpu"], c)
+        for c in result["checks"]
+        if _has_target(c, by[c["baseline"]])
+    ]
+    unit = "GB/s per worker" if target == "host" else "GB/s per GPU"
+    return [_panel("shuffle", unit, rows, targets)]
+
+
+def _has_target(check: dict, baseline: dict) -> bool:
+    return check["target"] is not None and baseline["status"] == "ok"
+
+
+def _panel(title: str, unit: str, rows: list[dict], targets: list) -> dict:
+    """A panel's rows, its ceiling row's value, and (row, GB/s, text) of each target."""
+    roof = next((r["value"] for r in rows if r["kind"] == "ceiling"), None)
+    marks = [
+        (i, v, f"target >= {c['target']:g}x {c['baseline']}: {c['result']}") for i, v, c in targets
+    ]
+    return {"title": title, "unit": unit, "rows": rows, "ceiling": roof, "targets": marks}
+
+
+# --- drawing -------------------------------------------------------------------------------------
+
+
+def _draw_panel(ax, panel: dict) -> None:
+    rows, roof = panel["rows"], panel["ceiling"]
+    values = [r["value"] for r in rows if r["value"]] + [v for _, v, _ in panel["targets"]]
+    low = 10 ** math.floor(math.log10(min(values) / 2)) if values else 0.1
+    high = max(values) * 300 if values else 10.0  # room for the text right of the bars
+    ax.set_xscale("log")
+    ax.set_xlim(low, high)
+    for y, row in enumerate(rows):
+        if row["value"] is None:
+            ax.text(low * 1.15, y, row["status"], va="center", fontsize=8, style="italic")
+            continue
+        ceiling = row["kind"] == "ceiling"
+        ax.barh(
+            y,
+            row["value"] - low,
+            left=low,
+            color=COLORS[row["kind"]],
+            edgecolor="black" if ceiling else "none",
+            hatch="//" if ceiling else None,
+        )
+        text = f"{row['value']:.2f}" + (" (ceiling)" if ceiling else _share(row["value"], roof))
+        marks = [(v, t) for i, v, t in panel["targets"] if i == y]
+        for value, _ in marks:
+            ax.vlines(value, y - 0.4, y + 0.4, color=TARGET_COLOR, linewidth=2.5)
+        right = max([row["value"], *(v for v, _ in marks)]) * 1.25
+        ax.text(right, y, "\n".join([text, *(t for _, t in marks)]), va="center", fontsize=7.5)
+    if roof:
+        ax.axvline(roof, color="black", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(rows)), [r["label"] for r in rows], fontsize=8)
+    ax.set_ylim(len(rows) - 0.5, -0.5)  # first row on top
+    marked = "; red: the issue's targets" if panel["targets"] else ""
+    ax.set_xlabel(f"{panel['unit']}, log scale{marked}")
+    ax.set_title(panel["title"])
+    ax.grid(axis="x", which="major", alpha=0.3)
+
+
+def _share(value: float, roof: float | None) -> str:
+    """`` (72% of ceiling)``; two digits below 10%, where a rounded 0% would hide the gap."""
+    if not roof:
+        return ""
+    share = 100 * value / roof
+    return f" ({share:.0f}% of ceiling)" if share >= 10 else f" ({share:.2g}% of ceiling)"
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+@click.command(name="plot")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+def plot(results: str, out: str) -> None:
+    """Draw a bench result (the JSON of `bench read` or `bench shuffle`) as a bar chart."""
+    with open(results) as f:
+        result = json.load(f)
+    if result.get("benchmark") not in ("read", "shuffle"):
+        raise click.UsageError(f"{results} is not the JSON of `bench read` or `bench shuffle`")
+    draw(result, out)
+    click.echo(f"wrote {out}")
