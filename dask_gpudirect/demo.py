@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .cuda import gpu_count
+from .progress import Bar, wait
 
 
 def write_sample(root: pathlib.Path, files: int = 4, rows: int = 200_000) -> None:
@@ -57,22 +59,30 @@ def _table(title: str, frame) -> Table:
 @click.command()
 @click.option("--dir", "root", default="demo-data", type=click.Path(path_type=pathlib.Path))
 @click.option("--workers", default=2, show_default=True, help="CPU workers when there is no GPU")
-def demo(root: pathlib.Path, workers: int) -> None:
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Progress on stderr (plain lines when it is not a terminal).",
+)
+def demo(root: pathlib.Path, workers: int, progress: bool) -> None:
     """Write a sample dataset, start a local cluster, load it, and show the path of every byte."""
-    from distributed import Client, wait
+    from distributed import Client, futures_of
 
     import dask_gpudirect as dg
 
     console = Console()
-    with console.status("writing the sample dataset"):
+    with console.status("writing the sample dataset") if progress else contextlib.nullcontext():
         write_sample(root)
     cluster, kind = _start_cluster(workers)
     with cluster, Client(cluster) as client:
         console.print(f"cluster: {kind}, {len(client.scheduler_info()['workers'])} worker(s)")
-        with console.status("loading Parquet and .npy shards"):
-            df = dg.read_parquet(root / "parquet", columns=["id", "x", "label"]).persist()
-            arr = dg.read_binary(os.fspath(root / "npy")).persist()
-            wait([df, arr])
+        df = dg.read_parquet(root / "parquet", columns=["id", "x", "label"]).persist()
+        arr = dg.read_binary(os.fspath(root / "npy")).persist()
+        loads = futures_of([df, arr])
+        shown = Bar("loading Parquet and .npy shards", len(loads)) if progress else None
+        with shown or contextlib.nullcontext():
+            wait(client, loads, shown)
         console.print(
             f"Parquet -> {type(df._meta).__module__.split('.')[0]} DataFrame: {len(df):,} rows, "
             f"{df.npartitions} partitions; .npy -> {type(arr._meta).__module__.split('.')[0]} "

@@ -45,6 +45,7 @@ class Bar:
         self.console = console or Console(stderr=True)
         self.label, self.total, self.done, self.detail = label, total, 0, ""
         self.started = self.last_line = time.monotonic()
+        self._printed: tuple = ()  # what the last plain line said, so as not to say it twice
         self._live: Progress | None = None
         if self.console.is_interactive or _notebook(self.console):
             self._live = Progress(
@@ -61,7 +62,12 @@ class Bar:
     def update(
         self, done: int, total: int | None = None, label: str | None = None, detail: str = ""
     ) -> None:
-        """Show ``done`` of ``total`` (unchanged if None) under ``label`` with a ``detail``."""
+        """Show ``done`` of ``total`` (unchanged if None) under ``label`` with a ``detail``.
+
+        A new ``label`` starts a new phase: without a live bar, the last one ends with a line.
+        """
+        if self._live is None and label not in (None, self.label):
+            self._line()
         moved = done != self.done or (total is not None and total != self.total)
         self.done, self.detail = done, detail
         self.total = self.total if total is None else total
@@ -89,7 +95,10 @@ class Bar:
             self._line(" (stopped)" if stopped else "")
 
     def _line(self, end: str = "") -> None:
-        self.last_line = time.monotonic()
+        state = (self.label, self.done, self.total, self.detail)
+        if state == self._printed and not end:
+            return
+        self._printed, self.last_line = state, time.monotonic()
         share = f" ({100 * self.done // self.total}%)" if self.total else ""
         detail = f", {self.detail}" if self.detail else ""
         seconds = self.last_line - self.started
