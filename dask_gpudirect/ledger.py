@@ -13,6 +13,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from dask.utils import parse_timedelta
+
 if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
@@ -51,12 +53,30 @@ class Record:
     peer: str = ""  # the other worker of a transfer
 
 
+@dataclasses.dataclass(frozen=True)
+class Totals:
+    """Running sums for one (op, path) of a ledger: unlike the records, they are never dropped.
+
+    ``copied_bytes`` counts each record's bytes once per copy its path cost (a 2-copy read of
+    1 MB adds 2 MB), so ``copied_bytes / bytes`` is the path's copies per byte.
+    """
+
+    bytes: int = 0
+    seconds: float = 0.0
+    copied_bytes: int = 0
+
+
 class Ledger:
-    """A bounded, thread-safe list of :class:`Record` for one worker."""
+    """A bounded, thread-safe list of :class:`Record` for one worker, with running totals.
+
+    The records (what ``dg.report`` sums) drop the oldest past ``max_records``; the totals per
+    (op, path) (what the Prometheus counters export) keep counting from the ledger's creation.
+    """
 
     def __init__(self, worker: str, max_records: int):
         self.worker = worker
         self._records: collections.deque[Record] = collections.deque(maxlen=max_records)
+        self._totals: dict[tuple[str, str], Totals] = {}
         self._lock = threading.Lock()
 
     def add(
@@ -83,15 +103,28 @@ class Ledger:
             time=time.time(),
             peer=peer,
         )
+        key = (op, path)
         with self._lock:
             self._records.append(record)
+            old = self._totals.get(key, Totals())
+            self._totals[key] = Totals(
+                bytes=old.bytes + nbytes,
+                seconds=old.seconds + seconds,
+                copied_bytes=old.copied_bytes + nbytes * record.copies,
+            )
         return record
 
     def records(self) -> list[dict]:
         with self._lock:
             return [dataclasses.asdict(r) for r in self._records]
 
+    def totals(self) -> dict[tuple[str, str], Totals]:
+        """The running totals per (op, path) since this ledger began."""
+        with self._lock:
+            return dict(self._totals)
+
     def clear(self) -> None:
+        """Forget the records; the totals go on, as counters never go down."""
         with self._lock:
             self._records.clear()
 
@@ -114,14 +147,57 @@ def records(client: Client | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def report(client: Client | None = None) -> pd.DataFrame:
-    """The cluster's ledger summed per worker, op and path.
+def report(
+    client: Client | None = None, by: str = "worker", window: str | float | None = None
+) -> pd.DataFrame:
+    """The cluster's ledger, summed into one of three views.
 
-    Columns: ``worker, op, path, count, bytes, seconds, copies, GB/s``; ``copies`` is what the
-    path costs per byte, ``GB/s`` is bytes over the summed seconds of the reads (per reader).
+    - ``by="worker"`` (default): per worker, op and path. Columns ``worker, op, path, count,
+      bytes, seconds, copies, GB/s``.
+    - ``by="path"``: per op and path over the whole cluster (the same columns less ``worker``).
+    - ``by="shard"``: every loaded shard (reads only), slowest first (lowest GB/s). Columns
+      ``shard, file, worker, path, count, bytes, seconds, GB/s``; ``count`` is how often that
+      worker loaded it.
+
+    ``window`` (``"10s"``, seconds, a timedelta) also splits the worker and path views into
+    windows of that length by the time each record was made (when its read or transfer ended);
+    a leading ``window`` column holds each window's start (UTC). Windows without records are
+    left out.
+
+    ``copies`` is what the path costs per byte; ``GB/s`` is bytes over the summed seconds of the
+    reads or transfers (per reader, not the window's throughput).
     """
+    import pandas as pd
+
+    if by not in _VIEWS:
+        raise ValueError(f"by={by!r}: use one of {', '.join(map(repr, _VIEWS))}")
+    if window is not None and by == "shard":
+        raise ValueError("window= splits the worker and path views, not by='shard'")
+    seconds = None if window is None else parse_timedelta(window)
+    if seconds is not None and seconds <= 0:
+        raise ValueError(f"window={window!r}: must be longer than zero")
     df = records(client)
-    keys = ["worker", "op", "path"]
+    keys = _VIEWS[by]
+    if by == "shard":
+        out = _summed(df[df["op"] == "read"], keys).drop(columns="copies")
+        return out.sort_values(["GB/s", "seconds"], ascending=[True, False], ignore_index=True)
+    if seconds is not None:
+        start = (df["time"].astype(float) // seconds) * seconds
+        df = df.assign(window=pd.to_datetime(start, unit="s", utc=True))
+        keys = ["window", *keys]
+    return _summed(df, keys)
+
+
+#: The keys each view of :func:`report` sums over.
+_VIEWS: dict[str, list[str]] = {
+    "worker": ["worker", "op", "path"],
+    "path": ["op", "path"],
+    "shard": ["shard", "file", "worker", "path"],
+}
+
+
+def _summed(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``df``'s records summed per ``keys``: count, bytes, seconds, copies (per byte), GB/s."""
     out = (
         df.groupby(keys, as_index=False)
         .agg(
