@@ -8,7 +8,7 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
-from . import targets
+from . import metrics, targets
 from .config import resolve_options
 from .cuda import gpu_count
 from .ledger import Ledger
@@ -48,11 +48,13 @@ class GPUDirectPlugin(WorkerPlugin):
         if self.gpus:
             self.target("device")  # configures kvikio now, so a bad option fails at setup
             _register_cudf_with_dask()
+        metrics.export(worker, self.ledger)  # /metrics counters, totals in heartbeats
         logger.info(
             "gpudirect on %s: %d GPU(s), options %s", worker.address, self.gpus, self.options
         )
 
     def teardown(self, worker) -> None:
+        metrics.unexport(worker, self.ledger)
         for target in self._targets.values():
             target.close()
 
