@@ -7,6 +7,7 @@ from typing import Any
 
 from distributed import Client, WorkerPlugin
 
+from .dashboard import DashboardPlugin
 from .placement import PlacementPlugin, readable_dirs
 from .plugin import GPUDirectPlugin
 
@@ -50,7 +51,7 @@ def _describe(dask_worker, dirs: list[str]) -> dict:
 
 
 def ensure_plugins(client: Client) -> None:
-    """Register the worker and placement plugins where they are missing, and say so."""
+    """Register the worker, placement and dashboard plugins where they are missing, and say so."""
     missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
     if missing:
         cluster = client.cluster
@@ -65,6 +66,7 @@ def ensure_plugins(client: Client) -> None:
         )
         client.register_plugin(GPUDirectPlugin())
     client.register_plugin(PlacementPlugin())
+    client.register_plugin(DashboardPlugin())
 
 
 def survey(client: Client, dirs: list[str]) -> dict[str, dict]:
