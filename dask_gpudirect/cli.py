@@ -1,4 +1,4 @@
-"""The ``dask-gpudirect`` command: ``demo`` and ``bench``."""
+"""The ``dask-gpudirect`` command: ``demo``, ``bench`` and ``probe``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import click
 
 from .bench import bench
 from .demo import demo
+from .probe import probe
 
 
 @click.group()
@@ -16,6 +17,7 @@ def main() -> None:
 
 main.add_command(demo)
 main.add_command(bench)
+main.add_command(probe)
 
 if __name__ == "__main__":
     main()
