@@ -1,0 +1,363 @@
+"""``dask-gpudirect probe`` on real LocalClusters without a GPU, over tcp and ucxx.
+
+The JSON document must keep the schema that docs/probe.md documents, every GPU field must say
+"no GPU" instead of failing, each path must carry a route, copies and a verdict, ``--quick`` must
+measure nothing and a full run must measure the storage and the pair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dask_gpudirect.cli import main
+from dask_gpudirect.ledger import records
+from dask_gpudirect.probe import LABELS, _gds_reason, pair_route, parse_ep_info
+
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "probe.md"
+NONE = type(None)
+TOP = {
+    "schema_version": int,
+    "scheduler": str,
+    "quick": bool,
+    "bytes": (int, NONE),
+    "workers": list,
+    "peer_access": list,
+    "paths": dict,
+}
+WORKER = {
+    "address": str,
+    "host": str,
+    "gpus": int,
+    "gpu": (dict, NONE),
+    "gpu_reason": (str, NONE),
+    "peers": list,
+    "kvikio": (str, NONE),
+    "gds": dict,
+    "gpudirect_rdma": bool,
+    "comms": dict,
+    "storage_route": str,
+}
+GDS = {
+    "available": bool,
+    "nvidia_fs": bool,
+    "compat_mode": (str, NONE),
+    "compat_mode_preferred": (bool, NONE),
+    "libcufile": (str, NONE),
+    "driver": (dict, NONE),
+    "reason": (str, NONE),
+}
+COMMS = {
+    "protocol": str,
+    "ucxx": (str, NONE),
+    "ucx_tls": (str, NONE),
+    "ucx_available": (list, NONE),
+}
+PATH = {
+    "route": (str, NONE),
+    "copies": (int, NONE),
+    "gbps": (float, NONE),
+    "reason": str,
+    "verdict": str,
+    "measurements": list,
+}
+MEASUREMENT = {
+    "workers": list,
+    "route": (str, NONE),
+    "copies": (int, NONE),
+    "gbps": (float, NONE),
+    "reason": str,
+    "transports": (dict, NONE),
+}
+TRANSPORTS = {"lanes": list, "transports": list, "device_transports": list}
+#: The host path between two workers without GPUs, by protocol.
+HOST_ROUTE = {"tcp": "tcp-host", "ucxx": "ucx-host"}
+
+# UCX's ucp_ep_print_info of a ucxx endpoint on this machine (UCX_TLS=tcp), cut short.
+CPU_EP_INFO = """\
+#
+# UCP endpoint
+#
+#               peer: <no debug data>
+#                 lane[0]: cm tcp
+#                 lane[1]:  1:tcp/lo.0 md[0]                -> md[0]/tcp/sysdev[255] seg 4294967295 rma_bw#0 am wireup
+#                 lane[2]:  0:tcp/eth0.0 md[0]              -> md[0]/tcp/sysdev[255] seg 4294967295 rma_bw#1
+#
+# +--------------------------------+-----------------------------------------------------+
+# | ucp_context_0 intra-node cfg#3 | active message by ucp_am_send* from host memory     |
+# +--------------------------------+--------------------------------------------+--------+
+# |                              0 | short                                      | tcp/lo |
+# |                        1..8191 | zero-copy                                  | tcp/lo |
+# +--------------------------------+--------------------------------------------+--------+
+"""  # noqa: E501
+
+# The same on two GPUs of one host, with lines as UCX prints them (docs/benchmarks' transports).
+GPU_EP_INFO = """\
+#                 lane[0]: cm tcp
+#                 lane[1]:  2:cuda_copy/cuda.0 md[1]        -> md[1]/cuda_cpy/sysdev[255] am
+#                 lane[2]:  8:cuda_ipc/cuda.0 md[5]         -> md[5]/cuda_ipc/sysdev[255] rma_bw#0
+#                 lane[3]:  1:tcp/lo.0 md[0]                -> md[0]/tcp/sysdev[255] am_bw#0
+# +--------------------------------+-------------------------------------------------------+
+# | ucp_context_0 intra-node cfg#6 | rendezvous data fetch into cuda/GPU0 from cuda        |
+# +--------------------------------+----------------------------------------------+--------+
+# |                        8K..inf | (?) rendezvous zero-copy read from remote    | cuda_ipc/cuda |
+# +--------------------------------+----------------------------------------------+--------+
+# | ucp_context_0 intra-node cfg#6 | tagged message by ucp_tag_send* from host memory      |
+# +--------------------------------+----------------------------------------------+--------+
+# |                         0..626 | eager short                                  | tcp/lo |
+"""
+
+
+def check(obj: dict, spec: dict, where: str) -> None:
+    """``obj`` has exactly the keys of ``spec``, each of its type."""
+    assert set(obj) == set(spec), (where, sorted(obj), sorted(spec))
+    for key, kind in spec.items():
+        assert isinstance(obj[key], kind), (where, key, obj[key])
+        assert not isinstance(obj[key], bool) or kind in (bool, (bool, NONE)), (where, key)
+
+
+def check_schema(doc: dict) -> None:
+    """The whole document against docs/probe.md's schema."""
+    check(doc, TOP, "top")
+    assert doc["schema_version"] == 1
+    for w in doc["workers"]:
+        check(w, WORKER, "worker")
+        check(w["gds"], GDS, "gds")
+        check(w["comms"], COMMS, "comms")
+    assert list(doc["paths"]) == list(LABELS)
+    for name, path in doc["paths"].items():
+        check(path, PATH, name)
+        assert path["verdict"].startswith(f"{LABELS[name]}: "), path["verdict"]
+        for m in path["measurements"]:
+            check(m, MEASUREMENT, f"{name} measurement")
+            if m["transports"] is not None:
+                check(m["transports"], TRANSPORTS, f"{name} transports")
+
+
+def probe(*args: str) -> str:
+    result = CliRunner().invoke(main, ["probe", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def probe_json(client, *args: str) -> dict:
+    doc = json.loads(probe("--scheduler-address", client.scheduler.address, "--json", *args))
+    check_schema(doc)
+    return doc
+
+
+def protocol_of(client) -> str:
+    return client.scheduler.address.split("://")[0]
+
+
+def assert_no_gpu(doc: dict, protocol: str) -> None:
+    assert len(doc["workers"]) == 2
+    for w in doc["workers"]:
+        assert w["gpus"] == 0 and w["gpu"] is None and w["peers"] == []
+        assert w["gpu_reason"].startswith("no GPU")
+        assert w["gds"]["available"] is False and w["gds"]["reason"] == "no GPU, so no GDS"
+        assert w["gds"]["driver"] is None and w["gds"]["compat_mode_preferred"] is None
+        assert w["storage_route"] == "posix-host"
+        assert w["comms"]["protocol"] == protocol
+    assert doc["peer_access"] == []
+    paths = doc["paths"]
+    assert (paths["storage_to_gpu"]["route"], paths["storage_to_gpu"]["copies"]) == (
+        "posix-host",
+        1,
+    )
+    assert paths["storage_to_gpu"]["reason"].startswith("no GPU")
+    assert paths["host_to_gpu"]["verdict"] == "host -> GPU: no GPU"
+    assert [m["reason"] for m in paths["host_to_gpu"]["measurements"]] == ["no GPU", "no GPU"]
+    in_node = paths["gpu_to_gpu_in_node"]
+    assert (in_node["route"], in_node["copies"]) == (HOST_ROUTE[protocol], 1)
+    assert in_node["reason"].startswith("no GPU: host memory to host memory")
+    assert sorted(in_node["measurements"][0]["workers"]) == sorted(
+        w["address"] for w in doc["workers"]
+    )
+    across = paths["gpu_to_gpu_across_nodes"]
+    assert across["measurements"] == [] and across["route"] is None
+    assert across["verdict"] == "GPU -> GPU across nodes: one host: nothing to measure"
+
+
+def assert_negotiated(doc: dict, protocol: str) -> None:
+    """Over ucxx the pair reports what UCX selected: TCP only, as util.ucx_environment asks."""
+    (pair,) = doc["paths"]["gpu_to_gpu_in_node"]["measurements"]
+    if protocol == "tcp":
+        assert pair["transports"] is None
+        for w in doc["workers"]:
+            assert w["comms"] == {
+                "protocol": "tcp",
+                "ucxx": None,
+                "ucx_tls": None,
+                "ucx_available": None,
+            }
+        return
+    assert pair["transports"]["transports"] == ["tcp"], pair["transports"]
+    assert all(lane.startswith("tcp/") for lane in pair["transports"]["lanes"])
+    assert pair["transports"]["device_transports"] == []
+    assert pair["reason"].endswith("UCX negotiated tcp")
+    for w in doc["workers"]:
+        assert w["comms"]["ucx_tls"] == "tcp" and w["comms"]["ucx_available"] == ["tcp"]
+
+
+def test_probe_quick(client):
+    protocol = protocol_of(client)
+    doc = probe_json(client, "--quick")
+    assert doc["quick"] is True and doc["bytes"] is None
+    assert_no_gpu(doc, protocol)
+    assert_negotiated(doc, protocol)
+    for path in doc["paths"].values():
+        assert path["gbps"] is None and all(m["gbps"] is None for m in path["measurements"])
+        assert " GB/s" not in path["verdict"]
+
+
+def test_probe_measures(client):
+    protocol = protocol_of(client)
+    before = len(records(client))
+    doc = probe_json(client, "--size", "8MiB")
+    assert doc["quick"] is False and doc["bytes"] == 8 << 20
+    assert_no_gpu(doc, protocol)
+    assert_negotiated(doc, protocol)
+    storage = doc["paths"]["storage_to_gpu"]
+    assert all(m["gbps"] > 0 for m in storage["measurements"]), storage
+    assert storage["gbps"] > 0 and " GB/s: no GPU" in storage["verdict"]
+    assert doc["paths"]["host_to_gpu"]["gbps"] is None
+    in_node = doc["paths"]["gpu_to_gpu_in_node"]
+    assert in_node["gbps"] > 0 and in_node["measurements"][0]["gbps"] == in_node["gbps"]
+    assert len(records(client)) == before  # the probe's reads stay out of the user's ledger
+
+
+def test_probe_human(tcp_client):
+    out = probe("--scheduler-address", tcp_client.scheduler.address, "--quick")
+    assert f"2 worker(s) at {tcp_client.scheduler.address}" in out
+    for w in tcp_client.scheduler_info()["workers"]:
+        assert w in out
+    row = next(line for line in out.splitlines() if "tcp://" in line and "│" in line)
+    assert row.count("no GPU") >= 4, row  # GPU, UUID, PCI bus, NUMA
+    lines = out.splitlines()
+    assert "GPU peer access: no GPU pairs" in lines
+    assert (
+        "storage -> GPU: posix-host, 1 copy: no GPU: reads go to host memory (storage -> host)"
+        in lines
+    )
+    assert "host -> GPU: no GPU" in lines
+    assert any(
+        line.startswith("GPU -> GPU in a node: tcp-host, 1 copy: no GPU") for line in lines
+    ), out
+    assert "GPU -> GPU across nodes: one host: nothing to measure" in lines
+
+
+@pytest.mark.timeout(120)
+def test_probe_local_one_worker():
+    """``--local`` starts and stops its own cluster (and wins over $DASK_SCHEDULER_ADDRESS): run
+    as a user would, in its own process."""
+    env = {**os.environ, "COLUMNS": "160", "DASK_SCHEDULER_ADDRESS": "tcp://127.0.0.1:1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "dask_gpudirect.cli",
+        "probe",
+        "--local",
+        "--workers",
+        "1",
+        "--json",
+        "--quick",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout)
+    check_schema(doc)
+    assert len(doc["workers"]) == 1 and doc["workers"][0]["gpu"] is None
+    in_node = doc["paths"]["gpu_to_gpu_in_node"]
+    assert in_node["measurements"] == []
+    assert in_node["verdict"] == "GPU -> GPU in a node: one worker: nothing to measure"
+
+
+@pytest.mark.parametrize("args", [[], ["--local", "--scheduler-address", "tcp://127.0.0.1:1"]])
+def test_probe_needs_one_cluster(args):
+    result = CliRunner(env={"DASK_SCHEDULER_ADDRESS": None}).invoke(main, ["probe", *args])
+    assert result.exit_code == 2
+    assert "give either --scheduler-address ADDR or --local" in result.output
+
+
+def test_doc_example_follows_the_schema():
+    """docs/probe.md's example parses and has every key and type; its tables name every key."""
+    text = DOC.read_text()
+    (example,) = re.findall(r"```json\n(.*?)```", text, re.S)
+    doc = json.loads(example)
+    check_schema(doc)
+    documented = set(re.findall(r"^\| `(\w+)`", text, re.M))
+    for spec in (TOP, WORKER, GDS, COMMS, PATH, MEASUREMENT, TRANSPORTS):
+        assert set(spec) <= documented, set(spec) - documented
+
+
+def test_parse_ep_info():
+    cpu = parse_ep_info(CPU_EP_INFO)
+    assert cpu == {
+        "lanes": ["tcp/lo.0", "tcp/eth0.0"],
+        "transports": ["tcp"],
+        "device_transports": [],
+    }
+    gpu = parse_ep_info(GPU_EP_INFO)
+    assert gpu["lanes"] == ["cuda_copy/cuda.0", "cuda_ipc/cuda.0", "tcp/lo.0"]
+    assert gpu["transports"] == ["cuda_copy", "cuda_ipc", "tcp"]
+    assert gpu["device_transports"] == ["cuda_ipc"]  # the host-memory table is not counted
+
+
+A, B = "ucxx://10.0.0.1:1", "ucxx://10.0.0.2:1"
+TA, TB = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1"
+IPC = {
+    "lanes": [],
+    "transports": ["cuda_copy", "cuda_ipc", "tcp"],
+    "device_transports": ["cuda_ipc"],
+}
+STAGED = {"lanes": [], "transports": ["cuda_copy", "tcp"], "device_transports": ["cuda_copy"]}
+RC = {"lanes": [], "transports": ["cuda_copy", "rc_mlx5"], "device_transports": ["rc_mlx5"]}
+
+
+@pytest.mark.parametrize(
+    "target, source, dest, same_node, transports, rdma, route, copies",
+    [
+        ("device", TA, TA.replace(":1", ":2"), True, None, False, "tcp-host-staged", 2),
+        ("device", TA, TB, False, None, True, "tcp-host-staged", 5),
+        ("device", A, A, True, IPC, False, "ucx-device", 1),
+        ("device", A, A, True, STAGED, False, "ucx-host-staged", 2),
+        ("device", A, B, False, RC, True, "ucx-device", 1),
+        ("device", A, B, False, RC, False, "ucx-host-staged", 5),
+        ("device", A, B, False, STAGED, True, "ucx-host-staged", 5),
+        ("device", A, A, True, None, False, "ucx", None),
+        ("host", A, B, False, STAGED, False, "ucx-host", 1),
+        ("host", TA, TB, False, None, False, "tcp-host", 1),
+    ],
+)
+def test_pair_route(target, source, dest, same_node, transports, rdma, route, copies):
+    """The copies NVIDIA's write-ups count: 2 in a node without P2P, 5 across without RDMA."""
+    got = pair_route(target, source, dest, same_node, transports, rdma)
+    assert got[:2] == (route, copies), got
+
+
+GDS_FACTS = {"compat_mode": "AUTO", "nvidia_fs": True, "driver": {"is_gds_available": True}}
+
+
+@pytest.mark.parametrize(
+    "change, gpus, reason",
+    [
+        ({}, 0, "no GPU, so no GDS"),
+        ({"compat_mode": "ON"}, 1, "kvikio compat mode is ON"),
+        ({"nvidia_fs": False, "driver": None}, 1, "nvidia-fs is not loaded, so GDS is off"),
+        ({"driver": {"is_gds_available": False}}, 1, "the cuFile driver reports GDS unavailable"),
+        ({"compat_mode_preferred": True}, 1, "kvikio prefers its compat mode"),
+        ({}, 1, "GDS is on: nvidia-fs is loaded and compat mode is AUTO"),
+    ],
+)
+def test_gds_reason(change, gpus, reason):
+    """Why GDS is off, as the GPU workers will say it (no GPU here to ask)."""
+    facts = {**GDS_FACTS, "compat_mode_preferred": False, **change}
+    assert _gds_reason(facts, gpus).startswith(reason)
