@@ -576,6 +576,10 @@ def _local_cluster(protocol: str, workers: int | None):
     from .bench.common import start_cluster
     from .cuda import gpu_count
 
+    # UCX logs to the worker processes' stdout, which is ours: keep `--json` output JSON.
+    # (distributed-ucxx sets UCX_MEMTYPE_CACHE, which this UCX warns it no longer reads.)
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+
     if gpu_count():
         return start_cluster("device", workers, 1, protocol, None)
     return start_cluster("host", workers or 2, 1, protocol, None)
