@@ -22,6 +22,9 @@ class Part(Protocol):
 
     def decode(self, target: Any, buffer: Any) -> Any: ...
 
+    def label(self) -> str | None:
+        """Which piece of the file this is, where the first byte range does not say."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
@@ -47,7 +50,8 @@ class Shard:
     @property
     def name(self) -> str:
         """Short label for logs and the ledger."""
-        return f"{os.path.basename(self.path)}@{self.ranges[0][0] if self.ranges else 0}"
+        where = self.part.label() or (self.ranges[0][0] if self.ranges else 0)
+        return f"{os.path.basename(self.path)}@{where}"
 
 
 def load(shard: Shard) -> Any:

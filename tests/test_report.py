@@ -83,18 +83,16 @@ def test_shard_view_lists_loaded_shards_slowest_first(client, loaded):
     assert (report["GB/s"] > 0).all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Shard.name (shards.py) is FILE@0 for every Parquet shard: each range list starts "
-    "with the file's 4-byte header, so by='shard' merges a file's shards per worker",
-)
 def test_shard_view_tells_parquet_shards_apart(tcp, tmp_path):
+    """Each Parquet shard is named by its row groups (its first byte range is the header)."""
     path = os.fspath(tmp_path / "t.parquet")
     pq.write_table(pa.table({"i": np.arange(6_000)}), path, row_group_size=2_000)
     df = dg.read_parquet(path, blocksize=1, client=tcp)
     clear_ledgers(tcp)
     compute(tcp, df)
-    assert len(dg.report(tcp, by="shard")) == df.npartitions == 3
+    report = dg.report(tcp, by="shard")
+    assert len(report) == df.npartitions == 3
+    assert sorted(report["shard"]) == ["t.parquet@rg0", "t.parquet@rg1", "t.parquet@rg2"]
 
 
 def test_a_window_longer_than_the_run_is_the_plain_view(client, loaded):

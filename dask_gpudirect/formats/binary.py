@@ -28,6 +28,9 @@ class BinaryPart:
     shape: tuple[int, ...]
     order: str = "C"
 
+    def label(self) -> None:
+        """None: a binary shard's first byte range is where its records start."""
+
     def decode(self, target, buffer):
         return target.as_array(buffer, self.dtype, self.shape, self.order)
 

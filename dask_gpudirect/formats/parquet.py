@@ -34,6 +34,11 @@ class ParquetPart:
     filters: Any = None
     categorical: tuple[str, ...] = ()  # dictionary-encoded in the schema
 
+    def label(self) -> str:
+        """The row groups: every Parquet shard's first byte range is the file's header."""
+        first, last = self.row_groups[0], self.row_groups[-1]
+        return f"rg{first}" if first == last else f"rg{first}-{last}"
+
     def decode(self, target, buffer):
         frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
         frame = dnf.apply(frame, self.filters)[list(self.columns)].reset_index(drop=True)
