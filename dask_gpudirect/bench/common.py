@@ -229,3 +229,12 @@ def print_table(
     console.print(table)
     for note in notes:
         console.print(note, markup=False, highlight=False)
+
+
+def judge(ratio: float | None, want: float | None) -> str:
+    """A target's verdict: ``-`` without a target, ``not run`` without a ratio, else pass/miss."""
+    if want is None:
+        return "-"
+    if ratio is None:
+        return "not run"
+    return "pass" if ratio >= want else "miss"

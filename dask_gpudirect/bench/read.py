@@ -59,6 +59,7 @@ from .common import (
     PROGRESS_OPTION,
     cpu_name,
     held_keys,
+    judge,
     log,
     markdown_table,
     print_table,
@@ -498,12 +499,7 @@ def _checks(records: list[dict], target: str) -> list[dict]:
         ratio = None
         if rec.get("gbps") and ref.get("gbps"):
             ratio = rec["gbps"] / ref["gbps"]
-        if want is None:
-            verdict = "-"
-        elif ratio is None:
-            verdict = "not run"
-        else:
-            verdict = "pass" if ratio >= want else "miss"
+        verdict = judge(ratio, want)
         out.append(
             {
                 "path": key,

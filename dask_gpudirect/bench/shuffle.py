@@ -56,6 +56,7 @@ from .common import (
     PROGRESS_OPTION,
     cpu_name,
     held_keys,
+    judge,
     log,
     markdown_table,
     print_table,
@@ -566,12 +567,7 @@ def _checks(records: list[dict], target: str) -> list[dict]:
         ratio = None
         if dg["status"] == "ok" and base["status"] == "ok":
             ratio = dg["gbps_per_gpu"] / base["gbps_per_gpu"]
-        if want is None:
-            verdict = "-"
-        elif ratio is None:
-            verdict = "not run"
-        else:
-            verdict = "pass" if ratio >= want else "miss"
+        verdict = judge(ratio, want)
         out.append(
             {
                 "check": name,
