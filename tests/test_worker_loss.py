@@ -1,0 +1,58 @@
+"""A worker process that dies while it loads: its shards are read again by the others.
+
+A test plugin on one worker ends its process (``os._exit``) the moment that worker starts a
+loading task: a real worker death mid-load, not a mock. The loading tasks carry loose worker
+restrictions, so the scheduler hands the lost shards to workers that can read them, and the
+result is complete.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from distributed import Client, WorkerPlugin
+from util import start_cluster
+
+import dask_gpudirect as dg
+
+
+class DieWhenLoading(WorkerPlugin):
+    """Ends this worker's process when it starts a dask-gpudirect loading task."""
+
+    name = "die-when-loading"
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "executing" and "gpudirect-read" in str(key):
+            os._exit(1)
+
+
+def test_shards_of_a_worker_that_died_are_read_by_the_others(tmp_path):
+    expected = np.arange(60_000, dtype=np.int64)
+    np.save(tmp_path / "x.npy", expected)
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=client)  # 12 shards
+        victim = sorted(client.scheduler_info()["workers"])[0]
+        placed_on_victim = sum(s.worker == victim for s in _shards(arr))
+        assert placed_on_victim  # balanced placement gave it shards to lose
+        client.run(_add_plugin, workers=[victim])  # on the victim only, not kept by the scheduler
+        np.testing.assert_array_equal(client.compute(arr).result(), expected)
+        readers = set(dg.ledger.records(client).query("op == 'read'").worker)
+        assert victim not in client.scheduler_info()["workers"]  # it did die
+        assert victim not in readers and readers  # its shards came from the other workers
+
+
+async def _add_plugin(dask_worker) -> None:
+    await dask_worker.plugin_add(DieWhenLoading())
+
+
+def _shards(arr) -> list:
+    """The Shard of each loading task in ``arr``'s graph."""
+    from dask_gpudirect.shards import Shard
+
+    return [
+        arg
+        for task in arr.__dask_graph__().values()
+        for arg in getattr(task, "args", ())
+        if isinstance(arg, Shard)
+    ]
