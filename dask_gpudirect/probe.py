@@ -166,8 +166,10 @@ def _gds(gpus: int) -> dict[str, Any]:
     try:
         import kvikio.cufile_driver
         import kvikio.defaults
-    except ImportError:
-        facts["reason"] = "kvikio is not installed: reads go to host memory"
+    except ImportError:  # the CPU install; without a GPU that is the reason that matters
+        facts["reason"] = (
+            "kvikio is not installed: reads go to host memory" if gpus else "no GPU, so no GDS"
+        )
         return facts
     try:
         facts["compat_mode"] = kvikio.defaults.get("compat_mode").name
