@@ -50,7 +50,8 @@ class Shard:
     @property
     def name(self) -> str:
         """Short label for logs and the ledger."""
-        where = self.part.label() or (self.ranges[0][0] if self.ranges else 0)
+        label = self.part.label() if self.part is not None else None  # the probe's raw reads
+        where = label or (self.ranges[0][0] if self.ranges else 0)
         return f"{os.path.basename(self.path)}@{where}"
 
 
