@@ -1,0 +1,293 @@
+"""examples/multinode and docs/deployment.md, as far as a CPU machine without SLURM can check.
+
+- both shell scripts parse (``bash -n``);
+- ``client.py`` runs end to end against a ``dask scheduler`` and two ``dask worker --preload
+  dask_gpudirect.preload`` processes (host target, tcp);
+- every command-line flag, config key and ``DASK_*`` variable docs/deployment.md names exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import dask.config
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import dask_gpudirect  # noqa: F401  (loads the gpudirect.* defaults)
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "multinode"
+DOC = ROOT / "docs" / "deployment.md"
+
+
+def dask_command(name: str) -> list[str]:
+    script = shutil.which("dask", path=os.path.dirname(sys.executable))
+    if script:
+        return [script, name]
+    return [sys.executable, "-m", f"distributed.cli.dask_{name}"]
+
+
+@pytest.mark.parametrize("script", ["launch.sh", "slurm.sbatch"])
+def test_shell_scripts_parse(script):
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    subprocess.run([bash, "-n", os.fspath(EXAMPLES / script)], check=True)
+
+
+# --- client.py against real scheduler and worker processes ------------------------------
+
+
+def wait_for_address(scheduler_file: Path, procs, timeout=60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return json.loads(scheduler_file.read_text())["address"]
+        except (OSError, ValueError, KeyError):
+            pass
+        for p in procs:
+            assert p.poll() is None, f"{p.args} exited with {p.returncode}"
+        assert time.monotonic() < deadline, f"{scheduler_file} never appeared"
+        time.sleep(0.2)
+
+
+def test_client_runs_against_preloaded_workers(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        pd.DataFrame(
+            {"id": rng.integers(0, 50, 2000), "x": rng.normal(size=2000), "y": np.arange(2000)}
+        ).to_parquet(data / f"part{i}.parquet", row_group_size=500)
+
+    log = open(tmp_path / "processes.log", "w")
+    common = ["--host", "127.0.0.1", "--no-dashboard"]
+    env = {**os.environ, "DASK_GPUDIRECT__TARGET": "host"}
+    procs = []
+
+    def spawn(args):
+        procs.append(subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env))
+
+    try:
+        scheduler_file = tmp_path / "scheduler.json"
+        spawn(
+            [*dask_command("scheduler"), *common, "--port", "0", "--scheduler-file", scheduler_file]
+        )
+        address = wait_for_address(scheduler_file, procs)
+        for _ in range(2):
+            spawn(
+                [
+                    *dask_command("worker"),
+                    address,
+                    *common,
+                    "--nthreads",
+                    "1",
+                    "--preload",
+                    "dask_gpudirect.preload",
+                    "--gpudirect-threads",
+                    "4",
+                ]
+            )
+        got = subprocess.run(
+            [
+                sys.executable,
+                os.fspath(EXAMPLES / "client.py"),
+                address,
+                "--data",
+                os.fspath(data / "*.parquet"),
+                "--columns",
+                "id,x",
+                "--filter",
+                "x",
+                ">",
+                "0",
+                "--on",
+                "id",
+                "--npartitions",
+                "4",
+                "--workers",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+        )
+        assert got.returncode == 0, got.stdout + got.stderr
+        out = got.stdout
+        assert "2 worker(s)" in out
+        assert "columns ['id', 'x']" in out
+        expected = pd.concat(pd.read_parquet(p) for p in sorted(data.glob("*.parquet")))
+        kept = expected[expected.x > 0]
+        assert f"{len(kept)} rows, {kept.id.nunique()} keys" in out
+        assert "posix-host" in out and "tcp-host" in out  # the read and the shuffle paths
+        assert "registering GPUDirectPlugin" not in got.stderr  # the preload had put it there
+
+        from distributed import Client
+
+        with Client(address, set_as_default=False) as client:
+            threads = client.run(lambda dask_worker: dask_worker.plugins["gpudirect"].options)
+            assert {o["threads"] for o in threads.values()} == {4}
+            client.shutdown()
+    finally:
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        log.close()
+
+
+# --- every name docs/deployment.md uses exists ------------------------------------------
+
+
+def command_lines(text: str, markdown: bool = True) -> list[str]:
+    """Code lines, backslash continuations joined: a script's lines, or a Markdown file's
+    indented blocks and `inline code`."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.startswith("    ") or not markdown]
+    lines += re.findall(r"`([^`]+)`", text) if markdown else []
+    joined, buf = [], ""
+    for ln in lines:
+        if ln.endswith("\\"):
+            buf += ln[:-1] + " "
+        else:
+            joined.append(buf + ln)
+            buf = ""
+    return joined
+
+
+def options(command: click.Command) -> set[str]:
+    return {o for p in command.params for o in (*p.opts, *p.secondary_opts) if o.startswith("-")}
+
+
+def known_flags() -> dict[str, set[str]]:
+    from distributed.cli.dask_scheduler import main as scheduler
+    from distributed.cli.dask_worker import main as worker
+
+    from dask_gpudirect.cli import main as cli
+    from dask_gpudirect.preload import dask_setup
+
+    flags = {
+        "dask-gpudirect probe": options(cli.commands["probe"]),
+        "dask scheduler": options(scheduler),
+        "dask worker": options(worker) | options(dask_setup),
+    }
+    try:
+        from dask_cuda.cli import worker as cuda_worker
+    except ImportError:  # the CPU install: no dask-cuda, its flags are checked where it is
+        pass
+    else:
+        flags["dask cuda worker"] = options(cuda_worker) | options(dask_setup)
+    return flags
+
+
+@pytest.mark.parametrize(
+    "path", [DOC, EXAMPLES / "launch.sh", EXAMPLES / "slurm.sbatch"], ids=lambda p: p.name
+)
+def test_every_flag_exists(path):
+    flags = known_flags()
+    checked = 0
+    for line in command_lines(path.read_text(), markdown=path.suffix == ".md"):
+        # the longest command the line names ("dask cuda worker" before "dask worker")
+        for name in sorted(flags, key=len, reverse=True):
+            if name in line:
+                tail = line.split(name, 1)[1]
+                for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", tail):
+                    assert flag in flags[name], f"{name} has no {flag}: {line}"
+                    checked += 1
+                break
+    assert checked >= 3
+    if "dask cuda worker" in flags:  # launch.sh keeps dask-cuda's UCX flags in an array
+        for flag in re.findall(r"--enable-[a-z-]+", path.read_text()):
+            assert flag in flags["dask cuda worker"], f"dask cuda worker has no {flag}"
+
+
+def test_preload_flags_named_in_the_doc_exist():
+    from dask_gpudirect.preload import dask_setup
+
+    named = set(re.findall(r"--gpudirect-[a-z-]+", DOC.read_text()))
+    assert named and named <= options(dask_setup)
+
+
+def env_to_key(var: str, prefix: str, namespace: str) -> str:
+    return namespace + "." + var[len(prefix) :].lower().replace("__", ".").replace("_", "-")
+
+
+def test_config_keys_and_variables_in_the_doc_exist():
+    text = DOC.read_text() + (EXAMPLES / "launch.sh").read_text()
+    text += (EXAMPLES / "slurm.sbatch").read_text()
+    gpudirect = set(re.findall(r"\bgpudirect\.[a-z][a-z.-]*[a-z]", text)) - {"gpudirect.yaml"}
+    gpudirect |= {
+        env_to_key(v, "DASK_GPUDIRECT__", "gpudirect")
+        for v in re.findall(r"DASK_GPUDIRECT__[A-Z_]+", text)
+    }
+    defaults = yaml.safe_load((ROOT / "dask_gpudirect" / "gpudirect.yaml").read_text())
+    assert gpudirect
+    for key in gpudirect:
+        node = defaults
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"{key} is not in gpudirect.yaml"
+            node = node[part]
+
+    ucxx_vars = set(re.findall(r"DASK_DISTRIBUTED_UCXX__[A-Z_]+", text))
+    short = set(re.findall(r"`(__[A-Z_]+)(?:=[^`]*)?`", text))  # the table's `__TCP`
+    ucxx_vars |= {f"DASK_DISTRIBUTED_UCXX{s}" for s in short}
+    pytest.importorskip("distributed_ucxx")
+    import distributed_ucxx
+
+    ucxx_defaults = yaml.safe_load(
+        (Path(distributed_ucxx.__file__).parent / "distributed-ucxx.yaml").read_text()
+    )["distributed-ucxx"]
+    assert ucxx_vars
+    for var in ucxx_vars:
+        key = env_to_key(var, "DASK_DISTRIBUTED_UCXX__", "")[1:]
+        top = key.split(".")[0]
+        assert top in ucxx_defaults, f"{var}: distributed-ucxx has no {top!r}"
+
+    for var in re.findall(r"DASK_DISTRIBUTED__COMM__[A-Z_]+", text):
+        key = env_to_key(var, "DASK_DISTRIBUTED__", "distributed")
+        if key.startswith("distributed.comm.ucx."):  # the legacy keys distributed-ucxx reads
+            assert key.split(".")[-1] in ucxx_defaults
+        else:
+            dask.config.get(key)  # raises where Distributed has no such key
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="dask cuda worker hands its own --create-cuda-context to every preload, and "
+    "dask_gpudirect.preload rejects it, so the plugin is not installed at start (read_* then "
+    "registers it with the worker's config); fix: accept that flag in preload.py",
+)
+def test_the_preload_starts_under_dask_cuda_worker():
+    """``dask cuda worker ADDR --preload dask_gpudirect.preload`` runs our preload with the
+    argv it builds (dask_cuda/cuda_worker.py): ours plus ``--create-cuda-context``."""
+    import asyncio
+
+    from distributed.preloading import process_preloads
+
+    class Worker:
+        plugins: dict = {}
+
+        async def plugin_add(self, plugin, name):
+            self.plugins[name] = plugin
+
+    worker = Worker()
+    preloads = process_preloads(worker, ["dask_gpudirect.preload"], ["--create-cuda-context"])
+    asyncio.run(preloads.start())
+    assert "gpudirect" in worker.plugins
