@@ -1,10 +1,14 @@
 """``dask worker --preload dask_gpudirect.preload``: every worker starts with the plugin.
 
-Options as flags after the preload, e.g. ``dask cuda worker ADDR --preload dask_gpudirect.preload
+Options as flags after the preload, e.g. ``dask worker ADDR --preload dask_gpudirect.preload
 --gpudirect-threads=8``: the worker CLI hands options it does not know to the preload (there is
 no ``--preload-argv`` flag). Give the scheduler address as ``ADDR``: with ``--scheduler-file``
 and no address, click takes the first such flag for the address and drops it silently.
-Anything not given comes from Dask config.
+Anything not given comes from Dask config (``DASK_GPUDIRECT__READER__THREADS=8`` ...).
+
+``dask cuda worker`` hands every preload the same flags, its own ``--create-cuda-context``
+among them, so this preload accepts (and ignores) that one. dask-cuda's own preload rejects ours:
+under ``dask cuda worker`` set options with ``DASK_GPUDIRECT__*`` variables, not flags.
 """
 
 from __future__ import annotations
@@ -19,8 +23,14 @@ from .plugin import GPUDirectPlugin
 @click.option("--gpudirect-threads", type=int, default=None, help="parallel reads per worker")
 @click.option("--gpudirect-task-size", default=None, help="bytes per read task, e.g. 4MiB")
 @click.option("--gpudirect-compat-mode", type=click.Choice(["AUTO", "ON", "OFF"]), default=None)
+@click.option("--create-cuda-context/--no-create-cuda-context", hidden=True, default=False)
 async def dask_setup(
-    worker, gpudirect_target, gpudirect_threads, gpudirect_task_size, gpudirect_compat_mode
+    worker,
+    gpudirect_target,
+    gpudirect_threads,
+    gpudirect_task_size,
+    gpudirect_compat_mode,
+    create_cuda_context,  # dask cuda worker's flag for its own preload: not ours to act on
 ):
     options = {
         "target": gpudirect_target,

@@ -268,12 +268,6 @@ def test_config_keys_and_variables_in_the_doc_exist():
             dask.config.get(key)  # raises where Distributed has no such key
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dask cuda worker hands its own --create-cuda-context to every preload, and "
-    "dask_gpudirect.preload rejects it, so the plugin is not installed at start (read_* then "
-    "registers it with the worker's config); fix: accept that flag in preload.py",
-)
 def test_the_preload_starts_under_dask_cuda_worker():
     """``dask cuda worker ADDR --preload dask_gpudirect.preload`` runs our preload with the
     argv it builds (dask_cuda/cuda_worker.py): ours plus ``--create-cuda-context``."""
