@@ -267,6 +267,17 @@ class NetnsCluster:
                 self.env.get(name, {}),
             )
 
+    def wait_for_workers(self, client, n: int, timeout: float = 60) -> None:
+        """Wait until ``client`` sees ``n`` workers; fail at once, with the log, if a process of
+        ours exits, and with every log after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while len(client.nthreads()) < n:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                logs = {p.host: self.log(p.host)[-2000:] for p in self.procs}
+                raise TimeoutError(f"{n} workers did not join in {timeout} s; logs: {logs}")
+            time.sleep(0.2)
+
     def _spawn(self, host: str, args: list[str], env: dict[str, str]) -> None:
         full = {**os.environ, **self.common_env, **env}
         log = open(os.path.join(self.workdir, f"{host}.log"), "ab")  # noqa: SIM115
