@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 SUBNET_BASE = "10.231"  # /16 whose /24s the networks use
 SCHEDULER_PORT = 8786  # inside its own namespace: no clash with anything else
+CLIENT_PORT = 8800  # the scheduler's tcp listener for the client, beside a ucxx one
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -196,7 +197,8 @@ class NetnsCluster:
         self.workdir = workdir or os.path.join("/tmp", f"gd-netns-{secrets.token_hex(4)}")
         self.network = Network(["sched", *hosts])
         self.procs: list[subprocess.Popen] = []
-        self.address = ""
+        self.address = ""  # the scheduler's address for the workers
+        self.client_address = ""  # for the client in the root namespace: always tcp
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 60) -> NetnsCluster:
@@ -213,6 +215,12 @@ class NetnsCluster:
         self.network.up()
         sched = self.network.hosts["sched"]
         scheduler_file = os.path.join(self.workdir, "scheduler.json")
+        # The workers' protocol first; the client always speaks tcp (a second listener): UCX
+        # reads the network interfaces once per process, and the test process may have started
+        # UCX before this network's interface existed in the root namespace.
+        protocols = [self.protocol] if self.protocol == "tcp" else [self.protocol, "tcp"]
+        ports = [SCHEDULER_PORT, CLIENT_PORT][: len(protocols)]
+        self.client_address = f"tcp://{sched.ip}:{ports[-1]}"
         self._spawn(
             "sched",
             [
@@ -221,9 +229,9 @@ class NetnsCluster:
                 "--host",
                 sched.ip,
                 "--port",
-                str(SCHEDULER_PORT),
+                ",".join(map(str, ports)),
                 "--protocol",
-                self.protocol,
+                ",".join(protocols),
                 "--no-dashboard",
                 "--scheduler-file",
                 scheduler_file,

@@ -4,7 +4,8 @@ Each host has its own data directory, made node-local by setting ``gpudirect.all
 it in that host's workers (through ``DASK_GPUDIRECT__ALLOWED_ROOTS``): all namespaces share one
 filesystem, so the roots stand in for disks that only one host can see. Host ``a`` runs two
 worker processes, ``b`` and ``c`` one each. The test process is the client, in the root
-namespace, on the same subnet.
+namespace, on the same subnet; it always talks to the scheduler over tcp (a ucxx scheduler
+listens on tcp too), since its UCX may have started before the test subnet existed.
 
 - loads: every file is read by a worker of the host that holds it, and the array is whole;
 - shuffles over tcp and over ucxx (UCX on TCP sockets) are exact, and the ledger shows which
@@ -71,9 +72,7 @@ def start(protocol: str, data: dict[str, list[str]]):
     common = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "5s"}
     if protocol == "ucxx":
         pytest.importorskip("distributed_ucxx")
-        common.update(UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
-        os.environ.setdefault("UCX_TLS", "tcp")  # the client's UCX, as util.ucx_environment
-        os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        common.update(UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")  # as util.ucx_environment
     roots = {
         host: {"DASK_GPUDIRECT__ALLOWED_ROOTS": json.dumps([os.path.dirname(files[0])])}
         for host, files in data.items()
@@ -86,7 +85,7 @@ def start(protocol: str, data: dict[str, list[str]]):
         scheduler_env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": TTL},
     ).start()
     try:
-        client = Client(cluster.address, timeout=30, set_as_default=False)
+        client = Client(cluster.client_address, timeout=30, set_as_default=False)
         cluster.wait_for_workers(client, sum(HOSTS.values()), timeout=90)
     except BaseException:
         cluster.close()
