@@ -40,6 +40,9 @@ def test_shards_of_a_worker_that_died_are_read_by_the_others(tmp_path):
         readers = set(dg.ledger.records(client).query("op == 'read'").worker)
         assert victim not in client.scheduler_info()["workers"]  # it did die
         assert victim not in readers and readers  # its shards came from the other workers
+        client.wait_for_workers(
+            2, timeout=60
+        )  # the nanny's restart, done before the cluster closes
 
 
 async def _add_plugin(dask_worker) -> None:
