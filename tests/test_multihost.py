@@ -14,7 +14,9 @@ listens on tcp too), since its UCX may have started before the test subnet exist
   ShuffleError naming it, within a bounded time, and the same shuffle then runs on the others.
 
 The scheduler drops a silent worker after ``distributed.scheduler.worker-ttl`` (5 s here, not
-5 minutes), which bounds the fault test. Needs root and iproute2; skipped with the reason where
+5 minutes) and a failed attempt to restart it through its (also cut off) nanny; connects time
+out after 5 s. With the client's 10 s abort grace the cut-off shuffle fails 20-30 s after the
+cut here; the test allows 60 s. Needs root and iproute2; skipped with the reason where
 ``ip netns add`` fails.
 """
 
