@@ -22,7 +22,6 @@ cut here; the test allows 60 s. Needs root and iproute2; skipped with the reason
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -36,7 +35,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from distributed import Client, wait
-from util import assert_hash_partitions, clear_ledgers, compute, partitions
+from util import (
+    assert_hash_partitions,
+    clear_ledgers,
+    compute,
+    delay_receive,
+    partitions,
+)
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger
@@ -46,7 +51,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 HOSTS = {"a": 2, "b": 1, "c": 1}  # host -> worker processes
 FILES = {"a": 4, "b": 2, "c": 2}  # host -> .npy files in its data directory
 ROWS = 1000  # per file
-RECEIVE = "gpudirect_shuffle_receive"
 TTL = "5s"  # distributed.scheduler.worker-ttl: how long a silent worker stays in the cluster
 
 
@@ -135,17 +139,6 @@ def allowed_roots() -> list[str] | None:
 
 def live_runs(dask_worker) -> list[str]:
     return sorted(dask_worker.plugins["gpudirect"].shuffle.runs)
-
-
-def delay_receive(dask_worker, seconds: float) -> None:
-    """Make this worker sleep ``seconds`` before it takes each shuffle message."""
-    service = dask_worker.plugins["gpudirect"].shuffle
-
-    async def receive(**msg):
-        await asyncio.sleep(seconds)
-        return service.receive(**msg)
-
-    dask_worker.handlers[RECEIVE] = receive
 
 
 # --- helpers -----------------------------------------------------------------------------------

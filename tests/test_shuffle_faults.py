@@ -20,7 +20,6 @@ running workers. Bad options, which need no cluster of their own, close the modu
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -38,9 +37,11 @@ import pytest
 from dask.sizeof import sizeof
 from distributed import Client, futures_of, wait
 from util import (
+    RECEIVE,
     assert_hash_partitions,
     clear_ledgers,
     compute,
+    delay_receive,
     partitions,
     start_cluster,
 )
@@ -54,7 +55,6 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 PROTOCOLS = ["tcp", "ucxx"]
 HOST_LIMIT = "1 KiB"
 DISK_LIMIT = "64 KiB"
-RECEIVE = "gpudirect_shuffle_receive"
 
 
 @pytest.fixture(scope="module", params=PROTOCOLS)
@@ -96,17 +96,6 @@ def shuffle_state(dask_worker) -> dict:
 
 def shuffle_limits(dask_worker) -> dict:
     return dask_worker.plugins["gpudirect"].shuffle.limits("host")
-
-
-def delay_receive(dask_worker, seconds: float) -> None:
-    """Make this worker sleep ``seconds`` before it takes each shuffle message."""
-    service = dask_worker.plugins["gpudirect"].shuffle
-
-    async def receive(**msg):
-        await asyncio.sleep(seconds)
-        return service.receive(**msg)
-
-    dask_worker.handlers[RECEIVE] = receive
 
 
 def break_receive(dask_worker) -> None:

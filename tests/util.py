@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 
+import cloudpickle
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -14,6 +17,13 @@ from pandas.testing import assert_frame_equal
 
 import dask_gpudirect as dg
 from dask_gpudirect.placement import _shard_of
+
+# Worker processes (and the netns hosts' `dask worker`s) cannot import this directory: helpers
+# sent with client.run travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: The comm handler a worker's shuffle service receives pieces on.
+RECEIVE = "gpudirect_shuffle_receive"
 
 PLUGIN = "gpudirect"
 
@@ -128,3 +138,14 @@ def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2, **kwargs)
         host="127.0.0.1",
         **kwargs,
     )
+
+
+def delay_receive(dask_worker, seconds: float) -> None:
+    """Make this worker sleep ``seconds`` before it takes each shuffle message."""
+    service = dask_worker.plugins["gpudirect"].shuffle
+
+    async def receive(**msg):
+        await asyncio.sleep(seconds)
+        return service.receive(**msg)
+
+    dask_worker.handlers[RECEIVE] = receive
