@@ -1,0 +1,74 @@
+"""examples/quickstart.py and examples/etl.py, run as a user runs them, on the host target.
+
+Without a GPU both start a ``LocalCluster`` of two worker processes (their own fallback), so
+this runs the same code path as on a GPU machine up to the target. Their printed and written
+results are checked against pandas computing the same thing from the same files.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dask_gpudirect.demo import write_sample
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def run_example(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=180, cwd=EXAMPLES.parent
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_quickstart(tmp_path):
+    write_sample(tmp_path, files=3, rows=20_000)
+    out = run_example(str(EXAMPLES / "quickstart.py"), str(tmp_path))
+
+    frame = pd.read_parquet(tmp_path / "parquet")
+    expected = frame[frame.x > 0].groupby("label").x.sum()
+    printed = dict(re.findall(r"^  (\d+): (-?[\d.]+)$", out, re.M))
+    assert {int(k) for k in printed} == set(expected.index)
+    for label, total in expected.items():
+        assert float(printed[str(label)]) == pytest.approx(total, abs=1e-5)
+
+    npy = np.concatenate([np.load(p) for p in sorted((tmp_path / "npy").glob("*.npy"))])
+    records, mean = re.search(r"npy records: (\d+), mean of column 0: (-?[\d.]+)", out).groups()
+    assert int(records) == len(npy)
+    assert float(mean) == pytest.approx(npy[:, 0].mean(dtype="f8"), abs=1e-5)
+    assert re.search(r"^\d+\s+read\s+posix-host\s", out, re.M)  # the ledger's report
+    assert re.search(r"^\d+\s+shuffle\s+tcp-host\s", out, re.M)
+
+
+@pytest.mark.timeout(240)
+def test_etl(tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    printed = run_example(
+        str(EXAMPLES / "etl.py"), str(data), str(out), "--sample", "--rows", "20000"
+    )
+
+    orders = pd.read_parquet(data / "orders")
+    customers = pd.read_parquet(data / "customers")
+    kept = orders[(orders.status != "cancelled") & (orders.amount >= 5.0)]
+    expected = (
+        kept.merge(customers, on="customer_id")
+        .groupby(["region", "day"])
+        .amount.agg(revenue="sum", orders="count")
+        .reset_index()
+    )
+    got = pd.read_parquet(out / "revenue_by_region.parquet")
+    assert len(got) == len(expected) > 0
+    pd.testing.assert_frame_equal(
+        got.astype({"region": str}), expected.astype({"region": str}), check_dtype=False
+    )
+    assert f"{len(expected)} rows -> " in printed
+    assert re.search(r"^\d+\s+shuffle\s+tcp-host\s", printed, re.M)  # the join moved rows
