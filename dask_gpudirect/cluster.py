@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from distributed import Client, WorkerPlugin
 
+from . import discovery
 from .dashboard import DashboardPlugin
-from .placement import PlacementPlugin, readable_dirs
+from .placement import PlacementPlugin
 from .plugin import GPUDirectPlugin
 
 logger = logging.getLogger(__name__)
@@ -45,9 +47,11 @@ def _has_plugin(dask_worker) -> bool:
     return GPUDirectPlugin.name in dask_worker.plugins
 
 
-def _describe(dask_worker, dirs: list[str]) -> dict:
+async def _describe(dask_worker, entries: list[str]) -> dict:
     plugin = dask_worker.plugins[GPUDirectPlugin.name]
-    return {**plugin.describe(), "readable": readable_dirs(dirs)}
+    # listing a large directory off the event loop: the worker keeps answering meanwhile
+    views = await asyncio.to_thread(discovery.views, entries)
+    return {**plugin.describe(), "views": views}
 
 
 def ensure_plugins(client: Client) -> None:
@@ -69,10 +73,10 @@ def ensure_plugins(client: Client) -> None:
     client.register_plugin(DashboardPlugin())
 
 
-def survey(client: Client, dirs: list[str]) -> dict[str, dict]:
-    """Per worker: its GPU count, its plugin options, and which of ``dirs`` it can read."""
+def survey(client: Client, entries: list[str]) -> dict[str, dict]:
+    """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``."""
     ensure_plugins(client)
-    workers = client.run(_describe, dirs=dirs)
+    workers = client.run(_describe, entries=entries)
     if not workers:
         raise RuntimeError("the cluster has no workers")
     return workers

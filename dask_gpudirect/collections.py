@@ -1,7 +1,13 @@
-"""``read_parquet`` and ``read_binary``: plan on the client, place, and build the collection."""
+"""``read_parquet`` and ``read_binary``: find and plan on the workers, place, build the collection.
+
+Workers, not the client, list the paths and read footers and headers: each sees its own disks, so
+a dataset spread over the local NVMe of several nodes is planned where it lies, and the client
+needs to see none of it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -14,12 +20,12 @@ from dask.task_spec import Task
 from dask.utils import parse_bytes
 from distributed import Client, default_client
 
-from . import targets
+from . import discovery, targets
 from .cluster import survey
 from .errors import InputError
 from .formats import binary, parquet
-from .placement import assign
-from .shards import expand_paths, load
+from .placement import assign, planners
+from .shards import combine, load
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -51,13 +57,41 @@ def _resolve_target(target: str | None, workers: dict[str, dict]) -> str:
     return target
 
 
-def _prepare(client: Client | None, paths, target):
-    """Files, the chosen target, and which worker may read which directory."""
+def _prepare(client: Client | None, paths, target) -> tuple[Client, discovery.Found, str]:
+    """The client, the files and who can read them, and the chosen target."""
     client = client or default_client()
-    files = expand_paths(paths)
-    workers = survey(client, sorted({os.path.dirname(f) for f in files}))
-    readable = {w: set(info["readable"]) for w, info in workers.items()}
-    return files, _resolve_target(target, workers), readable
+    entries = discovery.absolute(paths)
+    workers = survey(client, entries)
+    found = discovery.merge(entries, {w: info["views"] for w, info in workers.items()})
+    return client, found, _resolve_target(target, workers)
+
+
+def _plan_each(files: list[str], planner, args: tuple) -> list:
+    """Each file planned on its own, a bad file's InputError kept in its place."""
+    plans = []
+    for path in files:
+        try:
+            plans.append(planner([path], *args))
+        except InputError as exc:
+            plans.append(exc)
+    return plans
+
+
+async def _plan_here(dask_worker, groups: dict[str, list[str]], planner, args: tuple) -> list:
+    """This worker's share of the planning, its footer and header reads off the event loop."""
+    return await asyncio.to_thread(_plan_each, groups[dask_worker.address], planner, args)
+
+
+def _plan(client: Client, found: discovery.Found, planner, *args):
+    """``planner`` run on each file by a worker that can read it, merged into one plan."""
+    groups = planners(found.files, found.readable)
+    planned = client.run(
+        _plan_here, groups=groups, planner=planner, args=args, workers=list(groups)
+    )
+    by_file = {}
+    for worker, files in groups.items():
+        by_file.update(zip(files, planned[worker], strict=True))
+    return combine([by_file[path] for path in found.files])
 
 
 def read_parquet(
@@ -86,17 +120,16 @@ def read_parquet(
     client
         The Dask client (default: the current one).
     """
-    files, target, readable = _prepare(client, paths, target)
-    plan = parquet.plan(
-        files, columns, filters, _blocksize(blocksize, "gpudirect.parquet.blocksize"), target
-    )
+    blocksize = _blocksize(blocksize, "gpudirect.parquet.blocksize")
+    client, found, target = _prepare(client, paths, target)
+    plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target)
     meta = plan.meta(targets.module(target))
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with dask.config.set({"dataframe.convert-string": False}):
         if not plan.shards:  # every row group pruned: one empty partition keeps the schema
             return dd.from_pandas(meta, npartitions=1)
-        shards = assign(plan.shards, readable)
+        shards = assign(plan.shards, found.readable)
         return dd.from_map(
             load,
             shards,
@@ -130,15 +163,14 @@ def read_binary(
     blocksize
         Target bytes per chunk; default ``gpudirect.binary.blocksize``.
     """
-    files, target, readable = _prepare(client, paths, target)
-    plan = binary.plan(
-        files, dtype, shape, _blocksize(blocksize, "gpudirect.binary.blocksize"), target
-    )
+    blocksize = _blocksize(blocksize, "gpudirect.binary.blocksize")
+    client, found, target = _prepare(client, paths, target)
+    plan = _plan(client, found, binary.plan, dtype, shape, blocksize, target)
     module = targets.module(target)
     problem = module.unsupported(plan.dtype)
     if problem:
-        raise InputError(files[0], f"cannot load to target={target!r}: {problem}")
-    shards = assign(plan.shards, readable)
+        raise InputError(plan.first, f"cannot load to target={target!r}: {problem}")
+    shards = assign(plan.shards, found.readable)
     name = "gpudirect-read-binary-" + tokenize(shards)
     trailing = (0,) * len(plan.record_shape)
     graph = {

@@ -1,6 +1,7 @@
-"""Placement: which worker reads each shard, and a scheduler plugin that makes it so.
+"""Placement: which worker plans each file and reads each shard, and a plugin that makes it so.
 
-Each shard goes to a worker that can read its file, balancing bytes across workers; the choice
+Each file is planned, and each shard read, by a worker that can read the file (as discovery
+found), balancing files and bytes across workers; the choice
 is deterministic, so the same inputs and workers give the same placement. Because dask-expr
 drops annotations and fuses tasks, the placement travels inside the shard itself, and
 :class:`PlacementPlugin` finds shards in incoming tasks (fused or not) and restricts each task
@@ -10,21 +11,37 @@ to its worker. Restrictions are loose: if that worker is gone, any worker may ru
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 from dask.task_spec import DataNode, Task
 from distributed import SchedulerPlugin
 
-from .access import allowed
 from .errors import InputError
 from .shards import Shard, load
 
 
-def readable_dirs(dirs: list[str]) -> list[str]:
-    """The directories of ``dirs`` this process can list and read and its allowed roots admit
-    (run on each worker)."""
-    return [d for d in dirs if os.path.isdir(d) and os.access(d, os.R_OK | os.X_OK) and allowed(d)]
+def _least_loaded(path: str, load: dict[str, int], readable: dict[str, set[str]]) -> str:
+    """The worker of ``load`` that can read ``path`` and has least load (ties: by name)."""
+    able = [w for w in load if path in readable[w]]
+    if not able:
+        raise InputError(
+            path,
+            "no worker can read this file (checked every worker: it must exist there and lie "
+            "inside gpudirect.allowed-roots where that is set)",
+        )
+    return min(able, key=lambda w: (load[w], w))
+
+
+def planners(files: list[str], readable: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Which worker plans (reads the footer or header of) which files: an able one, files
+    spread evenly; every worker's files stay in the order of ``files``."""
+    count = {worker: 0 for worker in sorted(readable)}
+    groups: dict[str, list[str]] = {}
+    for path in files:
+        worker = _least_loaded(path, count, readable)
+        count[worker] += 1
+        groups.setdefault(worker, []).append(path)
+    return groups
 
 
 def assign(shards: list[Shard], readable: dict[str, set[str]]) -> list[Shard]:
@@ -34,15 +51,7 @@ def assign(shards: list[Shard], readable: dict[str, set[str]]) -> list[Shard]:
     order = sorted(range(len(shards)), key=lambda i: (-shards[i].nbytes, i))
     for i in order:
         shard = shards[i]
-        directory = os.path.dirname(shard.path)
-        able = [w for w in load_bytes if directory in readable[w]]
-        if not able:
-            raise InputError(
-                shard.path,
-                "no worker can read this file (checked every worker: it must exist there, be "
-                "readable, and lie inside gpudirect.allowed-roots where that is set)",
-            )
-        worker = min(able, key=lambda w: (load_bytes[w], w))
+        worker = _least_loaded(shard.path, load_bytes, readable)
         load_bytes[worker] += shard.nbytes
         placed[i] = dataclasses.replace(shard, worker=worker)
     return [placed[i] for i in range(len(shards))]

@@ -1,16 +1,16 @@
 """Shards: the unit of loading. A shard is some byte ranges of one file plus how to decode them.
 
-Planning (client) turns paths into shards without reading data; :func:`load` (worker) reads a
-shard's ranges onto the worker's target and decodes them. Formats add a ``part`` with a
-``decode(target, buffer)`` method; everything else about a shard is format-agnostic.
+Planning (on workers that see the files) turns paths into shards without reading data;
+:func:`load` (worker) reads a shard's ranges onto the worker's target and decodes them.
+Formats add a ``part`` with a ``decode(target, buffer)`` method; everything else about a shard
+is format-agnostic.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from . import access
@@ -59,11 +59,14 @@ def load(shard: Shard) -> Any:
     """Task body: read ``shard`` on this worker's target and decode it."""
     from .plugin import current_plugin
 
-    access.check(shard.path)  # the worker's own roots: the client's planning is not trusted
-    target = current_plugin().target(shard.target)
-    buffer = target.read(shard)
+    plugin = current_plugin()
     try:
-        return shard.part.decode(target, buffer)
+        access.check(shard.path)  # the worker's own roots: the planning is not trusted
+        buffer = plugin.target(shard.target).read(shard)
+    except InputError as exc:
+        raise _elsewhere(shard, plugin.address, exc) from None
+    try:
+        return shard.part.decode(plugin.target(shard.target), buffer)
     except InputError:
         raise
     except (OSError, ValueError, RuntimeError) as exc:  # how pyarrow and libcudf report bad data
@@ -72,34 +75,35 @@ def load(shard: Shard) -> Any:
         ) from exc
 
 
-def expand_paths(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
-    """A file, a directory (its visible files, sorted), a glob, or a list of those -> file paths."""
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    files: list[str] = []
-    for entry in paths:
-        entry = os.fspath(entry)
-        if glob.has_magic(entry):
-            matched = sorted(p for p in glob.glob(entry) if os.path.isfile(p))
-            if not matched:
-                raise InputError(entry, "no files match this pattern")
-            files.extend(matched)
-        elif os.path.isdir(entry):
-            matched = sorted(
-                os.path.join(entry, name)
-                for name in os.listdir(entry)
-                if not name.startswith((".", "_")) and os.path.isfile(os.path.join(entry, name))
-            )
-            if not matched:
-                raise InputError(entry, "directory holds no data files")
-            files.extend(matched)
-        elif os.path.exists(entry):
-            files.append(entry)
-        else:
-            raise InputError(entry, "no such file or directory")
-    if not files:
-        raise InputError(None, "no paths given")
-    return [os.path.abspath(f) for f in files]
+def _elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
+    """``exc``, saying why the shard was read here when placement chose a worker now gone."""
+    if shard.worker in (None, here):
+        return exc
+    return InputError(
+        shard.path,
+        f"{exc.problem} (read on {here} because {shard.worker}, where placement put it, "
+        "left the cluster)",
+    )
+
+
+class Plan(Protocol):
+    """A format's plan of some files: their shards, and what every file must agree on."""
+
+    shards: list[Shard]
+    first: str  # the first file planned: the one the others were checked against
+
+    def check_against(self, head: Plan) -> None:
+        """Raise an InputError naming ``self.first`` if its files disagree with ``head``'s."""
+
+
+def combine(plans: Sequence[Plan | InputError]) -> Plan:
+    """One plan from the plans of single files, in file order, as if planned in one pass: the
+    first file's error, or the first file that disagrees with the first, is raised."""
+    for plan in plans:
+        if isinstance(plan, InputError):
+            raise plan
+        plan.check_against(plans[0])
+    return dataclasses.replace(plans[0], shards=[s for p in plans for s in p.shards])
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int = 0) -> tuple[tuple[int, int], ...]:

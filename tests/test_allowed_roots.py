@@ -2,19 +2,22 @@
 
 One cluster whose workers get ``allowed-roots = [<tmp>/data]`` through the nanny's config.
 Paths outside (directly, through ``..``, or through a symlink that leads out) are refused with
-an InputError that names the file, raised in this process; paths inside load as usual.
+an InputError that names the file, raised in this process, at planning, and again by the worker
+right before it reads; paths inside load as usual.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 from distributed import Client
-from util import start_cluster
+from util import shards_of, start_cluster
 
 import dask_gpudirect as dg
+from dask_gpudirect.shards import load
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +62,21 @@ def test_dot_dot_out_of_the_roots_is_refused(client, roots):
         dg.read_binary(sneaky, client=client)
 
 
-def test_symlink_out_of_the_roots_is_refused_by_the_worker(client, roots):
-    """The link's directory is inside, so placement allows it; the worker resolves the link."""
+def test_symlink_out_of_the_roots_is_refused_at_planning(client, roots):
+    """The link lies inside the roots; the worker resolves it and finds its target outside."""
+    data, _ = roots
+    with pytest.raises(dg.InputError, match=r"link/out\.npy: no worker can read this file"):
+        dg.read_binary(data / "link" / "out.npy", client=client)
+
+
+def test_a_read_outside_the_roots_is_refused_by_the_worker(client, roots):
+    """The worker checks again before it reads: a shard planned elsewhere is not trusted."""
     data, outside = roots
-    arr = dg.read_binary(data / "link" / "out.npy", client=client)
+    planned = dg.read_binary(data / "in.npy", client=client)
+    (shard,) = shards_of(planned).values()
+    elsewhere = dataclasses.replace(shard, path=str(data / "link" / "out.npy"))
     with pytest.raises(dg.InputError, match=r"out\.npy: outside gpudirect\.allowed-roots") as info:
-        client.compute(arr).result()
+        client.submit(load, elsewhere, workers=[shard.worker]).result()
     assert str(outside / "out.npy") in str(info.value)
     # the cluster keeps working
-    np.testing.assert_array_equal(
-        client.compute(dg.read_binary(data / "in.npy", client=client)).result(), np.arange(100)
-    )
+    np.testing.assert_array_equal(client.compute(planned).result(), np.arange(100))

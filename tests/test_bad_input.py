@@ -109,23 +109,35 @@ def test_unreadable_file(tcp, tmp_path, good):
         os.chmod(locked, 0o644)
 
 
-def test_permission_denied_while_planning(tcp, tmp_path, good, monkeypatch):
-    """What planning says when the OS refuses a file (simulated: root may read anything)."""
+def refuse_opens(refuse: bool) -> None:
+    """On a worker: make pyarrow and the binary planner meet a PermissionError (or stop)."""
+    import builtins
 
-    def refuse(path, *args, **kwargs):
+    def refused(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", os.fspath(path))
 
-    locked = write(tmp_path / "locked.parquet")
-    monkeypatch.setattr(pq, "ParquetFile", refuse)  # the client's pyarrow only
-    with raises_naming(locked, "permission denied"):
-        dg.read_parquet(locked, client=tcp)
-    monkeypatch.undo()
+    pq.ParquetFile = refused if refuse else ORIGINAL_PARQUET_FILE
+    binary.open = refused if refuse else builtins.open
 
+
+ORIGINAL_PARQUET_FILE = pq.ParquetFile
+
+
+def test_permission_denied_while_planning(tcp, tmp_path, good):
+    """What planning on the workers says when their OS refuses a file (simulated inside the
+    worker processes, since root may read anything), raised in the client."""
+    locked = write(tmp_path / "locked.parquet")
     raw = tmp_path / "locked.raw"
     np.arange(10.0).tofile(raw)
-    monkeypatch.setattr(binary, "open", refuse, raising=False)
-    with raises_naming(raw, "permission denied"):
-        dg.read_binary(raw, dtype="f8", client=tcp)
+    tcp.run(refuse_opens, True)
+    try:
+        with raises_naming(locked, "permission denied"):
+            dg.read_parquet(locked, client=tcp)
+        with raises_naming(raw, "permission denied"):
+            dg.read_binary(raw, dtype="f8", client=tcp)
+    finally:
+        tcp.run(refuse_opens, False)
+    assert len(dg.read_parquet(locked, client=tcp).compute()) > 0  # the workers read it again
 
 
 # --- Parquet files that are not whole -----------------------------------------------------

@@ -60,7 +60,7 @@ def test_parquet_placement_matches_replanning(tcp, parquet_dir):
     files = sorted(os.fspath(p) for p in parquet_dir.iterdir())
     df = dg.read_parquet(parquet_dir, blocksize="64KiB", client=tcp)
     planned = parquet.plan(files, None, None, 64 * 1024, "host").shards
-    readable = {w: {os.fspath(parquet_dir)} for w in workers_of(tcp)}
+    readable = {w: set(files) for w in workers_of(tcp)}
     expected = assign(planned, readable)
     got = shards_of(df)
     assert [got[i] for i in range(len(expected))] == expected
@@ -104,7 +104,7 @@ def test_binary_chunks_live_where_placed(client, tmp_path):
     assert placement_after_persist(client, again) == where
 
     planned = binary.plan(files, None, None, 32 * 250, "host").shards
-    readable = {w: {os.fspath(tmp_path)} for w in workers_of(client)}
+    readable = {w: set(files) for w in workers_of(client)}
     assert [shards[i] for i in range(len(planned))] == assign(planned, readable)
 
 
@@ -117,7 +117,7 @@ def shard(path: str, nbytes: int) -> Shard:
 
 def test_assign_only_to_workers_that_can_read():
     shards = [shard("/a/x", 10), shard("/b/y", 10), shard("/a/z", 5), shard("/b/w", 7)]
-    readable = {"w1": {"/a"}, "w2": {"/a", "/b"}}
+    readable = {"w1": {"/a/x", "/a/z"}, "w2": {"/a/x", "/a/z", "/b/y", "/b/w"}}
     placed = assign(shards, readable)
     assert [s.worker for s in placed] == ["w1", "w2", "w1", "w2"]
     assert [dataclasses.replace(s, worker=None) for s in placed] == shards
@@ -125,7 +125,7 @@ def test_assign_only_to_workers_that_can_read():
 
 def test_assign_balances_and_is_deterministic():
     shards = [shard(f"/d/f{i}", n) for i, n in enumerate([9, 1, 8, 2, 7, 3, 6, 4, 5, 5])]
-    readable = {w: {"/d"} for w in ("w3", "w1", "w2")}
+    readable = {w: {s.path for s in shards} for w in ("w3", "w1", "w2")}
     placed = assign(shards, readable)
     assert placed == assign(list(shards), dict(reversed(readable.items())))
     load = {w: sum(s.nbytes for s in placed if s.worker == w) for w in readable}
@@ -136,6 +136,6 @@ def test_assign_balances_and_is_deterministic():
 def test_assign_no_worker_can_read():
     shards = [shard("/a/x", 10), shard("/hidden/y", 10)]
     with pytest.raises(InputError, match="/hidden/y.*no worker can read"):
-        assign(shards, {"w1": {"/a"}, "w2": {"/a", "/b"}})
+        assign(shards, {"w1": {"/a/x"}, "w2": {"/a/x", "/b/y"}})
     with pytest.raises(InputError, match="/a/x.*no worker can read"):
         assign(shards[:1], {"w1": set()})

@@ -40,11 +40,17 @@ class BinaryPlan:
     shards: list[Shard]
     dtype: np.dtype
     record_shape: tuple[int, ...]
+    first: str  # the file the others were checked against
 
     @property
     def chunks(self) -> tuple[tuple[int, ...], ...]:
         records = tuple(s.part.shape[0] for s in self.shards)
         return (records, *((n,) for n in self.record_shape))
+
+    def check_against(self, head: BinaryPlan) -> None:
+        _check_records(
+            self.first, self.dtype, self.record_shape, head.first, head.dtype, head.record_shape
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,14 +155,18 @@ def plan(files: list[str], dtype, shape, blocksize: int, target: str) -> BinaryP
     for path in files:
         layout = _layout(path, dtype, shape)
         first = first or layout
-        if (layout.dtype, layout.shape[1:]) != (first.dtype, first.shape[1:]):
-            raise InputError(
-                path,
-                f"holds {layout.dtype} records of shape {layout.shape[1:]}, but {files[0]} "
-                f"holds {first.dtype} records of shape {first.shape[1:]}",
-            )
+        _check_records(path, layout.dtype, layout.shape[1:], files[0], first.dtype, first.shape[1:])
         shards.extend(_file_shards(path, layout, blocksize, target))
-    return BinaryPlan(shards=shards, dtype=first.dtype, record_shape=first.shape[1:])
+    return BinaryPlan(shards, first.dtype, first.shape[1:], files[0])
+
+
+def _check_records(path, dtype, shape, first, first_dtype, first_shape) -> None:
+    if (dtype, shape) != (first_dtype, first_shape):
+        raise InputError(
+            path,
+            f"holds {dtype} records of shape {shape}, but {first} "
+            f"holds {first_dtype} records of shape {first_shape}",
+        )
 
 
 def _file_shards(path: str, layout: _Layout, blocksize: int, target: str) -> list[Shard]:

@@ -58,11 +58,16 @@ def categorize(frame, columns: tuple[str, ...]):
 class ParquetPlan:
     shards: list[Shard]
     schema: pa.Schema  # projected to the output columns
+    file_schema: pa.Schema  # every planned file's, checked equal
+    first: str  # the file the others were checked against
 
     def meta(self, target_module) -> Any:
         """An empty partition of the result on the target (the collection's ``meta``)."""
         empty = target_module.empty_frame(self.schema.empty_table())
         return categorize(empty, _dictionary_columns(self.schema))
+
+    def check_against(self, head: ParquetPlan) -> None:
+        _check_schema(self.first, self.file_schema, head.first, head.file_schema)
 
 
 def _dictionary_columns(schema: pa.Schema) -> tuple[str, ...]:
@@ -97,6 +102,15 @@ def _data_columns(schema: pa.Schema) -> list[str]:
 
 def _describe(schema: pa.Schema) -> str:
     return schema.to_string(show_schema_metadata=False)
+
+
+def _check_schema(path: str, schema: pa.Schema, first: str, expected: pa.Schema) -> None:
+    if not schema.equals(expected, check_metadata=False):
+        raise InputError(
+            path,
+            f"schema differs from {first}:\n{_describe(schema)}"
+            f"\n  expected:\n{_describe(expected)}",
+        )
 
 
 def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
@@ -158,14 +172,9 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
     shards: list[Shard] = []
     for path in files:
         pf = first if path == files[0] else _open(path)
-        if not pf.schema_arrow.equals(schema, check_metadata=False):
-            raise InputError(
-                path,
-                f"schema differs from {files[0]}:\n{_describe(pf.schema_arrow)}"
-                f"\n  expected:\n{_describe(schema)}",
-            )
+        _check_schema(path, pf.schema_arrow, files[0], schema)
         shards.extend(_file_shards(path, pf, part, expression, blocksize, target))
-    return ParquetPlan(shards=shards, schema=out_schema)
+    return ParquetPlan(shards=shards, schema=out_schema, file_schema=schema, first=files[0])
 
 
 def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
