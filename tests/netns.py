@@ -175,7 +175,10 @@ class NetnsCluster:
     """A scheduler on host ``sched`` and ``dask worker`` processes on the other hosts.
 
     ``hosts``: host name -> number of worker processes there. ``env``: host name -> extra
-    environment for that host's workers. ``common_env`` goes to every process.
+    environment for that host's workers. ``common_env`` goes to every process. ``private_dir``:
+    a directory that each host sees as its own empty disk (a tmpfs in a mount namespace of its
+    own, shared by that host's workers), and the test process sees as it is: node-local storage
+    at one path on every node.
     """
 
     def __init__(
@@ -187,6 +190,7 @@ class NetnsCluster:
         scheduler_env: dict[str, str] | None = None,
         workdir: str | None = None,
         nthreads: int = 1,
+        private_dir: str | None = None,
     ):
         self.nworkers = dict(hosts)
         self.protocol = protocol
@@ -195,6 +199,7 @@ class NetnsCluster:
         self.scheduler_env = scheduler_env or {}
         self.nthreads = nthreads
         self.workdir = workdir or os.path.join("/tmp", f"gd-netns-{secrets.token_hex(4)}")
+        self.private_dir = private_dir
         self.network = Network(["sched", *hosts])
         self.procs: list[subprocess.Popen] = []
         self.address = ""  # the scheduler's address for the workers
@@ -212,6 +217,8 @@ class NetnsCluster:
 
     def _start(self, timeout: float) -> None:
         os.makedirs(self.workdir, exist_ok=True)
+        if self.private_dir:
+            os.makedirs(self.private_dir, exist_ok=True)
         self.network.up()
         sched = self.network.hosts["sched"]
         scheduler_file = os.path.join(self.workdir, "scheduler.json")
@@ -273,6 +280,7 @@ class NetnsCluster:
                     "dask_gpudirect.preload",
                 ],
                 self.env.get(name, {}),
+                self.private_dir,
             )
 
     def wait_for_workers(self, client, n: int, timeout: float = 60) -> None:
@@ -286,11 +294,20 @@ class NetnsCluster:
                 raise TimeoutError(f"{n} workers did not join in {timeout} s; logs: {logs}")
             time.sleep(0.2)
 
-    def _spawn(self, host: str, args: list[str], env: dict[str, str]) -> None:
+    def _spawn(
+        self, host: str, args: list[str], env: dict[str, str], private_dir: str | None = None
+    ) -> None:
         full = {**os.environ, **self.common_env, **env}
         log = open(os.path.join(self.workdir, f"{host}.log"), "ab")  # noqa: SIM115
+        private = (
+            # a mount namespace of the host's own, with a fresh tmpfs over ``private_dir``
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+            + ['mount -t tmpfs gd-local "$0" && exec "$@"', private_dir]
+            if private_dir
+            else []
+        )
         proc = subprocess.Popen(
-            [*self.network.exec(host), sys.executable, *args],
+            [*self.network.exec(host), *private, sys.executable, *args],
             env=full,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -330,6 +347,8 @@ class NetnsCluster:
         self.procs.clear()
         self.network.down()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.private_dir:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
         atexit.unregister(self.close)
 
     def __enter__(self) -> NetnsCluster:
