@@ -7,7 +7,7 @@ comma := ,
 GPU_EXTRA := $(if $(shell command -v nvidia-smi 2>/dev/null),cuda13,)
 EXTRAS := test$(if $(GPU_EXTRA),$(comma)$(GPU_EXTRA),)
 
-.PHONY: demo test lint format clean
+.PHONY: demo test lint docs format clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/dask-gpudirect demo
 
-test: $(VENV)/.installed lint
+test: $(VENV)/.installed lint docs
 	$(PY) -m pytest -q -ra tests
+
+# The site, from scratch each time (autosummary's pages too), into docs/_build/html.
+docs: $(VENV)/.installed
+	rm -rf docs/_build docs/generated
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dask_gpudirect tests examples
@@ -30,4 +35,4 @@ format: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix dask_gpudirect tests examples
 
 clean:
-	rm -rf $(VENV) demo-data
+	rm -rf $(VENV) demo-data docs/_build docs/generated
