@@ -11,7 +11,8 @@ listens on tcp too), since its UCX may have started before the test subnet exist
 - shuffles over tcp and over ucxx (UCX on TCP sockets) are exact, and the ledger shows which
   transfers crossed hosts (the host part of ``worker`` and ``peer`` differ);
 - a host cut off mid-shuffle (its link set down inside its namespace) fails the shuffle with a
-  ShuffleError naming it, within a bounded time, and the same shuffle then runs on the others.
+  ShuffleError naming it, within a bounded time, and the same shuffle then runs on the others;
+  over tcp and over ucxx.
 
 The scheduler drops a silent worker after ``distributed.scheduler.worker-ttl`` (5 s here, not
 5 minutes) and a failed attempt to restart it through its (also cut off) nanny; connects time
@@ -231,13 +232,14 @@ def test_shuffle_across_hosts(protocol, request):
     assert set(within["src"]) == {"a"} and len(within) > 0
 
 
-def test_host_cut_off_mid_shuffle(tcp_hosts, data):
+@pytest.mark.parametrize("protocol", ["tcp", "ucxx"])
+def test_host_cut_off_mid_shuffle(protocol, request, data):
     """Host a's link goes down while its workers hold up the shuffle: a ShuffleError naming a's
     workers within a bounded time; then the same shuffle runs on b and c.
 
     Last in the module: host a stays cut off.
     """
-    cluster, client = tcp_hosts
+    cluster, client = request.getfixturevalue(f"{protocol}_hosts")
     hosts = workers_by_host(cluster, client)
     victims, survivors = hosts["a"], hosts["b"] + hosts["c"]
     pdf = frame(4000, keys=97, seed=2)
