@@ -283,6 +283,19 @@ class NetnsCluster:
                 self.private_dir,
             )
 
+    def connect(self, timeout: float = 90):
+        """A client (not the default one) once every worker has joined; on failure the
+        cluster is closed."""
+        from distributed import Client
+
+        try:
+            client = Client(self.client_address, timeout=30, set_as_default=False)
+            self.wait_for_workers(client, sum(self.nworkers.values()), timeout=timeout)
+        except BaseException:
+            self.close()
+            raise
+        return client
+
     def wait_for_workers(self, client, n: int, timeout: float = 60) -> None:
         """Wait until ``client`` sees ``n`` workers; fail at once, with the log, if a process of
         ours exits, and with every log after ``timeout`` seconds."""

@@ -35,7 +35,7 @@ import netns
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, wait
+from distributed import wait
 from util import (
     assert_hash_partitions,
     clear_ledgers,
@@ -91,13 +91,7 @@ def start(protocol: str, data: dict[str, list[str]]):
         common_env=common,
         scheduler_env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": TTL},
     ).start()
-    try:
-        client = Client(cluster.client_address, timeout=30, set_as_default=False)
-        cluster.wait_for_workers(client, sum(HOSTS.values()), timeout=90)
-    except BaseException:
-        cluster.close()
-        raise
-    return cluster, client
+    return cluster, cluster.connect()
 
 
 @pytest.fixture(scope="module")

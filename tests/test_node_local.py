@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distributed import Client, WorkerPlugin
+from distributed import WorkerPlugin
 from util import clear_ledgers, compute, shards_of
 
 import dask_gpudirect as dg
@@ -51,12 +51,7 @@ def hosts():
         scheduler_env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "5s"},
         private_dir=LOCAL,
     ).start()
-    try:
-        client = Client(cluster.client_address, timeout=30, set_as_default=False)
-        cluster.wait_for_workers(client, sum(HOSTS.values()), timeout=90)
-    except BaseException:
-        cluster.close()
-        raise
+    client = cluster.connect()
     yield cluster, client
     client.close(timeout=10)
     cluster.close()
