@@ -30,6 +30,7 @@ exclude_patterns = ["_build", "benchmarks/*.md"]
 
 autosummary_generate = True
 autodoc_typehints = "none"  # numpydoc's Parameters sections say it; signatures stay short
+autodoc_inherit_docstrings = False  # a page shows what this package says, not its bases
 numpydoc_show_class_members = False
 numpydoc_validation_checks: set[str] = set()
 
