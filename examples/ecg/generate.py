@@ -34,8 +34,9 @@ Speed (the GPU run writes tens of GiB): each process builds, once per patient, a
 templates (every kind and grade at 24 RR lengths) and places each beat with one slice-add; the
 white noise is copied in blocks of 8192 records from random offsets of a per-process bank of
 4 Mi Gaussian values (a fresh draw for every sample costs 5x the rest of the work); wander is
-added in 10-ms steps. Shards are made in parallel processes (``--jobs``, default: every core):
-about 0.06-0.1 s of one core per patient-hour (86 MB), so disk writes are the limit.
+added in 10-ms steps. Shards are made in parallel processes, a patient's hours in one process
+(``--jobs``, default: every core; one below 256 MiB): about 0.06-0.1 s of one core per
+patient-hour (86 MB), so on 16 cores the disk is the limit.
 """
 
 from __future__ import annotations
@@ -370,6 +371,10 @@ def _write(out: str, name: str, patient: int, hour: int, seconds: int, seed: int
     }
 
 
+def _write_star(args: tuple) -> dict:
+    return _write(*args)
+
+
 def read_meta(out: str) -> dict | None:
     try:
         with open(os.path.join(out, "meta.json")) as f:
@@ -395,7 +400,9 @@ def generate(
         shutil.rmtree(os.path.join(out, sub), ignore_errors=True)
         os.makedirs(os.path.join(out, sub))
     names = shard_names(spec)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(names)))
+    if jobs is None:  # starting processes costs more than a small dataset
+        jobs = 1 if spec.nbytes < 256 * 2**20 else os.cpu_count() or 1
+    jobs = max(1, min(jobs, len(names)))
     log(
         f"generate: {len(names)} shards ({spec.patients} patients x {spec.hours} h of "
         f"{spec.seconds} s), {spec.nbytes / 1e9:.2f} GB, {jobs} process(es) -> {out}"
@@ -424,8 +431,9 @@ def generate(
         # spawn: no fork of a process that may hold threads; children import this module
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            for fut in concurrent.futures.as_completed([pool.submit(_write, *a) for a in args]):
-                note(fut.result())
+            # a patient's hours go to one process, which draws the patient once
+            for info in pool.map(_write_star, args, chunksize=spec.hours):
+                note(info)
     seconds = time.perf_counter() - start
     meta = {
         "size": size,
@@ -484,7 +492,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True, help="dataset directory (replaced)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--abnormal", type=float, default=0.09, help="fraction of abnormal beats")
-    parser.add_argument("--jobs", type=int, help="processes (default: every core)")
+    parser.add_argument("--jobs", type=int, help="processes (default: every core; 1 if small)")
     parser.add_argument(
         "--reuse", action="store_true", help="keep a complete dataset of this size and seed"
     )
