@@ -1,7 +1,7 @@
 """Single-process baselines of ``bench read``, each run in a fresh Python process.
 
-``bench read`` starts this module with ``python -m dask_gpudirect.bench._baselines SPEC`` and
-reads its records back from the JSON file that ``SPEC`` names. Why a fresh process:
+``bench read`` starts this module's ``main`` with a JSON ``SPEC`` in a fresh interpreter and reads
+its records back from the JSON file that ``SPEC`` names. Why a fresh process:
 
 - the bench's own process must create no CUDA context before its ``LocalCUDACluster`` starts;
 - libcudf configures kvikio once per process, on its first file read
@@ -9,7 +9,8 @@ reads its records back from the JSON file that ``SPEC`` names. Why a fresh proce
   4; compat mode from ``KVIKIO_COMPAT_MODE``, default ON), overwriting any earlier
   ``kvikio.defaults.set``. A process started with or without ``KVIKIO_NTHREADS=16`` measures
   ``cudf.read_parquet`` tuned or with its defaults for sure, and one cannot leak into the other;
-- the pinned copy ceiling is measured while no other process uses the GPU.
+- the pinned copy ceiling is measured while no other process uses the GPU; with several GPUs,
+  one process per GPU (``CUDA_VISIBLE_DEVICES``), which take turns, then copy all at once.
 
 Every measurement is guarded: one that fails becomes an ``error`` record and the rest still run.
 This module imports no GPU library at import time.
@@ -115,8 +116,8 @@ def device_info() -> dict:
     }
 
 
-def pinned_ceiling(nbytes: int = 1 << 30, repeat: int = 5) -> dict:
-    """Pinned host buffer -> device buffer with one ``cudaMemcpy``: median of ``repeat``."""
+def _pinned_copy(nbytes: int) -> Callable[[], int]:
+    """A warmed-up copy of ``nbytes`` from a pinned host buffer to a device buffer, waited for."""
     import cupy
     import numpy as np
 
@@ -132,6 +133,15 @@ def pinned_ceiling(nbytes: int = 1 << 30, repeat: int = 5) -> dict:
         return nbytes
 
     copy()  # warm-up
+    return copy
+
+
+def pinned_ceiling(nbytes: int = 1 << 30, repeat: int = 5) -> dict:
+    """Pinned host buffer -> device buffer with one ``cudaMemcpy``: median of ``repeat``."""
+    return _ceiling_record(_pinned_copy(nbytes), nbytes, repeat)
+
+
+def _ceiling_record(copy: Callable[[], int], nbytes: int, repeat: int) -> dict:
     _, runs = timed_runs(copy, repeat)
     return record(
         "h2d-pinned",
@@ -139,8 +149,78 @@ def pinned_ceiling(nbytes: int = 1 << 30, repeat: int = 5) -> dict:
         bytes=nbytes,
         seconds=statistics.median(runs),
         runs=runs,
-        note=f"1 GiB cudaMemcpy from pinned memory, median of {len(runs)}",
+        note=f"{nbytes / (1 << 30):g} GiB cudaMemcpy from pinned memory, median of {len(runs)}",
     )
+
+
+class _Turns:
+    """Step files in a directory shared by the processes of a group, one process per GPU.
+
+    A rank that failed leaves a ``failed`` file and counts as done for every later step, so that
+    one broken GPU does not hold the others up.
+    """
+
+    def __init__(self, sync_dir: str, rank: int, timeout: float):
+        self.dir, self.rank, self.deadline = sync_dir, rank, time.monotonic() + timeout
+
+    def mark(self, step: str) -> None:
+        open(os.path.join(self.dir, f"{step}-{self.rank}"), "w").close()
+
+    def wait(self, step: str, ranks: range) -> None:
+        def done(r: int) -> bool:
+            return any(os.path.exists(os.path.join(self.dir, f"{s}-{r}")) for s in (step, "failed"))
+
+        while not all(done(r) for r in ranks):
+            if time.monotonic() > self.deadline:
+                raise TimeoutError(f"the group's other processes did not reach '{step}'")
+            time.sleep(0.0005)
+
+
+def copy_group(
+    copy: Callable[[], int],
+    nbytes: int,
+    rank: int,
+    size: int,
+    sync_dir: str,
+    repeat: int = 5,
+    rounds: int = 20,
+    timeout: float = 120.0,
+) -> dict:
+    """``copy`` timed alone (the group's ranks in turn, the others idle), then all at once.
+
+    Returns ``alone``, this GPU's ceiling record, and ``concurrent``: the ``start`` and ``end``
+    (``time.monotonic``, one clock for every process of the host) of ``rounds`` copies made while
+    every rank copies, and their ``bytes``.
+    """
+    turns = _Turns(sync_dir, rank, timeout)
+    try:
+        turns.mark("ready")
+        turns.wait("ready", range(size))  # every process set up: no page faulting beside a timing
+        turns.wait("alone", range(rank))
+        alone = _ceiling_record(copy, nbytes, repeat)
+        turns.mark("alone")
+        turns.wait("alone", range(size))
+        start = time.monotonic()
+        for _ in range(rounds):
+            copy()
+        end = time.monotonic()
+    except BaseException:
+        turns.mark("failed")
+        raise
+    return {
+        "alone": alone,
+        "concurrent": {"start": start, "end": end, "bytes": rounds * nbytes, "rounds": rounds},
+    }
+
+
+def pinned_ceiling_group(rank: int, size: int, sync_dir: str, nbytes: int = 1 << 30) -> dict:
+    """This process's GPU in a group of ``size`` (one process each): see :func:`copy_group`."""
+    try:
+        copy = _pinned_copy(nbytes)
+    except BaseException:
+        _Turns(sync_dir, rank, 0).mark("failed")
+        raise
+    return copy_group(copy, nbytes, rank, size, sync_dir)
 
 
 def naive(files: list[str], device: bool, cache: str) -> dict:
@@ -230,6 +310,11 @@ def run_spec(spec: dict) -> dict:
             out["device"] = {"error": f"{type(exc).__name__}: {exc}"}
     if spec.get("ceiling"):
         recs.append(guarded("h2d-pinned", "-", pinned_ceiling))
+    if spec.get("ceiling_group"):
+        try:
+            out["ceiling_group"] = pinned_ceiling_group(**spec["ceiling_group"])
+        except Exception as exc:  # reported to the parent, which sums the GPUs that ran
+            out["error"] = f"{type(exc).__name__}: {exc}"
     if spec.get("naive"):
         recs.append(guarded("naive", "warm", lambda: naive(spec["binary"], device, "warm")))
     pq_key = spec.get("parquet_key")

@@ -19,10 +19,19 @@ from typing import Any
 
 import click
 
+from ..cuda import gpu_count
 from ..progress import Bar
 from .plot import check_matplotlib, draw
 
 GIB = 1 << 30
+
+#: NVLink multicast off in every process a bench starts: on the lent multi-GPU machines a
+#: program that uses it can put the host's shared GPUs out of service.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 VERSIONED = [
     "dask-gpudirect",
@@ -129,6 +138,31 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def child_env(changes: dict[str, str | None]) -> dict[str, str]:
+    """The environment of a bench's child process: this one's with ``changes`` (None removes a
+    name), NVLink multicast off, and this source tree first on PYTHONPATH."""
+    import dask_gpudirect
+
+    env = {**os.environ, **MULTICAST_OFF}
+    for name, value in changes.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    root = os.path.dirname(os.path.dirname(os.path.abspath(dask_gpudirect.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def visible_devices() -> list[str]:
+    """The GPUs this process may use, named as ``CUDA_VISIBLE_DEVICES`` names them ("0", "1"...
+    when it is unset): worker ``i`` of a ``LocalCUDACluster`` gets the ``i``-th."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return [str(i) for i in range(gpu_count())]
+    return [d.strip() for d in listed.split(",") if d.strip()][: gpu_count()]
+
+
 def held_keys(dask_worker) -> int:
     """Keys a worker holds (run on the workers): a measurement waits for zero before the next."""
     try:
@@ -229,6 +263,13 @@ def print_table(
     console.print(table)
     for note in notes:
         console.print(note, markup=False, highlight=False)
+
+
+def footnote(notes: list[str], note: str) -> int:
+    """The number of ``note`` among a table's footnotes, added if new."""
+    if note not in notes:
+        notes.append(note)
+    return notes.index(note) + 1
 
 
 def judge(ratio: float | None, want: float | None) -> str:

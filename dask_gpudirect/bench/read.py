@@ -13,11 +13,18 @@ with the page cache warm and (where it can be dropped) cold:
 
 and prints GB/s, ratios and the issue's targets, writing JSON and Markdown on request.
 
+With ``--workers N`` (one worker per GPU on the device target) every Dask figure is the aggregate
+of all GPUs reading their own shards at once, and the ceiling is the sum of the GPUs' pinned copy
+ceilings, each measured alone in a process of its own; all GPUs copying at once is measured too
+(``h2d-concurrent``), since they share host memory and maybe PCIe switches. The JSON's
+``balance`` records the bytes and partitions each worker held: placement should spread them
+evenly. ``--no-baselines`` skips the single-process baselines (one GPU's figures) for such runs.
+
 Process layout (what keeps the numbers honest):
 
 1. The single-process baselines (ceiling, naive, ``cudf.read_parquet``) run in fresh
    subprocesses (``_baselines``) *before* the cluster starts: this process then creates no CUDA
-   context before ``LocalCUDACluster`` (dask-cuda's rule), the ceiling is taken on an idle GPU,
+   context before ``LocalCUDACluster`` (dask-cuda's rule), the ceilings are taken on idle GPUs,
    and each kvikio thread setting gets a process of its own. libcudf resets kvikio's thread pool
    to ``KVIKIO_NTHREADS`` (default 4) on its first file read in a process, so a live
    ``kvikio.defaults.set`` before that read does not stick; an environment variable does.
@@ -57,7 +64,9 @@ from .common import (
     GIB,
     PLOT_OPTION,
     PROGRESS_OPTION,
+    child_env,
     cpu_name,
+    footnote,
     held_keys,
     judge,
     log,
@@ -66,6 +75,7 @@ from .common import (
     progress_bar,
     start_cluster,
     versions,
+    visible_devices,
     write_outputs,
 )
 
@@ -78,6 +88,7 @@ DATA_VERSION = 1
 
 LABELS = {
     "h2d-pinned": {"device": "pinned host->device copy (ceiling)"},
+    "h2d-concurrent": {"device": "pinned host->device copies, all GPUs at once"},
     "naive": {"device": "open().read() + cupy.asarray", "host": "open().read()"},
     "cudf-default": {
         "device": "cudf.read_parquet per file (defaults)",
@@ -101,6 +112,7 @@ LABELS = {
 #: Table order.
 ORDER = [
     ("h2d-pinned", "-"),
+    ("h2d-concurrent", "-"),  # only with several workers
     ("naive", "warm"),
     ("cudf-default", "warm"),
     ("cudf-tuned", "warm"),
@@ -119,6 +131,7 @@ ORDER = [
 #: target; on the host target the same ratios are shown without a target.
 CHECKS = [
     ("dg-binary", "warm", "h2d-pinned", "-", 0.85),
+    ("dg-binary", "warm", "h2d-concurrent", "-", None),
     ("dg-binary", "warm", "naive", "warm", None),
     ("dg-parquet", "warm", "cudf-tuned", "warm", 1.0),
     ("dg-parquet", "warm", "cudf-default", "warm", None),
@@ -126,6 +139,10 @@ CHECKS = [
     ("dg-binary", "cold", "dd-direct", "cold", 1.5),
     ("dg-parquet", "cold", "dd-direct", "cold", 1.5),
 ]
+#: Baselines measured in one process on one GPU: with several workers a target against them
+#: would compare N GPUs with one, so those ratios are shown without a target.
+ONE_GPU = {"naive", "cudf-default", "cudf-tuned"}
+BASELINE_KEYS = ["naive", "cudf-default"]
 
 
 def _log(message: str) -> None:
@@ -262,28 +279,112 @@ _BASELINES_MAIN = (
 
 def _baselines(spec: dict, env: dict[str, str | None], timeout: float) -> dict:
     """Run ``_baselines`` in a fresh interpreter with ``env`` changes; returns its output."""
-    import dask_gpudirect
+    return _baseline_processes([(spec, env)], timeout)[0]
 
-    child_env = dict(os.environ)
-    for name, value in env.items():
-        if value is None:
-            child_env.pop(name, None)
-        else:
-            child_env[name] = value
-    root = os.path.dirname(os.path.dirname(os.path.abspath(dask_gpudirect.__file__)))
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
+
+def _baseline_processes(jobs: list[tuple[dict, dict[str, str | None]]], timeout: float) -> list:
+    """Run one ``_baselines`` process per (spec, env changes), all at once; their outputs."""
     with tempfile.TemporaryDirectory(prefix="dg-bench-") as tmp:
-        spec = {**spec, "out": os.path.join(tmp, "out.json")}
-        cmd = [sys.executable, "-c", _BASELINES_MAIN, json.dumps(spec)]
+        procs, outs = [], []
         try:
-            proc = subprocess.run(cmd, env=child_env, timeout=timeout, check=False)
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = f"timed out after {timeout:.0f} s"
-        if code == 0 and os.path.exists(spec["out"]):
-            with open(spec["out"]) as f:
-                return json.load(f)
-    return {"error": f"baseline process failed (exit {code}); see the log above"}
+            for i, (spec, env) in enumerate(jobs):
+                spec = {**spec, "out": os.path.join(tmp, f"out-{i}.json")}
+                cmd = [sys.executable, "-c", _BASELINES_MAIN, json.dumps(spec)]
+                procs.append((subprocess.Popen(cmd, env=child_env(env)), spec["out"]))
+            deadline = time.monotonic() + timeout
+            for proc, path in procs:
+                try:
+                    code = proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    code = f"timed out after {timeout:.0f} s"
+                if code == 0 and os.path.exists(path):
+                    with open(path) as f:
+                        outs.append(json.load(f))
+                else:
+                    why = f"baseline process failed (exit {code}); see the log above"
+                    outs.append({"error": why})
+        finally:
+            for proc, _ in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    return outs
+
+
+def _ceilings(devices: list[str], timeout: float) -> list[dict]:
+    """The pinned copy ceiling of each of ``devices`` and their sum, and all of them at once.
+
+    One fresh process per GPU (``CUDA_VISIBLE_DEVICES`` set to it), all started together: they
+    measure alone in turn, then copy at the same time (``_baselines.copy_group``).
+    """
+    with tempfile.TemporaryDirectory(prefix="dg-ceiling-") as sync:
+        group = {"size": len(devices), "sync_dir": sync}
+        jobs = [
+            (
+                {"target": "device", "ceiling_group": {**group, "rank": rank}},
+                {"CUDA_VISIBLE_DEVICES": device},
+            )
+            for rank, device in enumerate(devices)
+        ]
+        outs = _baseline_processes(jobs, timeout)
+    return ceiling_records(devices, outs)
+
+
+def ceiling_records(devices: list[str], outs: list[dict]) -> list[dict]:
+    """``h2d-pinned`` (the sum of the GPUs' ceilings, each alone) and ``h2d-concurrent`` (the
+    bytes all GPUs copied at once over the span from the first start to the last end)."""
+    per_gpu, spans = [], []
+    for device, out in zip(devices, outs, strict=True):
+        group = out.get("ceiling_group") or {}
+        alone = group.get("alone") or {"status": "error", "gbps": None}
+        per_gpu.append(
+            {
+                "device": device,
+                "name": (out.get("device") or {}).get("name"),
+                "status": alone["status"],
+                "bytes": alone.get("bytes", 0),
+                "gbps": alone["gbps"],
+                "note": alone.get("note") or out.get("error", "not reported"),
+            }
+        )
+        if group.get("concurrent"):
+            span = group["concurrent"]
+            spans.append(span)
+            per_gpu[-1]["concurrent_gbps"] = span["bytes"] / (span["end"] - span["start"]) / 1e9
+    n = len(devices)
+    label = f"sum of {n} GPUs' pinned host->device copies (ceiling)"
+    failed = [p for p in per_gpu if p["status"] != "ok" or not p["gbps"]]
+    if failed:
+        why = f"GPU {failed[0]['device']}: {failed[0]['note']}"
+        summed = record("h2d-pinned", "-", status="error", note=why, label=label, per_gpu=per_gpu)
+    else:
+        figures = " + ".join(f"{p['gbps']:.2f}" for p in per_gpu)
+        summed = record(
+            "h2d-pinned",
+            "-",
+            bytes=sum(p["bytes"] for p in per_gpu),
+            note=f"sum of {n} GPUs' ceilings, each measured alone: {figures} GB/s",
+            label=label,
+            per_gpu=per_gpu,
+        )
+        summed["gbps"] = sum(p["gbps"] for p in per_gpu)
+    if len(spans) == n:
+        seconds = max(s["end"] for s in spans) - min(s["start"] for s in spans)
+        concurrent = record(
+            "h2d-concurrent",
+            "-",
+            bytes=sum(s["bytes"] for s in spans),
+            seconds=seconds,
+            runs=[seconds],
+            note=f"{n} GPUs copying at once, {spans[0]['rounds']} x "
+            f"{spans[0]['bytes'] / spans[0]['rounds'] / (1 << 30):g} GiB each; bytes over the "
+            "span from the first start to the last end",
+        )
+    else:
+        concurrent = record(
+            "h2d-concurrent", "-", status="error", note=f"{n - len(spans)} GPU(s) did not copy"
+        )
+    return [summed, concurrent]
 
 
 def _dd_direct(path: str, max_bytes: int = GIB) -> dict:
@@ -384,6 +485,39 @@ def _records_check(expected: int):
     return check
 
 
+def _spread_check(client, check, into: dict):
+    """``check``, then what each worker holds of the result, kept in ``into``: placement should
+    balance the shards' bytes over the workers."""
+
+    def run(persisted) -> str:
+        note = check(persisted)
+        into.update(_spread(client, persisted))
+        share = into["max_over_mean"]
+        return f"{note}; bytes per worker max/mean {share:.2f}" if share else note
+
+    return run
+
+
+def _spread(client, persisted) -> dict:
+    """Bytes and partitions of ``persisted`` per worker (every worker, zeros included)."""
+    from distributed import futures_of
+
+    futures = futures_of(persisted)
+    sizes = client.nbytes([f.key for f in futures], summary=False)
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    nbytes, parts = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
+    for key, holders in client.who_has(futures).items():
+        for worker in holders:
+            nbytes[worker] = nbytes.get(worker, 0) + sizes.get(key, 0)
+            parts[worker] = parts.get(worker, 0) + 1
+    mean = sum(nbytes.values()) / len(nbytes) if nbytes else 0
+    return {
+        "bytes_per_worker": nbytes,
+        "partitions_per_worker": parts,
+        "max_over_mean": max(nbytes.values()) / mean if mean else None,
+    }
+
+
 def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold, out) -> None:
     """dg first (warm, then cold), the dask baseline last: see the module docstring."""
     import dask_gpudirect as dg
@@ -428,6 +562,12 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
             ("dg-binary", bin_info["bytes"], binary, _records_check(bin_info["records"])),
             ("dg-parquet", pq_info["bytes"], parquet, _rows_check(pq_info["rows"])),
         ]
+        if opts["workers"] > 1:  # and how evenly placement spread the shards
+            balance = out.setdefault("balance", {})
+            runs = [
+                (key, nbytes, build, _spread_check(client, check, balance.setdefault(key, {})))
+                for key, nbytes, build, check in runs
+            ]
         warm_page_cache(_files(bin_dir) + _files(pq_dir))
         kvikio_snapshot("before dg")
         for key, nbytes, build, check in runs:
@@ -486,14 +626,15 @@ def _files(directory: str) -> list[str]:
 # --- results ------------------------------------------------------------------------------------
 
 
-def _checks(records: list[dict], target: str) -> list[dict]:
+def _checks(records: list[dict], target: str, workers: int = 1) -> list[dict]:
     by = {(r["key"], r["cache"]): r for r in records}
     out = []
     for key, cache, base, base_cache, factor in CHECKS:
         rec, ref = by.get((key, cache)), by.get((base, base_cache))
         if rec is None or ref is None:
             continue
-        want = factor if target == "device" else None
+        one_gpu = workers > 1 and base in ONE_GPU
+        want = factor if target == "device" and not one_gpu else None
         if want is None and ref.get("status") != "ok":
             continue  # on the host target, ratios only against baselines that ran
         ratio = None
@@ -531,14 +672,11 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         rec = by.get((key, cache))
         if rec is None:
             continue
-        label = label_of(key, target)
+        label = rec.get("label") or label_of(key, target)
         if rec["status"] == "ok" and rec.get("gbps") is not None:
             speed = f"{rec['gbps']:.2f}"
         else:
-            note = rec.get("note") or "no reason given"
-            if note not in notes:
-                notes.append(note)
-            speed = f"{rec['status']} [{notes.index(note) + 1}]"
+            speed = f"{rec['status']} [{footnote(notes, rec.get('note') or 'no reason given')}]"
         for i, c in enumerate(checks.get((key, cache)) or [None]):
             first = i == 0
             head = (label, cache, speed) if first else ("", "", "")
@@ -563,6 +701,7 @@ def _markdown(result: dict) -> str:
         f"- command: `{result['command']}`",
         f"- data: {_data_line(result)}",
         f"- page cache: {result.get('page_cache', 'not reached')}",
+        *_workers_lines(result),
         "",
     ]
     rows, notes = _rows(result)
@@ -575,7 +714,39 @@ def _markdown(result: dict) -> str:
         "device target: binary warm >= 0.85x the pinned copy ceiling; Parquet >= 1.0x tuned "
         "cudf.read_parquet and >= 2x dask_cudf defaults; dropped cache >= 1.5x dd iflag=direct."
     )
+    if result["options"]["workers"] > 1:
+        lines += ["", MULTI_WORKER_NOTE]
     return "\n".join(lines) + "\n"
+
+
+MULTI_WORKER_NOTE = (
+    "With several workers (one per GPU) every GB/s is the aggregate of all of them, reading "
+    "their own shards at once. The ceiling row is the sum of the GPUs' pinned copy ceilings, each "
+    "measured alone, and the binary target is judged against it; the row after it is all GPUs "
+    "copying at once, which shows how much of the sum the host's memory and PCIe links allow. "
+    "The single-process baselines (naive, cudf.read_parquet per file) use one GPU: ratios "
+    "against them carry no target."
+)
+
+
+def _workers_lines(result: dict) -> list[str]:
+    """Markdown lines of a run with several workers: the GPUs and how placement spread bytes."""
+    if result["options"]["workers"] == 1:
+        return []
+    per = "one per GPU" if result["target"] == "device" else "worker processes"
+    lines = [f"- workers: {result['options']['workers']}, {per}"]
+    devices = result.get("devices")
+    if devices:
+        lines[0] += " (" + ", ".join(f"{d['device']}: {d['name']}" for d in devices) + ")"
+    for key, spread in sorted((result.get("balance") or {}).items()):
+        if spread.get("max_over_mean"):
+            gbs = ", ".join(f"{b / 1e9:.3g}" for b in spread["bytes_per_worker"].values())
+            parts = ", ".join(map(str, spread["partitions_per_worker"].values()))
+            lines.append(
+                f"- placement of {key}: GB per worker {gbs} (max/mean "
+                f"{spread['max_over_mean']:.2f}); partitions per worker {parts}"
+            )
+    return lines
 
 
 def _data_line(result: dict) -> str:
@@ -595,7 +766,10 @@ def _data_line(result: dict) -> str:
 
 def _print_table(result: dict) -> None:
     rows, notes = _rows(result)
-    print_table(f"bench read: {result['device']} ({result['target']} target)", HEADER, rows, notes)
+    title = f"bench read: {result['device']} ({result['target']} target)"
+    if result["options"]["workers"] > 1:
+        title += f", {result['options']['workers']} workers"
+    print_table(title, HEADER, rows, notes)
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -625,6 +799,13 @@ def _print_table(result: dict) -> None:
     show_default=True,
     help="Also measure with the page cache dropped (echo 3 > /proc/sys/vm/drop_caches).",
 )
+@click.option(
+    "--baselines/--no-baselines",
+    default=True,
+    show_default=True,
+    help="Measure the single-process baselines (naive read, cudf.read_parquet per file); "
+    "the pinned copy ceiling, dd and dask_cudf are measured either way.",
+)
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
 @click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
 @PLOT_OPTION
@@ -647,18 +828,29 @@ def read(
     rmm_pool_size,
     repeat,
     drop_cache,
+    baselines,
     json_path,
     md_path,
     target,
     plot_path,
     progress,
 ):
-    """Loading speed of dg.read_parquet / dg.read_binary against the baselines and ceilings."""
+    """Loading speed of dg.read_parquet / dg.read_binary against the baselines and ceilings.
+
+    With --workers N (one per GPU) all GPUs read their own shards at once, against the sum of
+    their pinned copy ceilings.
+    """
     gpus = gpu_count()
     if target == "auto":
         target = "device" if gpus else "host"
     if target == "device" and not gpus:
         raise click.UsageError("--target device needs a GPU, and none is visible here")
+    if target == "device" and workers > gpus:
+        raise click.UsageError(
+            f"--workers {workers}: LocalCUDACluster has one worker per GPU, {gpus} visible"
+        )
+    if files < 2 * workers:
+        _log(f"{files} files for {workers} workers: fewer than 2 per worker")
     opts = {
         "binary_gib": binary_gib,
         "parquet_gib": parquet_gib,
@@ -669,6 +861,7 @@ def read(
         "rmm_pool_size": rmm_pool_size,
         "repeat": repeat,
         "drop_cache": drop_cache,
+        "baselines": baselines,
     }
     result = {
         "benchmark": "read",
@@ -686,7 +879,8 @@ def read(
     if root is None:
         tmp = root = tempfile.mkdtemp(prefix="dask-gpudirect-bench-")
     try:
-        with progress_bar("read", result["records"], len(ORDER), progress):
+        planned = [k for k in ORDER if workers > 1 or k[0] != "h2d-concurrent"]
+        with progress_bar("read", result["records"], len(planned), progress):
             _run(result, opts, os.path.abspath(root), target, gpus)
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True
@@ -702,7 +896,7 @@ def read(
     )
     rank = {k: i for i, k in enumerate(ORDER)}
     result["records"].sort(key=lambda r: rank.get((r["key"], r["cache"]), len(rank)))
-    result["checks"] = _checks(result["records"], target)
+    result["checks"] = _checks(result["records"], target, workers)
     write_outputs(result, json_path, md_path, _markdown, plot_path)
     _print_table(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
@@ -737,34 +931,58 @@ def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
     if not device:
         why = "no GPU" if not gpus else "--target host"
         recs.append(record("h2d-pinned", "-", status="not run", note=why))
+        if opts["workers"] > 1:
+            recs.append(record("h2d-concurrent", "-", status="not run", note=why))
         for cache in ("warm", "cold"):
             if cache == "warm" or cold is None:
                 recs.append(record("cudf-tuned", cache, status="not run", note=why))
+    if not opts["baselines"]:
+        for key in BASELINE_KEYS + ["cudf-tuned"] * device:
+            for cache in ["warm"] + ["cold"] * (cold is None):
+                recs.append(record(key, cache, status="not run", note="not asked (--no-baselines)"))
 
     timeout = 240 + 60 * (opts["binary_gib"] + opts["parquet_gib"])
-    _log("single-process baselines (fresh process, cuDF defaults)")
-    warm_page_cache(bin_files + pq_files)
-    spec = {
-        "target": target,
-        "binary": bin_files,
-        "parquet": pq_files,
-        "repeat": opts["repeat"],
-        "cold": cold is None,
-        "ceiling": device,
-        "naive": True,
-        "parquet_key": "cudf-default",
-    }
-    # 'defaults' means cuDF's own: no KVIKIO_NTHREADS inherited from the caller.
-    out = _baselines(spec, {"KVIKIO_NTHREADS": None}, timeout)
-    _merge(recs, out, ["h2d-pinned"] * device + ["naive", "cudf-default"], cold is None)
-    result["device"] = (out.get("device") or {}).get("name") if device else None
-    result["device_info"] = out.get("device")
-    if device:
+    apart = device and opts["workers"] > 1  # a ceiling per GPU, each in a process of its own
+    keys = ["h2d-pinned"] * (device and not apart) + BASELINE_KEYS * opts["baselines"]
+    result["device_info"] = None
+    if keys:
+        if opts["baselines"]:
+            _log("single-process baselines (fresh process, cuDF defaults)")
+            warm_page_cache(bin_files + pq_files)
+        else:
+            _log("pinned copy ceiling (fresh process)")
+        spec = {
+            "target": target,
+            "binary": bin_files,
+            "parquet": pq_files,
+            "repeat": opts["repeat"],
+            "cold": cold is None,
+            "ceiling": device and not apart,
+            "naive": opts["baselines"],
+            "parquet_key": "cudf-default" if opts["baselines"] else None,
+        }
+        # 'defaults' means cuDF's own: no KVIKIO_NTHREADS inherited from the caller.
+        out = _baselines(spec, {"KVIKIO_NTHREADS": None}, timeout)
+        _merge(recs, out, keys, cold is None)
+        result["device"] = (out.get("device") or {}).get("name") if device else None
+        result["device_info"] = out.get("device")
+    if device and opts["baselines"]:
         _log("single-process baselines (fresh process, KVIKIO_NTHREADS=16)")
         warm_page_cache(pq_files)
         spec = {**spec, "ceiling": False, "naive": False, "parquet_key": "cudf-tuned"}
         out = _baselines(spec, {"KVIKIO_NTHREADS": "16"}, timeout)
         _merge(recs, out, ["cudf-tuned"], cold is None)
+    if apart:
+        devices = visible_devices()[: opts["workers"]]
+        _log(
+            f"pinned copy ceilings of GPUs {','.join(devices)}: a fresh process each, "
+            "alone in turn, then all at once"
+        )
+        ceilings = _ceilings(devices, timeout)
+        recs.extend(ceilings)
+        result["devices"] = ceilings[0]["per_gpu"]
+        names = [d["name"] for d in result["devices"] if d["name"]]
+        result["device"] = result["device"] or (names[0] if names else None)
     if not result["device"]:
         result["device"] = f"CPU {result['host']['cpu']}" if not device else "unknown GPU"
 

@@ -55,6 +55,7 @@ from .common import (
     PLOT_OPTION,
     PROGRESS_OPTION,
     cpu_name,
+    footnote,
     held_keys,
     judge,
     log,
@@ -604,7 +605,7 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         label = label_of(key, result["target"])
         if rec["status"] == "ok":
             if rec["stopped"]:
-                label += f" [{_note(notes, rec['stopped'])}]"
+                label += f" [{footnote(notes, rec['stopped'])}]"
             rows.append(
                 (
                     label,
@@ -617,18 +618,12 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
             )
         else:
             why = rec.get("note") or "no reason given"
-            rows.append((label, f"{rec['status']} [{_note(notes, why)}]", "", "", "", ""))
+            rows.append((label, f"{rec['status']} [{footnote(notes, why)}]", "", "", "", ""))
     return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
 
 
 def _header(result: dict) -> tuple[str, ...]:
     return HOST_HEADER if result["target"] == "host" else HEADER
-
-
-def _note(notes: list[str], note: str) -> int:
-    if note not in notes:
-        notes.append(note)
-    return notes.index(note) + 1
 
 
 def _check_rows(result: dict) -> list[tuple[str, ...]]:

@@ -1,0 +1,192 @@
+"""``dask-gpudirect bench read`` with several workers, and what it computes from its records.
+
+The end-to-end run is the host target (a LocalCluster of two worker processes); the device
+pieces that need a GPU are checked through their pure parts: the ceilings' sum and concurrent
+span, the targets with several workers, and the turn-taking of one copy process per GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from dask_gpudirect.bench import read, shuffle
+from dask_gpudirect.bench._baselines import copy_group, record
+
+DOCS = pathlib.Path(__file__).parent.parent / "docs" / "benchmarks"
+
+
+@pytest.mark.timeout(150)
+def test_bench_read_two_workers_host(tmp_path):
+    out_json, out_md = tmp_path / "read.json", tmp_path / "read.md"
+    size = str(1 / 1024)  # 1 MiB of each format
+    cmd = [
+        sys.executable,
+        "-m",
+        "dask_gpudirect.bench",
+        "read",
+        "--target",
+        "host",
+        "--workers",
+        "2",
+        "--dir",
+        str(tmp_path / "data"),
+        "--binary-gib",
+        size,
+        "--parquet-gib",
+        size,
+        "--files",
+        "4",
+        "--repeat",
+        "1",
+        "--no-drop-cache",
+        "--no-baselines",
+        "--json",
+        str(out_json),
+        "--markdown",
+        str(out_md),
+    ]
+    env = {**os.environ, "COLUMNS": "160"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=140, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 workers" in proc.stdout
+
+    result = json.loads(out_json.read_text())
+    assert result["options"]["workers"] == 2 and result["cluster"]["workers"] == 2
+    records = {(r["key"], r["cache"]): r for r in result["records"]}
+    for key in ("dg-binary", "dg-parquet", "dask-default"):
+        assert records[(key, "warm")]["status"] == "ok" and records[(key, "warm")]["gbps"] > 0
+    # no GPU: neither ceiling; --no-baselines: no single-process baseline
+    for key in ("h2d-pinned", "h2d-concurrent"):
+        assert records[(key, "-")]["status"] == "not run", records[(key, "-")]
+    for key in ("naive", "cudf-default"):
+        assert records[(key, "warm")]["note"] == "not asked (--no-baselines)"
+
+    # placement spread the shards evenly: four equal files, two per worker
+    workers = set(result["balance"]["dg-binary"]["bytes_per_worker"])
+    assert len(workers) == 2
+    for key in ("dg-binary", "dg-parquet"):
+        spread = result["balance"][key]
+        assert set(spread["bytes_per_worker"]) == workers
+        assert sorted(spread["partitions_per_worker"].values()) == [2, 2], spread
+        assert spread["max_over_mean"] == pytest.approx(1.0, abs=0.05), spread
+        assert "bytes per worker max/mean" in records[(key, "warm")]["note"]
+    markdown = out_md.read_text()
+    assert "- workers: 2, worker processes" in markdown
+    assert "- placement of dg-binary: GB per worker" in markdown
+    assert "| pinned host->device copies, all GPUs at once | - | not run [1] |" in markdown
+    assert "bench read: measurements: 15/15 (100%)" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["2026-11-29-h200-read", "2026-11-29-h200-read-1thread", "2026-11-29-h200-x2-shuffle"],
+)
+def test_committed_results_render_as_they_did(name):
+    """One-GPU outputs are unchanged: the committed JSON gives the committed Markdown again."""
+    result = json.loads((DOCS / f"{name}.json").read_text())
+    module = read if result["benchmark"] == "read" else shuffle
+    assert module._markdown(result) == (DOCS / f"{name}.md").read_text()
+    if module is read:
+        assert read._checks(result["records"], result["target"]) == result["checks"]
+
+
+def _group_out(name: str, gbps: float, start: float, end: float) -> dict:
+    alone = record("h2d-pinned", "-", bytes=1 << 30, seconds=(1 << 30) / gbps / 1e9, runs=[1.0])
+    span = {"start": start, "end": end, "bytes": 20 << 30, "rounds": 20}
+    return {"device": {"name": name}, "ceiling_group": {"alone": alone, "concurrent": span}}
+
+
+def test_ceilings_sum_the_gpus_and_span_the_concurrent_copies():
+    outs = [_group_out("H200", 50.0, 10.0, 10.8), _group_out("H200", 54.0, 10.1, 11.0)]
+    summed, concurrent = read.ceiling_records(["0", "1"], outs)
+    assert summed["key"] == "h2d-pinned" and summed["status"] == "ok"
+    assert summed["gbps"] == pytest.approx(104.0)
+    assert [p["gbps"] for p in summed["per_gpu"]] == pytest.approx([50.0, 54.0])
+    assert summed["label"] == "sum of 2 GPUs' pinned host->device copies (ceiling)"
+    assert concurrent["key"] == "h2d-concurrent" and concurrent["status"] == "ok"
+    assert concurrent["seconds"] == pytest.approx(1.0)  # first start 10.0 to last end 11.0
+    assert concurrent["gbps"] == pytest.approx(2 * (20 << 30) / 1e9)
+
+    broken = [outs[0], {"device": {"name": "H200"}, "error": "CUDARuntimeError: boom"}]
+    summed, concurrent = read.ceiling_records(["0", "1"], broken)
+    assert summed["status"] == "error" and summed["gbps"] is None
+    assert summed["note"] == "GPU 1: CUDARuntimeError: boom"
+    assert concurrent["status"] == "error" and "1 GPU(s) did not copy" in concurrent["note"]
+
+
+def test_targets_with_several_workers():
+    """The binary target is judged against the sum; one-GPU baselines carry no target."""
+    recs = [
+        record("h2d-pinned", "-", bytes=100, seconds=1.0),
+        record("h2d-concurrent", "-", bytes=80, seconds=1.0),
+        record("cudf-tuned", "warm", bytes=10, seconds=1.0),
+        record("dask-default", "warm", bytes=10, seconds=1.0),
+        record("dg-binary", "warm", bytes=90, seconds=1.0),
+        record("dg-parquet", "warm", bytes=30, seconds=1.0),
+    ]
+    checks = {(c["path"], c["baseline"]): c for c in read._checks(recs, "device", workers=2)}
+    assert checks[("dg-binary", "h2d-pinned")]["target"] == 0.85
+    assert checks[("dg-binary", "h2d-pinned")]["result"] == "pass"  # 0.9x the sum
+    assert checks[("dg-binary", "h2d-concurrent")]["target"] is None
+    assert checks[("dg-parquet", "cudf-tuned")]["target"] is None
+    assert checks[("dg-parquet", "dask-default")]["target"] == 2.0
+    one = {(c["path"], c["baseline"]): c for c in read._checks(recs, "device")}
+    assert one[("dg-parquet", "cudf-tuned")]["target"] == 1.0
+
+
+def _fake_copy(log: list, rank: int, seconds: float = 0.01):
+    def copy() -> int:
+        start = time.monotonic()
+        time.sleep(seconds)
+        log.append((rank, start, time.monotonic()))
+        return 1 << 20
+
+    return copy
+
+
+def test_copy_group_takes_turns_alone_then_copies_at_once(tmp_path):
+    """Three ranks (threads standing in for one process per GPU) with a fake copy."""
+    size, out = 3, {}
+    windows: dict[int, list] = {r: [] for r in range(size)}
+
+    def rank(r: int) -> None:
+        copy = _fake_copy(windows[r], r)
+        out[r] = copy_group(copy, 1 << 20, r, size, str(tmp_path), repeat=3, rounds=5, timeout=30)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(out) == [0, 1, 2]
+    # alone: rank r's three timed copies end before rank r+1's begin
+    for r in range(size - 1):
+        assert windows[r][2][2] <= windows[r + 1][0][1]
+    # at once: every rank's concurrent span starts before any ends
+    spans = [out[r]["concurrent"] for r in range(size)]
+    assert max(s["start"] for s in spans) < min(s["end"] for s in spans)
+    assert all(s["bytes"] == 5 << 20 for s in spans)
+    assert all(out[r]["alone"]["status"] == "ok" for r in range(size))
+
+
+def test_copy_group_goes_on_without_a_failed_rank(tmp_path):
+    (tmp_path / "failed-1").touch()  # rank 1 could not set up its GPU
+    results = {}
+
+    def rank(r: int) -> None:
+        results[r] = copy_group(_fake_copy([], r), 1, r, 3, str(tmp_path), 1, 2, timeout=30)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [0, 2]
