@@ -1,7 +1,8 @@
 """Benchmarks that print ratios against baselines measured in the same run.
 
 Run them as ``dask-gpudirect bench read`` (or ``shuffle``), or ``python -m dask_gpudirect.bench
-read``; ``bench plot results.json out.png`` draws a result again.
+read``; ``bench scale`` runs both on 1, 2, ... GPUs into one table; ``bench plot results.json
+out.png`` draws a result again.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ def bench() -> None:
 def _register() -> None:
     from .plot import plot
     from .read import read
+    from .scale import scale
     from .shuffle import shuffle
 
     bench.add_command(read)
     bench.add_command(shuffle)
+    bench.add_command(scale)
     bench.add_command(plot)
 
 

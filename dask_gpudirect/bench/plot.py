@@ -4,6 +4,7 @@ Drawn from the result a benchmark writes as JSON, so that a committed result can
 One bar per path on a log scale (the paths span three orders of magnitude), each labelled with
 its GB/s and its share of the ceiling; the ceilings hatched, with a dashed line across; the
 issue's targets (device target only) as red marks on the bar of the path they apply to.
+``bench scale`` draws lines instead: GB/s against the GPU count, its ceilings dashed.
 """
 
 from __future__ import annotations
@@ -33,12 +34,18 @@ def draw(result: dict, path: str) -> None:
     check_matplotlib()
     from matplotlib.figure import Figure  # Agg without pyplot: no global backend switched
 
-    panels = _read_panels(result) if result["benchmark"] == "read" else _shuffle_panels(result)
-    rows = max(len(p["rows"]) for p in panels)
-    fig = Figure(figsize=(7.5 * len(panels), 1.6 + 0.42 * rows), layout="constrained")
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, panel in zip(axes, panels, strict=True):
-        _draw_panel(ax, panel)
+    if result["benchmark"] == "scale":
+        fig = Figure(figsize=(14, 5), layout="constrained")
+        for ax, panel in zip(fig.subplots(1, 2), scale_panels(result), strict=True):
+            _draw_lines(ax, panel)
+    else:
+        read = result["benchmark"] == "read"
+        panels = _read_panels(result) if read else _shuffle_panels(result)
+        rows = max(len(p["rows"]) for p in panels)
+        fig = Figure(figsize=(7.5 * len(panels), 1.6 + 0.42 * rows), layout="constrained")
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
+        for ax, panel in zip(axes, panels, strict=True):
+            _draw_panel(ax, panel)
     title = f"bench {result['benchmark']}: {result['device']} ({result['target']} target)"
     fig.suptitle(f"{title}, {str(result.get('date', ''))[:10]}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -69,9 +76,12 @@ def _read_panels(result: dict) -> list[dict]:
             rec = by.get((key, cache))
             if rec is None or cache not in caches:
                 continue
-            kind = "ceiling" if key == ceiling else "dg" if key.startswith("dg-") else "baseline"
+            kind = "dg" if key.startswith("dg-") else "baseline"
+            if key in (ceiling, "h2d-concurrent"):
+                kind = "ceiling"
             index[key] = len(rows)
-            rows.append(_row(label_of(key, target), rec, rec.get("gbps"), kind))
+            label = rec.get("label") or label_of(key, target)
+            rows.append(_row(label, rec, rec.get("gbps"), kind))
         targets = [
             (index[c["path"]], c["target"] * by[(c["baseline"], c["baseline_cache"])]["gbps"], c)
             for c in result["checks"]
@@ -100,6 +110,47 @@ def _shuffle_panels(result: dict) -> list[dict]:
     ]
     unit = "GB/s per worker" if target == "host" else "GB/s per GPU"
     return [_panel("shuffle", unit, rows, targets)]
+
+
+#: ``bench scale``'s lines per panel: (figure of a row, label, line style: ceilings black).
+SCALE_LINES = {
+    "read": [
+        ("binary", "dg.read_binary (aggregate)", "-"),
+        ("parquet", "dg.read_parquet (aggregate)", "-"),
+        ("pinned_sum", "sum of the pinned copy ceilings", "--"),
+        ("pinned_concurrent", "pinned copies, all GPUs at once", ":"),
+    ],
+    "shuffle": [
+        ("dg", "dg.shuffle", "-"),
+        ("tasks", "Dask task shuffle", "-"),
+        ("p2p", "Dask P2P shuffle", "-"),
+        ("raw", "raw worker-to-worker transfer", "--"),
+    ],
+}
+
+
+def scale_panels(result: dict) -> list[dict]:
+    """The read and shuffle panels of ``bench scale``: per line, (count, GB/s) where measured."""
+    unit = "GPUs" if result["target"] == "device" else "workers"
+    panels = []
+    for bench, title, ylabel in (
+        ("read", "read, page cache warm", "GB/s, all workers together"),
+        ("shuffle", "shuffle", f"GB/s per {unit[:-1]}"),
+    ):
+        lines = []
+        for field, label, style in SCALE_LINES[bench]:
+            points = []
+            for row in result["rows"]:
+                figures = (row.get(bench) or {}).get("figures") or {}
+                cell = figures.get(field)
+                if cell and cell["value"]:
+                    points.append((row["gpus"], cell["value"]))
+            lines.append({"label": label, "style": style, "points": points})
+        counts = [row["gpus"] for row in result["rows"]]
+        panels.append(
+            {"title": title, "xlabel": unit, "ylabel": ylabel, "counts": counts, "lines": lines}
+        )
+    return panels
 
 
 def _has_target(check: dict, baseline: dict) -> bool:
@@ -154,6 +205,27 @@ def _draw_panel(ax, panel: dict) -> None:
     ax.grid(axis="x", which="major", alpha=0.3)
 
 
+def _draw_lines(ax, panel: dict) -> None:
+    ax.set_yscale("log")
+    for line in panel["lines"]:
+        if not line["points"]:
+            ax.plot([], [], label=f"{line['label']}: not measured")
+            continue
+        xs, ys = zip(*line["points"], strict=True)
+        style = {"linestyle": line["style"]}
+        if line["style"] != "-":
+            style["color"] = "black"
+        ax.plot(xs, ys, marker="o", label=line["label"], **style)
+        for x, y in line["points"]:
+            ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xticks(panel["counts"])
+    ax.set_xlabel(panel["xlabel"])
+    ax.set_ylabel(f"{panel['ylabel']}, log scale")
+    ax.set_title(panel["title"])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def _share(value: float, roof: float | None) -> str:
     """`` (72% of ceiling)``; two digits below 10%, where a rounded 0% would hide the gap."""
     if not roof:
@@ -169,10 +241,10 @@ def _share(value: float, roof: float | None) -> str:
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 def plot(results: str, out: str) -> None:
-    """Draw a bench result (the JSON of `bench read` or `bench shuffle`) as a bar chart."""
+    """Draw a bench result (the JSON of `bench read`, `shuffle` or `scale`) as a chart."""
     with open(results) as f:
         result = json.load(f)
-    if result.get("benchmark") not in ("read", "shuffle"):
-        raise click.UsageError(f"{results} is not the JSON of `bench read` or `bench shuffle`")
+    if result.get("benchmark") not in ("read", "shuffle", "scale"):
+        raise click.UsageError(f"{results} is not the JSON of `bench read`, `shuffle` or `scale`")
     draw(result, out)
     click.echo(f"wrote {out}")

@@ -1,0 +1,627 @@
+"""``dask-gpudirect bench scale``: ``bench read`` and ``bench shuffle`` on 1, 2, ... GPUs.
+
+For each GPU count N it runs ``bench read --workers N`` and ``bench shuffle --workers N`` (one
+worker per GPU), each in a fresh process with a time limit, and reads the table from the JSON
+they write: every figure in it is one a child run measured. A row names why it has no figure.
+
+Why one process per run: each GPU count gets its own cluster, with nothing left over from the
+last (GPU memory, RMM pools, UCX endpoints, kvikio settings), and a run that hangs or crashes
+costs its own cells only. On the device target a child sees the first N GPUs
+(``CUDA_VISIBLE_DEVICES``); every child has NVLink multicast off (``common.MULTICAST_OFF``).
+A child runs in a process group of its own: at its limit it gets SIGINT (it then writes what it
+measured), and ``GRACE_S`` later its whole group, Dask workers included, gets SIGKILL.
+
+The largest GPU count runs first, so that a run out of time costs the smaller rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import click
+
+from ..cuda import gpu_count
+from .common import (
+    MULTICAST_OFF,
+    PLOT_OPTION,
+    PROGRESS_OPTION,
+    child_env,
+    cpu_name,
+    footnote,
+    log,
+    markdown_table,
+    print_table,
+    progress_bar,
+    versions,
+    visible_devices,
+    write_outputs,
+)
+
+BENCHES = ("read", "shuffle")
+#: Seconds from a child's SIGINT to the SIGKILL of its process group.
+GRACE_S = 30.0
+#: Seconds a shuffle child's own --time-limit keeps back from its hard limit.
+SHUFFLE_MARGIN_S = 20.0
+#: The least hard limit a child is started with.
+MIN_LIMIT_S = {"read": 30.0, "shuffle": 30.0 + SHUFFLE_MARGIN_S}
+#: Seconds that --time-limit keeps back to write the table.
+RESERVE_S = 10.0
+
+
+def _log(message: str) -> None:
+    log("scale", message)
+
+
+# --- running the children ---------------------------------------------------------------------
+
+
+def _members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of the process group ``pgid``, from /proc."""
+    pids = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    pids.append(int(name))
+    return pids
+
+
+def _end_group(pgid: int, wait: float) -> None:
+    """Give what is left of a child's process group ``wait`` seconds to exit, then SIGKILL it."""
+    deadline = time.monotonic() + wait
+    while _members(pgid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            return
+        time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen, grace: float) -> None:
+    """SIGINT to the child (it writes what it measured and closes its cluster), then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _run_child(cmd: list[str], env: dict, log_path: str, limit: float) -> dict:
+    """Run ``cmd`` with its output to ``log_path``, stopped at ``limit`` seconds."""
+    start = time.monotonic()
+    status = None
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            proc.wait(limit)
+        except subprocess.TimeoutExpired:
+            status = "timed out"
+            _stop(proc, GRACE_S)
+        except KeyboardInterrupt:
+            status = "interrupted"
+            _stop(proc, GRACE_S / 2)
+        finally:
+            if proc.poll() is None:  # an exception of our own: leave nothing running
+                _stop(proc, 0)
+            _end_group(proc.pid, 10)
+    seconds = round(time.monotonic() - start, 1)
+    return {"exit": proc.returncode, "seconds": seconds, "status": status}
+
+
+def _load(path: str) -> dict | None:
+    with contextlib.suppress(OSError, ValueError):
+        with open(path) as f:
+            return json.load(f)
+    return None
+
+
+def _tail(path: str, lines: int = 12) -> list[str]:
+    with contextlib.suppress(OSError):
+        with open(path, errors="replace") as f:
+            return [line.rstrip() for line in f.readlines()[-lines:]]
+    return []
+
+
+def _command(bench: str, n: int, opts: dict, paths: dict, limit: float) -> list[str]:
+    """The child's command line: scale's choices first, so that the user's args win."""
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", bench]
+    cmd += ["--target", opts["target"], "--workers", str(n), "--protocol", opts["protocol"]]
+    cmd += ["--json", paths["json"], "--markdown", paths["markdown"]]
+    if bench == "read":
+        cmd += ["--dir", opts["dir"], "--files", str(opts["files"])]
+        return cmd + shlex.split(opts["read_args"])
+    cmd += ["--time-limit", f"{limit - SHUFFLE_MARGIN_S:.0f}"]
+    return cmd + shlex.split(opts["shuffle_args"])
+
+
+def _one_run(bench: str, n: int, opts: dict, devices: list[str], limit: float) -> dict:
+    """Run ``bench`` on ``n`` GPUs (workers) in a child; its record, its JSON result inside."""
+    stem = os.path.join(opts["runs_dir"], f"{bench}-{n}gpu")
+    paths = {"json": f"{stem}.json", "markdown": f"{stem}.md", "log": f"{stem}.log"}
+    for path in paths.values():
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)  # no figure from an earlier run can pass for this one's
+    changes = {"PYTHONUNBUFFERED": "1"}
+    if opts["target"] == "device":
+        changes["CUDA_VISIBLE_DEVICES"] = ",".join(devices[:n])
+    cmd = _command(bench, n, opts, paths, limit)
+    _log(f"{bench} on {_count(n, opts)} (limit {limit:.0f} s): {shlex.join(cmd)}")
+    done = _run_child(cmd, child_env(changes), paths["log"], limit)
+    result = _load(paths["json"])
+    status = done["status"] or ("ok" if done["exit"] == 0 and result else "failed")
+    run = {
+        "bench": bench,
+        "gpus": n,
+        "status": status,
+        "exit": done["exit"],
+        "seconds": done["seconds"],
+        "limit": round(limit),
+        "command": shlex.join(cmd),
+        "env": {k: v for k, v in changes.items() if k != "PYTHONUNBUFFERED"},
+        **paths,
+        "result": result,
+    }
+    if status != "ok":
+        tail = _tail(paths["log"])
+        run["note"] = f"{bench} on {_count(n, opts)}: {status} (exit {done['exit']}"
+        run["note"] += f", limit {limit:.0f} s)" if status == "timed out" else ")"
+        run["note"] += f": {tail[-1]}" if tail else ""
+        _log(f"{bench} on {_count(n, opts)}: {status}, exit {done['exit']}; the end of its log:")
+        for line in tail:
+            _log(f"  | {line}")
+    else:
+        _log(f"{bench} on {_count(n, opts)}: ok in {done['seconds']:.0f} s")
+    return run
+
+
+def _not_run(bench: str, n: int, why: str) -> dict:
+    return {"bench": bench, "gpus": n, "status": "not run", "note": why, "result": None}
+
+
+def _count(n: int, opts: dict) -> str:
+    unit = "GPU" if opts["target"] == "device" else "worker"
+    return f"{n} {unit}{'s' if n > 1 else ''}"
+
+
+def _plan(opts: dict) -> list[tuple[str, int]]:
+    """(bench, GPU count) in the order they run: the largest count first."""
+    return [(b, n) for n in sorted(opts["gpus"], reverse=True) for b in opts["benches"]]
+
+
+def _run_all(result: dict, opts: dict, devices: list[str], deadline: float | None) -> None:
+    runs = result["runs"]
+    for bench, n in _plan(opts):
+        limit = opts[f"{bench}_limit"]
+        if deadline is not None:
+            limit = min(limit, deadline - time.monotonic() - GRACE_S)
+        if opts["target"] == "device" and n > len(devices):
+            runs.append(_not_run(bench, n, f"{len(devices)} GPU(s) visible"))
+        elif limit < MIN_LIMIT_S[bench]:
+            runs.append(_not_run(bench, n, "--time-limit reached"))
+        else:
+            runs.append(_one_run(bench, n, opts, devices, limit))
+            if runs[-1]["status"] == "interrupted":
+                raise KeyboardInterrupt
+
+
+# --- the table --------------------------------------------------------------------------------
+
+
+def _cell(rec: dict | None, field: str = "gbps") -> dict | None:
+    """A figure of a child's record: its value where it ran, else its status and why."""
+    if rec is None:
+        return None
+    value = rec.get(field) if rec.get("status") == "ok" else None
+    return {"value": value, "status": rec.get("status"), "note": rec.get("note") or ""}
+
+
+def _read_figures(result: dict) -> dict:
+    by = {(r["key"], r["cache"]): r for r in result.get("records", [])}
+    ratio = next(
+        (
+            c["ratio"]
+            for c in result.get("checks", [])
+            if (c["path"], c["cache"], c["baseline"]) == ("dg-binary", "warm", "h2d-pinned")
+        ),
+        None,
+    )
+    return {
+        "binary": _cell(by.get(("dg-binary", "warm"))),
+        "pinned_sum": _cell(by.get(("h2d-pinned", "-"))),
+        "ratio": ratio,
+        "pinned_concurrent": _cell(by.get(("h2d-concurrent", "-"))),
+        "parquet": _cell(by.get(("dg-parquet", "warm"))),
+        "balance": {
+            key: spread.get("max_over_mean")
+            for key, spread in (result.get("balance") or {}).items()
+        },
+    }
+
+
+def _shuffle_figures(result: dict) -> dict:
+    by = {r["key"]: r for r in result.get("records", [])}
+    check = next(
+        (c for c in result.get("checks", []) if c["check"] == "faster of Dask's shuffles"), {}
+    )
+    return {
+        key: _cell(by.get(method), "gbps_per_gpu")
+        for key, method in (("dg", "gpudirect"), ("raw", "raw"), ("tasks", "tasks"), ("p2p", "p2p"))
+    } | {"ratio": check.get("ratio"), "ratio_baseline": check.get("baseline")}
+
+
+FIGURES = {"read": _read_figures, "shuffle": _shuffle_figures}
+
+
+def _rows(result: dict) -> list[dict]:
+    """One row per GPU count, ascending: the figures of its read and shuffle runs."""
+    rows = []
+    for n in sorted(result["options"]["gpus"]):
+        row: dict = {"gpus": n}
+        for run in result["runs"]:
+            if run["gpus"] == n:
+                figures = FIGURES[run["bench"]](run["result"]) if run["result"] else None
+                row[run["bench"]] = {"status": run["status"], "note": run.get("note", "")}
+                row[run["bench"]]["figures"] = figures
+        rows.append(row)
+    return rows
+
+
+def _header(target: str) -> tuple[str, ...]:
+    if target == "device":
+        return (
+            "GPUs",
+            "dg.read_binary GB/s",
+            "sum of pinned ceilings",
+            "ratio",
+            "all GPUs copying at once",
+            "dg.read_parquet GB/s",
+            "dg.shuffle GB/s per GPU",
+            "raw GPU->GPU (NVLink) GB/s",
+            "tasks / p2p GB/s per GPU",
+            "dg vs faster Dask shuffle",
+        )
+    return (
+        "workers",
+        "dg.read_binary GB/s",
+        "sum of pinned ceilings",
+        "ratio",
+        "all copying at once",
+        "dg.read_parquet GB/s",
+        "dg.shuffle GB/s per worker",
+        "raw worker->worker GB/s",
+        "tasks / p2p GB/s per worker",
+        "dg vs faster Dask shuffle",
+    )
+
+
+def gbps_text(value: float) -> str:
+    """Two decimals, or two significant digits below 0.1 GB/s, where 0.00 would hide the figure."""
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
+def _table(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
+    """The table's cells and footnotes, from the rows' figures."""
+    notes: list[str] = []
+
+    def show(cell: dict | None) -> str:
+        if cell is None:
+            return "-"
+        if cell["value"] is not None:
+            return gbps_text(cell["value"])
+        return f"{cell['status']} [{footnote(notes, cell['note'] or 'no reason given')}]"
+
+    def ratio(value: float | None, suffix: str = "") -> str:
+        return f"{value:.2f}x{suffix}" if value is not None else "-"
+
+    cells = []
+    for row in result["rows"]:
+        line = [str(row["gpus"])]
+        for bench, width in (("read", 5), ("shuffle", 4)):
+            run = row.get(bench)
+            figures = (run or {}).get("figures")
+            if run is None:
+                line += ["-"] * width
+            elif figures is None:
+                line += [show({"value": None, **run})] * width
+            elif bench == "read":
+                line += [
+                    show(figures["binary"]),
+                    show(figures["pinned_sum"]),
+                    ratio(figures["ratio"]),
+                    show(figures["pinned_concurrent"]),
+                    show(figures["parquet"]),
+                ]
+            else:
+                baseline = figures["ratio_baseline"]
+                line += [
+                    show(figures["dg"]),
+                    show(figures["raw"]),
+                    f"{show(figures['tasks'])} / {show(figures['p2p'])}",
+                    ratio(figures["ratio"], f" {baseline}" if baseline else ""),
+                ]
+        cells.append(tuple(line))
+    return cells, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
+
+
+EXPLAIN = (
+    "Each cell is a figure of the child run named below (its JSON is embedded in this run's). "
+    "Read: aggregate file bytes per second of all workers reading their own shards at once, "
+    "page cache warm (the median of the warm runs); the ratio is dg.read_binary over the sum of "
+    "the GPUs' pinned host->device ceilings, each measured alone in the same run; 'all GPUs "
+    "copying at once' is the same copies made together, where host memory and PCIe are shared "
+    "(not measured with one GPU). Shuffle: frame bytes / seconds / workers, the median of the "
+    "warm runs; raw is one buffer from worker A to worker B (the wire's ceiling: cuda_ipc over "
+    "NVLink between GPUs; not run with one worker); the last column is dg.shuffle over the "
+    "faster of Dask's task and P2P shuffles."
+)
+
+
+def _balance_lines(result: dict) -> list[str]:
+    """How evenly placement spread each read's bytes over the workers (max/mean, 1 is even)."""
+    lines = []
+    for row in result["rows"]:
+        figures = (row.get("read") or {}).get("figures") or {}
+        spread = {k: v for k, v in (figures.get("balance") or {}).items() if v}
+        if spread:
+            parts = ", ".join(f"{key} {value:.2f}" for key, value in sorted(spread.items()))
+            lines.append(f"- {_count(row['gpus'], result['options'])}: {parts}")
+    if not lines:
+        return []
+    return ["Bytes per worker after each read, max over mean (1.00: even):", "", *lines, ""]
+
+
+def _setup_lines(result: dict) -> list[str]:
+    o = result["options"]
+    return [
+        f"- date: {result['date']}",
+        f"- device: {result['device']} (target `{result['target']}`, "
+        f"{result['gpus']} GPU(s) visible)",
+        f"- command: `{result['command']}`",
+        f"- read args: `{o['read_args']}` (and `--files {o['files']} --dir {o['dir']}`)",
+        f"- shuffle args: `{o['shuffle_args']}`",
+        f"- protocol: {o['protocol']}; environment of every run: "
+        + ", ".join(f"{k}={v}" for k, v in MULTICAST_OFF.items()),
+    ]
+
+
+def _runs_table(result: dict) -> list[str]:
+    count = _header(result["target"])[0]
+    rows = [
+        (
+            run["bench"],
+            str(run["gpus"]),
+            run["status"],
+            f"{run['seconds']:.0f} / {run['limit']}" if "seconds" in run else "-",
+            f"`{run['command']}`" if "command" in run else run.get("note", ""),
+        )
+        for run in result["runs"]
+    ]
+    return markdown_table(("run", count, "status", "seconds / limit", "command"), rows)
+
+
+def _markdown(result: dict) -> str:
+    cells, notes = _table(result)
+    lines = [
+        f"# dask-gpudirect scaling: {result['device']}",
+        "",
+        *_setup_lines(result),
+        "",
+        *markdown_table(_header(result["target"]), cells),
+        "",
+        *(f"{n}  " for n in notes),
+        "",
+        *_balance_lines(result),
+        EXPLAIN,
+        "",
+        "Runs, in the order they ran:",
+        "",
+        *_runs_table(result),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _print_table(result: dict) -> None:
+    cells, notes = _table(result)
+    header = _header(result["target"])
+    title = f"bench scale: {result['device']} ({result['target']} target)"
+    print_table(title, header, cells, notes, right=header)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def _counts(text: str | None, target: str, gpus: int) -> list[int]:
+    if text is None:
+        return sorted({1, gpus if target == "device" else 2})
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise click.UsageError(f"--gpus {text!r}: comma-separated counts, e.g. 1,2") from None
+    if not counts or counts[0] < 1:
+        raise click.UsageError(f"--gpus {text!r}: counts of at least 1")
+    return counts
+
+
+@click.command(name="scale")
+@click.option(
+    "--gpus",
+    "counts",
+    default=None,
+    help="comma-separated GPU counts (workers on the host target) [default: 1 and all visible "
+    "GPUs; 1,2 on the host target]",
+)
+@click.option(
+    "--target",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "host", "device"]),
+    help="auto: device where a GPU is visible, host otherwise.",
+)
+@click.option(
+    "--protocol",
+    default=None,
+    type=click.Choice(["tcp", "ucxx"]),
+    help="of every run's cluster [default: ucxx on the device target, tcp on the host target]",
+)
+@click.option(
+    "--benches", default="read,shuffle", show_default=True, help="comma-separated: read, shuffle"
+)
+@click.option("--read-args", default="", help="more options for each `bench read` run")
+@click.option("--shuffle-args", default="", help="more options for each `bench shuffle` run")
+@click.option(
+    "--files",
+    default=None,
+    type=click.IntRange(1),
+    help="files of each read dataset [default: max(8, 2 per worker of the largest count)]",
+)
+@click.option(
+    "--dir",
+    "data_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="bench read's data directory, one for every count [default: a temporary one]",
+)
+@click.option(
+    "--runs-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="each run's JSON, Markdown and log [default: beside --json as NAME-runs, else temporary]",
+)
+@click.option(
+    "--read-limit",
+    default=180.0,
+    show_default=True,
+    type=click.FloatRange(30),
+    help=f"seconds for each bench read run; then SIGINT, and SIGKILL {GRACE_S:.0f} s later",
+)
+@click.option(
+    "--shuffle-limit",
+    default=240.0,
+    show_default=True,
+    type=click.FloatRange(50),
+    help=f"seconds for each bench shuffle run; its own --time-limit is {SHUFFLE_MARGIN_S:.0f} s "
+    "less",
+)
+@click.option(
+    "--time-limit",
+    default=None,
+    type=click.FloatRange(60),
+    help="seconds for the whole command: runs that no longer fit are not started",
+)
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
+@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
+@PLOT_OPTION
+@PROGRESS_OPTION
+def scale(
+    counts,
+    target,
+    protocol,
+    benches,
+    read_args,
+    shuffle_args,
+    files,
+    data_dir,
+    runs_dir,
+    read_limit,
+    shuffle_limit,
+    time_limit,
+    json_path,
+    md_path,
+    plot_path,
+    progress,
+):
+    """bench read and bench shuffle on 1, 2, ... GPUs (one worker each): a scaling table."""
+    started = time.monotonic()
+    gpus = gpu_count()
+    if target == "auto":
+        target = "device" if gpus else "host"
+    if target == "device" and not gpus:
+        raise click.UsageError("--target device needs a GPU, and none is visible here")
+    chosen = [b.strip() for b in benches.split(",") if b.strip()]
+    if not chosen or set(chosen) - set(BENCHES):
+        raise click.UsageError(f"--benches {benches!r}: choose from {', '.join(BENCHES)}")
+    counts = _counts(counts, target, gpus)
+    temporary = []
+    if data_dir is None:
+        data_dir = tempfile.mkdtemp(prefix="dask-gpudirect-scale-data-")
+        temporary.append(data_dir)
+    if runs_dir is None and json_path:
+        runs_dir = os.path.splitext(json_path)[0] + "-runs"
+    if runs_dir is None:
+        runs_dir = tempfile.mkdtemp(prefix="dask-gpudirect-scale-runs-")
+        temporary.append(runs_dir)
+    os.makedirs(runs_dir, exist_ok=True)
+    opts = {
+        "gpus": counts,
+        "target": target,
+        "protocol": protocol or ("ucxx" if target == "device" else "tcp"),
+        "benches": [b for b in BENCHES if b in chosen],
+        "read_args": read_args,
+        "shuffle_args": shuffle_args,
+        "files": files or max(8, 2 * counts[-1]),
+        "dir": os.path.abspath(data_dir),
+        "runs_dir": os.path.abspath(runs_dir),
+        "read_limit": read_limit,
+        "shuffle_limit": shuffle_limit,
+        "time_limit": time_limit,
+    }
+    from .shuffle import _device_names
+
+    names = _device_names() if target == "device" else []
+    result = {
+        "benchmark": "scale",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
+        "target": target,
+        "gpus": gpus,
+        "device": names[0] if names else f"CPU {cpu_name()}",
+        "device_names": names,
+        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
+        "options": opts,
+        "environment": MULTICAST_OFF,
+        "versions": versions(),
+        "runs": [],
+    }
+    deadline = started + time_limit - RESERVE_S if time_limit else None
+    total = len(counts) * len(opts["benches"])
+    try:
+        with progress_bar("scale", result["runs"], total, progress):
+            _run_all(result, opts, visible_devices(), deadline)
+    except KeyboardInterrupt:  # e.g. `timeout -s INT`: the table of what ran
+        result["interrupted"] = True
+        _log("interrupted: writing the table of the runs that finished")
+    finally:
+        for path in temporary:
+            shutil.rmtree(path, ignore_errors=True)
+    done = {(r["bench"], r["gpus"]) for r in result["runs"]}
+    result["runs"] += [_not_run(b, n, "interrupted") for b, n in _plan(opts) if (b, n) not in done]
+    result["rows"] = _rows(result)
+    write_outputs(result, json_path, md_path, _markdown, plot_path)
+    _print_table(result)
+    failed = [
+        f"{r['bench']} on {r['gpus']}"
+        for r in result["runs"]
+        if r["status"] != "ok" and not r["note"].endswith("visible")
+    ]
+    if failed:
+        raise SystemExit(f"not every run finished: {', '.join(failed)}; see the table")
