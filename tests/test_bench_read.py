@@ -190,3 +190,17 @@ def test_copy_group_goes_on_without_a_failed_rank(tmp_path):
     for t in threads:
         t.join(60)
     assert sorted(results) == [0, 2]
+
+
+def test_ceilings_of_several_gpus_one_process_each(monkeypatch):
+    """The real processes, with a stand-in CuPy: each sees its own GPU, all report, in turns."""
+    stubs = pathlib.Path(__file__).parent / "stubs"
+    path = os.pathsep.join([str(stubs), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
+    summed, concurrent = read._ceilings(["0", "1", "3"], timeout=60, nbytes=1 << 20)
+    assert summed["status"] == "ok", summed
+    names = [p["name"] for p in summed["per_gpu"]]
+    assert names == ["stub GPU 0", "stub GPU 1", "stub GPU 3"]
+    assert summed["gbps"] == pytest.approx(sum(p["gbps"] for p in summed["per_gpu"]))
+    assert concurrent["status"] == "ok" and concurrent["bytes"] == 3 * 20 << 20
+    assert 0 < concurrent["gbps"] <= summed["gbps"] * 1.05

@@ -311,14 +311,14 @@ def _baseline_processes(jobs: list[tuple[dict, dict[str, str | None]]], timeout:
     return outs
 
 
-def _ceilings(devices: list[str], timeout: float) -> list[dict]:
+def _ceilings(devices: list[str], timeout: float, nbytes: int = 1 << 30) -> list[dict]:
     """The pinned copy ceiling of each of ``devices`` and their sum, and all of them at once.
 
     One fresh process per GPU (``CUDA_VISIBLE_DEVICES`` set to it), all started together: they
     measure alone in turn, then copy at the same time (``_baselines.copy_group``).
     """
     with tempfile.TemporaryDirectory(prefix="dg-ceiling-") as sync:
-        group = {"size": len(devices), "sync_dir": sync}
+        group = {"size": len(devices), "sync_dir": sync, "nbytes": nbytes}
         jobs = [
             (
                 {"target": "device", "ceiling_group": {**group, "rank": rank}},
