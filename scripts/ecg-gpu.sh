@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# examples/ecg at full size on the lent H200, in one device call, from the repository root (after
-# the install calls of ../shared/gpu/README.md; the base set .gpu/c1 is enough, cuDF is not used):
+# examples/ecg at full size on the lent H200, in one device call, from the repository root, after
+# the install calls of ../shared/gpu/README.md (all chunk folders: the device target of
+# dask-gpudirect imports pylibcudf, and cuDF brings the NumPy it needs):
 #
 #     bash .gpu/install.sh && bash scripts/ecg-gpu.sh "$OUT"
 #
