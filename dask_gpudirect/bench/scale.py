@@ -492,7 +492,7 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
     "--files",
     default=None,
     type=click.IntRange(1),
-    help="files of each read dataset [default: max(8, 2 per worker of the largest count)]",
+    help="files of each read dataset [default: max(8, 2 per worker of the largest count run)]",
 )
 @click.option(
     "--dir",
@@ -578,7 +578,7 @@ def scale(
         "benches": [b for b in BENCHES if b in chosen],
         "read_args": read_args,
         "shuffle_args": shuffle_args,
-        "files": files or max(8, 2 * counts[-1]),
+        "files": files or max([8, *(2 * n for n in counts if n <= gpus or target == "host")]),
         "dir": os.path.abspath(data_dir),
         "runs_dir": os.path.abspath(runs_dir),
         "read_limit": read_limit,
