@@ -232,6 +232,8 @@ def test_gpu_scale_script_on_the_host_target(tmp_path):
     ]
     assert len(files) <= 8  # what the GPU machine sends back
     assert json.loads((out / "probe.json").read_text())["paths"]
-    last = proc.stdout.strip().splitlines()
     assert "  read on 2: ok" in proc.stdout
-    assert last[-1].startswith("[1] ") and any(line.startswith("| 2 |") for line in last[-6:])
+    # last: the table, its footnotes and placement's balance
+    last = proc.stdout[proc.stdout.rindex("| workers |") :].rstrip().splitlines()
+    assert last[2].startswith("| 2 | ") and "[1] no GPU  " in last
+    assert last[-1] == "- 2 workers: dg-binary 1.00, dg-parquet 1.00"
