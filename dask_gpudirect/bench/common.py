@@ -76,6 +76,28 @@ PLOT_OPTION = click.option(
     callback=_plottable,
     help="Draw the GB/s against the ceilings to this PNG (needs the plot extra).",
 )
+TARGET_OPTION = click.option(
+    "--target",
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "host", "device"]),
+    help="auto: device where a GPU is visible, host otherwise.",
+)
+
+
+def output_options(command):
+    """``--json``, ``--markdown``, ``--plot`` and ``--progress``: what every benchmark writes
+    and shows."""
+    for option in reversed(
+        [
+            click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False)),
+            click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False)),
+            PLOT_OPTION,
+            PROGRESS_OPTION,
+        ]
+    ):
+        command = option(command)
+    return command
 
 
 def log(bench: str, message: str) -> None:

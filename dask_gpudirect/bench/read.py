@@ -62,8 +62,7 @@ from ..cuda import gpu_count
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
 from .common import (
     GIB,
-    PLOT_OPTION,
-    PROGRESS_OPTION,
+    TARGET_OPTION,
     child_env,
     cpu_name,
     footnote,
@@ -71,6 +70,7 @@ from .common import (
     judge,
     log,
     markdown_table,
+    output_options,
     print_table,
     progress_bar,
     start_cluster,
@@ -806,17 +806,8 @@ def _print_table(result: dict) -> None:
     help="Measure the single-process baselines (naive read, cudf.read_parquet per file); "
     "the pinned copy ceiling, dd and dask_cudf are measured either way.",
 )
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
-@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
-@PLOT_OPTION
-@PROGRESS_OPTION
-@click.option(
-    "--target",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "host", "device"]),
-    help="auto: device where a GPU is visible, host otherwise.",
-)
+@output_options
+@TARGET_OPTION
 def read(
     root,
     binary_gib,

@@ -34,13 +34,13 @@ import click
 from ..cuda import gpu_count
 from .common import (
     MULTICAST_OFF,
-    PLOT_OPTION,
-    PROGRESS_OPTION,
+    TARGET_OPTION,
     child_env,
     cpu_name,
     footnote,
     log,
     markdown_table,
+    output_options,
     print_table,
     progress_bar,
     versions,
@@ -470,13 +470,7 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
     help="comma-separated GPU counts (workers on the host target) [default: 1 and all visible "
     "GPUs; 1,2 on the host target]",
 )
-@click.option(
-    "--target",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "host", "device"]),
-    help="auto: device where a GPU is visible, host otherwise.",
-)
+@TARGET_OPTION
 @click.option(
     "--protocol",
     default=None,
@@ -528,10 +522,7 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
     type=click.FloatRange(60),
     help="seconds for the whole command: runs that no longer fit are not started",
 )
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
-@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
-@PLOT_OPTION
-@PROGRESS_OPTION
+@output_options
 def scale(
     counts,
     target,

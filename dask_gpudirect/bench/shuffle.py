@@ -52,18 +52,19 @@ import click
 from ..cuda import gpu_count
 from .common import (
     GIB,
-    PLOT_OPTION,
-    PROGRESS_OPTION,
+    TARGET_OPTION,
     cpu_name,
     footnote,
     held_keys,
     judge,
     log,
     markdown_table,
+    output_options,
     print_table,
     progress_bar,
     start_cluster,
     versions,
+    visible_devices,
     write_outputs,
 )
 
@@ -432,17 +433,20 @@ def _raw_run(client, a: str, b: str, nbytes: int, target: str) -> Callable[[], d
 
 
 def _device_names() -> list[str]:
-    """GPU names from ``nvidia-smi`` (no CUDA context in this process)."""
+    """Names of the visible GPUs, from ``nvidia-smi`` (no CUDA context in this process)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    rows = (line.split(", ", 1) for line in out.splitlines() if ", " in line)
+    names = {index: name.strip() for index, name in rows}
+    # CUDA_VISIBLE_DEVICES by index; by UUID (not matched here): every GPU's name
+    return [names[d] for d in visible_devices() if d in names] or list(names.values())
 
 
 def _ledger(client) -> list[dict]:
@@ -549,7 +553,9 @@ def _one_method(
 # --- results ----------------------------------------------------------------------------------
 
 
-def _checks(records: list[dict], target: str) -> list[dict]:
+def _checks(records: list[dict], target: str, workers: int) -> list[dict]:
+    """dg.shuffle against Dask's shuffles and the raw transfer; targets apply to GPUs that
+    exchange (with one worker every row stays where it is)."""
     by = {r["key"]: r for r in records}
     dg = by.get("gpudirect")
     if dg is None:
@@ -564,7 +570,7 @@ def _checks(records: list[dict], target: str) -> list[dict]:
     if "raw" in by:
         pairs.append(("raw single-buffer transfer", by["raw"], TARGET_VS_RAW))
     for name, base, factor in pairs:
-        want = factor if target == "device" else None
+        want = factor if target == "device" and workers > 1 else None
         ratio = None
         if dg["status"] == "ok" and base["status"] == "ok":
             ratio = dg["gbps_per_gpu"] / base["gbps_per_gpu"]
@@ -737,13 +743,7 @@ def _print_table(result: dict) -> None:
 
 
 @click.command(name="shuffle")
-@click.option(
-    "--target",
-    default="auto",
-    show_default=True,
-    type=click.Choice(["auto", "host", "device"]),
-    help="auto: device where a GPU is visible, host otherwise.",
-)
+@TARGET_OPTION
 @click.option("--gib", default=0.25, show_default=True, type=float, help="frame size, GiB")
 @click.option(
     "--workers", default=None, type=click.IntRange(1), help="default: one per GPU; 2 on the host"
@@ -798,10 +798,7 @@ def _print_table(result: dict) -> None:
     type=click.FloatRange(30),
     help="seconds for the whole run: the last methods get what is left",
 )
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False))
-@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False))
-@PLOT_OPTION
-@PROGRESS_OPTION
+@output_options
 def shuffle(
     target,
     gib,
@@ -888,7 +885,7 @@ def shuffle(
         if key not in done:
             result["records"].append(_record(key, "not run", note=why))
     result["records"].sort(key=lambda r: METHODS.index(r["key"]))
-    result["checks"] = _checks(result["records"], target)
+    result["checks"] = _checks(result["records"], target, workers)
     write_outputs(result, json_path, md_path, _markdown, plot_path)
     _print_table(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
