@@ -29,8 +29,20 @@ def run_example(*args: str) -> str:
     return proc.stdout
 
 
+def ledger_has(printed: str, op: str, path: str) -> bool:
+    """Whether the printed ``dg.report(client, by="path")`` has a row for ``op`` and ``path``."""
+    return re.search(rf"^\d+\s+{op}\s+{path}\s", printed, re.M) is not None
+
+
 @pytest.mark.timeout(240)
 def test_quickstart(tmp_path):
+    out = run_quickstart(tmp_path)
+    assert ledger_has(out, "read", "posix-host")
+    assert ledger_has(out, "shuffle", "tcp-host")
+
+
+def run_quickstart(tmp_path) -> str:
+    """Run quickstart.py on a sample and check its results against pandas; its output."""
     write_sample(tmp_path, files=3, rows=20_000)
     out = run_example(str(EXAMPLES / "quickstart.py"), str(tmp_path))
 
@@ -45,12 +57,17 @@ def test_quickstart(tmp_path):
     records, mean = re.search(r"npy records: (\d+), mean of column 0: (-?[\d.]+)", out).groups()
     assert int(records) == len(npy)
     assert float(mean) == pytest.approx(npy[:, 0].mean(dtype="f8"), abs=1e-5)
-    assert re.search(r"^\d+\s+read\s+posix-host\s", out, re.M)  # the ledger's report
-    assert re.search(r"^\d+\s+shuffle\s+tcp-host\s", out, re.M)
+    return out
 
 
 @pytest.mark.timeout(240)
 def test_etl(tmp_path):
+    printed = run_etl(tmp_path)
+    assert ledger_has(printed, "shuffle", "tcp-host")  # the join moved rows
+
+
+def run_etl(tmp_path) -> str:
+    """Run etl.py on a sample and check what it wrote against pandas; its output."""
     data, out = tmp_path / "data", tmp_path / "out"
     printed = run_example(
         str(EXAMPLES / "etl.py"), str(data), str(out), "--sample", "--rows", "20000"
@@ -71,4 +88,4 @@ def test_etl(tmp_path):
         got.astype({"region": str}), expected.astype({"region": str}), check_dtype=False
     )
     assert f"{len(expected)} rows -> " in printed
-    assert re.search(r"^\d+\s+shuffle\s+tcp-host\s", printed, re.M)  # the join moved rows
+    return printed
