@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from dask_gpudirect.bench import read, shuffle
+from dask_gpudirect.bench import ceilings, read_report, shuffle_report
 from dask_gpudirect.bench._baselines import copy_group, record
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "benchmarks"
@@ -92,10 +92,10 @@ def test_bench_read_two_workers_host(tmp_path):
 def test_committed_results_render_as_they_did(name):
     """One-GPU outputs are unchanged: the committed JSON gives the committed Markdown again."""
     result = json.loads((DOCS / f"{name}.json").read_text())
-    module = read if result["benchmark"] == "read" else shuffle
-    assert module._markdown(result) == (DOCS / f"{name}.md").read_text()
-    if module is read:
-        assert read._checks(result["records"], result["target"]) == result["checks"]
+    module = read_report if result["benchmark"] == "read" else shuffle_report
+    assert module.markdown(result) == (DOCS / f"{name}.md").read_text()
+    if module is read_report:
+        assert read_report.checks_of(result["records"], result["target"]) == result["checks"]
 
 
 def _group_out(name: str, gbps: float, start: float, end: float) -> dict:
@@ -106,7 +106,7 @@ def _group_out(name: str, gbps: float, start: float, end: float) -> dict:
 
 def test_ceilings_sum_the_gpus_and_span_the_concurrent_copies():
     outs = [_group_out("H200", 50.0, 10.0, 10.8), _group_out("H200", 54.0, 10.1, 11.0)]
-    summed, concurrent = read.ceiling_records(["0", "1"], outs)
+    summed, concurrent = ceilings.ceiling_records(["0", "1"], outs)
     assert summed["key"] == "h2d-pinned" and summed["status"] == "ok"
     assert summed["gbps"] == pytest.approx(104.0)
     assert [p["gbps"] for p in summed["per_gpu"]] == pytest.approx([50.0, 54.0])
@@ -116,7 +116,7 @@ def test_ceilings_sum_the_gpus_and_span_the_concurrent_copies():
     assert concurrent["gbps"] == pytest.approx(2 * (20 << 30) / 1e9)
 
     broken = [outs[0], {"device": {"name": "H200"}, "error": "CUDARuntimeError: boom"}]
-    summed, concurrent = read.ceiling_records(["0", "1"], broken)
+    summed, concurrent = ceilings.ceiling_records(["0", "1"], broken)
     assert summed["status"] == "error" and summed["gbps"] is None
     assert summed["note"] == "GPU 1: CUDARuntimeError: boom"
     assert concurrent["status"] == "error" and "1 GPU(s) did not copy" in concurrent["note"]
@@ -132,13 +132,15 @@ def test_targets_with_several_workers():
         record("dg-binary", "warm", bytes=90, seconds=1.0),
         record("dg-parquet", "warm", bytes=30, seconds=1.0),
     ]
-    checks = {(c["path"], c["baseline"]): c for c in read._checks(recs, "device", workers=2)}
+    checks = {
+        (c["path"], c["baseline"]): c for c in read_report.checks_of(recs, "device", workers=2)
+    }
     assert checks[("dg-binary", "h2d-pinned")]["target"] == 0.85
     assert checks[("dg-binary", "h2d-pinned")]["result"] == "pass"  # 0.9x the sum
     assert checks[("dg-binary", "h2d-concurrent")]["target"] is None
     assert checks[("dg-parquet", "cudf-tuned")]["target"] is None
     assert checks[("dg-parquet", "dask-default")]["target"] == 2.0
-    one = {(c["path"], c["baseline"]): c for c in read._checks(recs, "device")}
+    one = {(c["path"], c["baseline"]): c for c in read_report.checks_of(recs, "device")}
     assert one[("dg-parquet", "cudf-tuned")]["target"] == 1.0
 
 
@@ -197,7 +199,7 @@ def test_ceilings_of_several_gpus_one_process_each(monkeypatch):
     stubs = pathlib.Path(__file__).parent / "stubs"
     path = os.pathsep.join([str(stubs), os.environ.get("PYTHONPATH", "")])
     monkeypatch.setenv("PYTHONPATH", path)
-    summed, concurrent = read._ceilings(["0", "1", "3"], timeout=60, nbytes=1 << 20)
+    summed, concurrent = ceilings.gpu_ceilings(["0", "1", "3"], timeout=60, nbytes=1 << 20)
     assert summed["status"] == "ok", summed
     names = [p["name"] for p in summed["per_gpu"]]
     assert names == ["stub GPU 0", "stub GPU 1", "stub GPU 3"]

@@ -94,18 +94,18 @@ def test_bench_shuffle_host(tmp_path, protocol):
 def test_targets_apply_only_where_gpus_exchange():
     """With one worker every row stays on its GPU: the ratios are shown, the targets are not."""
     from dask_gpudirect.bench.common import judge
-    from dask_gpudirect.bench.shuffle import _checks
+    from dask_gpudirect.bench.shuffle_report import checks_of
 
     records = [
         {"key": key, "status": "ok", "gbps_per_gpu": gbps}
         for key, gbps in [("gpudirect", 6.0), ("tasks", 2.0), ("p2p", 0.1), ("raw", 200.0)]
     ]
-    two = _checks(records, "device", workers=2)
+    two = checks_of(records, "device", workers=2)
     assert [(c["baseline"], c["target"], c["result"]) for c in two] == [
         ("tasks", 3.0, "pass"),
         ("raw", 0.5, "miss"),
     ]
-    one = _checks(records, "device", workers=1)
+    one = checks_of(records, "device", workers=1)
     assert [(c["baseline"], c["ratio"], c["target"]) for c in one] == [
         ("tasks", 3.0, None),
         ("raw", 0.03, None),

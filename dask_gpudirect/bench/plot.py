@@ -62,7 +62,7 @@ def _row(label: str, rec: dict, value: Any, kind: str) -> dict:
 
 def _read_panels(result: dict) -> list[dict]:
     """Warm page cache against the pinned copy, dropped cache against ``dd iflag=direct``."""
-    from .read import ORDER, label_of
+    from .read_report import ORDER, label_of
 
     target = result["target"]
     by = {(r["key"], r["cache"]): r for r in result["records"]}
@@ -93,7 +93,7 @@ def _read_panels(result: dict) -> list[dict]:
 
 def _shuffle_panels(result: dict) -> list[dict]:
     """GB/s per GPU of each shuffle against the raw single-buffer transfer."""
-    from .shuffle import METHODS, label_of
+    from .shuffle_report import METHODS, label_of
 
     target = result["target"]
     by = {r["key"]: r for r in result["records"]}

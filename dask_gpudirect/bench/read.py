@@ -41,375 +41,41 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
-import math
 import os
 import platform
-import re
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import click
 
 from ..cuda import gpu_count
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
+from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
-    GIB,
     TARGET_OPTION,
-    child_env,
     cpu_name,
-    footnote,
     held_keys,
-    judge,
     log,
-    markdown_table,
     output_options,
-    print_table,
     progress_bar,
     start_cluster,
     versions,
     visible_devices,
     write_outputs,
 )
+from .datasets import data_files, dataset, filesystem
+from .read_report import ORDER, checks_of, markdown, print_result
 
-#: .npy shards: float32 records of 256 values (1 KiB each).
-BINARY_DTYPE, BINARY_RECORD = "<f4", (256,)
-#: Parquet: on-disk bytes per row of (int64 id, float64 x, float64 y, int32 k), snappy.
-PARQUET_BYTES_PER_ROW = 24
-PARQUET_ROW_GROUP = 1 << 20
-DATA_VERSION = 1
-
-LABELS = {
-    "h2d-pinned": {"device": "pinned host->device copy (ceiling)"},
-    "h2d-concurrent": {"device": "pinned host->device copies, all GPUs at once"},
-    "naive": {"device": "open().read() + cupy.asarray", "host": "open().read()"},
-    "cudf-default": {
-        "device": "cudf.read_parquet per file (defaults)",
-        "host": "pyarrow.parquet.read_table per file",
-    },
-    "cudf-tuned": {"device": "cudf.read_parquet per file (KVIKIO_NTHREADS=16)"},
-    "dask-default": {
-        "device": "dask_cudf.read_parquet(dir).persist()",
-        "host": "dask.dataframe.read_parquet(dir).persist()",
-    },
-    "dd-direct": {"device": "dd iflag=direct (disk ceiling)", "host": "dd iflag=direct (disk)"},
-    "dg-binary": {
-        "device": "dg.read_binary(dir).persist()",
-        "host": "dg.read_binary(dir).persist()",
-    },
-    "dg-parquet": {
-        "device": "dg.read_parquet(dir).persist()",
-        "host": "dg.read_parquet(dir).persist()",
-    },
-}
-#: Table order.
-ORDER = [
-    ("h2d-pinned", "-"),
-    ("h2d-concurrent", "-"),  # only with several workers
-    ("naive", "warm"),
-    ("cudf-default", "warm"),
-    ("cudf-tuned", "warm"),
-    ("dask-default", "warm"),
-    ("dg-binary", "warm"),
-    ("dg-parquet", "warm"),
-    ("dd-direct", "cold"),
-    ("naive", "cold"),
-    ("cudf-default", "cold"),
-    ("cudf-tuned", "cold"),
-    ("dask-default", "cold"),
-    ("dg-binary", "cold"),
-    ("dg-parquet", "cold"),
-]
-#: (path, cache) measured against (baseline, cache), with the issue's target ratio on the device
-#: target; on the host target the same ratios are shown without a target.
-CHECKS = [
-    ("dg-binary", "warm", "h2d-pinned", "-", 0.85),
-    ("dg-binary", "warm", "h2d-concurrent", "-", None),
-    ("dg-binary", "warm", "naive", "warm", None),
-    ("dg-parquet", "warm", "cudf-tuned", "warm", 1.0),
-    ("dg-parquet", "warm", "cudf-default", "warm", None),
-    ("dg-parquet", "warm", "dask-default", "warm", 2.0),
-    ("dg-binary", "cold", "dd-direct", "cold", 1.5),
-    ("dg-parquet", "cold", "dd-direct", "cold", 1.5),
-]
-#: Baselines measured in one process on one GPU: with several workers a target against them
-#: would compare N GPUs with one, so those ratios are shown without a target.
-ONE_GPU = {"naive", "cudf-default", "cudf-tuned"}
 BASELINE_KEYS = ["naive", "cudf-default"]
 
 
 def _log(message: str) -> None:
     log("read", message)
-
-
-# --- data --------------------------------------------------------------------------------------
-
-
-def _write_npy(path: str, nbytes: int, seed: int) -> None:
-    import numpy as np
-
-    dtype = np.dtype(BINARY_DTYPE)
-    record_bytes = dtype.itemsize * math.prod(BINARY_RECORD)
-    rows = max(1, nbytes // record_bytes)
-    header = {
-        "descr": np.lib.format.dtype_to_descr(dtype),
-        "fortran_order": False,
-        "shape": (rows, *BINARY_RECORD),
-    }
-    chunk = np.random.default_rng(seed).random((16 << 20) // dtype.itemsize, dtype=np.float32)
-    view = memoryview(chunk).cast("B")
-    with open(path, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, header)
-        left = rows * record_bytes
-        while left:
-            n = min(left, len(view))
-            f.write(view[:n])
-            left -= n
-
-
-def _write_parquet(path: str, rows: int, first_id: int, seed: int) -> None:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(seed)
-    schema = pa.schema(
-        [("id", pa.int64()), ("x", pa.float64()), ("y", pa.float64()), ("k", pa.int32())]
-    )
-    with pq.ParquetWriter(path, schema, compression="snappy") as writer:
-        for start in range(0, rows, PARQUET_ROW_GROUP):
-            n = min(PARQUET_ROW_GROUP, rows - start)
-            table = pa.table(
-                {
-                    "id": np.arange(first_id + start, first_id + start + n, dtype=np.int64),
-                    "x": rng.random(n),
-                    "y": rng.standard_normal(n),
-                    "k": rng.integers(0, 1000, n, dtype=np.int32),
-                },
-                schema=schema,
-            )
-            writer.write_table(table, row_group_size=PARQUET_ROW_GROUP)
-
-
-def _dataset(directory: str, kind: str, gib: float, files: int) -> tuple[list[str], dict]:
-    """Files of one dataset under ``directory``: reused when its manifest matches, else written."""
-    spec = {"version": DATA_VERSION, "kind": kind, "gib": gib, "files": files}
-    ext = ".npy" if kind == "binary" else ".parquet"
-    paths = [os.path.join(directory, f"part-{i:03d}{ext}") for i in range(files)]
-    manifest = os.path.join(directory, "_bench.json")  # '_' files are skipped by every reader
-    with contextlib.suppress(OSError, ValueError):
-        with open(manifest) as f:
-            old = json.load(f)
-        if old.get("spec") == spec and all(os.path.isfile(p) for p in paths):
-            _log(f"reusing {kind} data in {directory}")
-            return paths, old["info"]
-    shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
-    target = int(gib * GIB)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max(1, min(files, os.cpu_count() or 1))) as pool:
-        if kind == "binary":
-            jobs = [pool.submit(_write_npy, p, target // files, i) for i, p in enumerate(paths)]
-        else:
-            rows = max(1, target // PARQUET_BYTES_PER_ROW // files)
-            jobs = [
-                pool.submit(_write_parquet, p, rows, i * rows, 1000 + i)
-                for i, p in enumerate(paths)
-            ]
-        for job in jobs:
-            job.result()
-    os.sync()  # written back now, so that later drops are quick and warm runs see clean pages
-    info = {"bytes": sum(os.path.getsize(p) for p in paths), "files": files}
-    if kind == "binary":
-        import numpy as np
-
-        record_bytes = np.dtype(BINARY_DTYPE).itemsize * math.prod(BINARY_RECORD)
-        info.update(
-            dtype=BINARY_DTYPE,
-            record_shape=list(BINARY_RECORD),
-            records=files * max(1, target // files // record_bytes),
-        )
-    else:
-        import pyarrow.parquet as pq
-
-        metas = [pq.ParquetFile(p).metadata for p in paths]
-        info.update(
-            rows=sum(m.num_rows for m in metas),
-            row_groups=sum(m.num_row_groups for m in metas),
-            columns="id int64, x float64, y float64, k int32",
-            compression="snappy",
-        )
-    info["write_seconds"] = round(time.perf_counter() - start, 2)
-    with open(manifest, "w") as f:
-        json.dump({"spec": spec, "info": info}, f)
-    _log(f"wrote {kind} data: {info['bytes'] / 1e9:.2f} GB in {files} files")
-    return paths, info
-
-
-def _filesystem(path: str) -> str:
-    """The mount type holding ``path`` (``ext4``, ``tmpfs``...), from /proc/mounts."""
-    path, best, fstype = os.path.realpath(path), "", "unknown"
-    with contextlib.suppress(OSError):
-        with open("/proc/mounts") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 2 and (
-                    path == parts[1] or path.startswith(parts[1].rstrip("/") + "/")
-                ):
-                    if len(parts[1]) >= len(best):
-                        best, fstype = parts[1], parts[2]
-    return fstype
-
-
-# --- single-process baselines and dd ------------------------------------------------------------
-
-
-#: ``-c`` rather than ``-m``: runpy warns when ``-m`` runs a module its package already imported.
-_BASELINES_MAIN = (
-    "import sys; from dask_gpudirect.bench._baselines import main; sys.exit(main(sys.argv[1:]))"
-)
-
-
-def _baselines(spec: dict, env: dict[str, str | None], timeout: float) -> dict:
-    """Run ``_baselines`` in a fresh interpreter with ``env`` changes; returns its output."""
-    return _baseline_processes([(spec, env)], timeout)[0]
-
-
-def _baseline_processes(jobs: list[tuple[dict, dict[str, str | None]]], timeout: float) -> list:
-    """Run one ``_baselines`` process per (spec, env changes), all at once; their outputs."""
-    with tempfile.TemporaryDirectory(prefix="dg-bench-") as tmp:
-        procs, outs = [], []
-        try:
-            for i, (spec, env) in enumerate(jobs):
-                spec = {**spec, "out": os.path.join(tmp, f"out-{i}.json")}
-                cmd = [sys.executable, "-c", _BASELINES_MAIN, json.dumps(spec)]
-                procs.append((subprocess.Popen(cmd, env=child_env(env)), spec["out"]))
-            deadline = time.monotonic() + timeout
-            for proc, path in procs:
-                try:
-                    code = proc.wait(max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    code = f"timed out after {timeout:.0f} s"
-                if code == 0 and os.path.exists(path):
-                    with open(path) as f:
-                        outs.append(json.load(f))
-                else:
-                    why = f"baseline process failed (exit {code}); see the log above"
-                    outs.append({"error": why})
-        finally:
-            for proc, _ in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-    return outs
-
-
-def _ceilings(devices: list[str], timeout: float, nbytes: int = 1 << 30) -> list[dict]:
-    """The pinned copy ceiling of each of ``devices`` and their sum, and all of them at once.
-
-    One fresh process per GPU (``CUDA_VISIBLE_DEVICES`` set to it), all started together: they
-    measure alone in turn, then copy at the same time (``_baselines.copy_group``).
-    """
-    with tempfile.TemporaryDirectory(prefix="dg-ceiling-") as sync:
-        group = {"size": len(devices), "sync_dir": sync, "nbytes": nbytes}
-        jobs = [
-            (
-                {"target": "device", "ceiling_group": {**group, "rank": rank}},
-                {"CUDA_VISIBLE_DEVICES": device},
-            )
-            for rank, device in enumerate(devices)
-        ]
-        outs = _baseline_processes(jobs, timeout)
-    return ceiling_records(devices, outs)
-
-
-def ceiling_records(devices: list[str], outs: list[dict]) -> list[dict]:
-    """``h2d-pinned`` (the sum of the GPUs' ceilings, each alone) and ``h2d-concurrent`` (the
-    bytes all GPUs copied at once over the span from the first start to the last end)."""
-    per_gpu, spans = [], []
-    for device, out in zip(devices, outs, strict=True):
-        group = out.get("ceiling_group") or {}
-        alone = group.get("alone") or {"status": "error", "gbps": None}
-        per_gpu.append(
-            {
-                "device": device,
-                "name": (out.get("device") or {}).get("name"),
-                "status": alone["status"],
-                "bytes": alone.get("bytes", 0),
-                "gbps": alone["gbps"],
-                "note": alone.get("note") or out.get("error", "not reported"),
-            }
-        )
-        if group.get("concurrent"):
-            span = group["concurrent"]
-            spans.append(span)
-            per_gpu[-1]["concurrent_gbps"] = span["bytes"] / (span["end"] - span["start"]) / 1e9
-    n = len(devices)
-    label = f"sum of {n} GPUs' pinned host->device copies (ceiling)"
-    failed = [p for p in per_gpu if p["status"] != "ok" or not p["gbps"]]
-    if failed:
-        why = f"GPU {failed[0]['device']}: {failed[0]['note']}"
-        summed = record("h2d-pinned", "-", status="error", note=why, label=label, per_gpu=per_gpu)
-    else:
-        figures = " + ".join(f"{p['gbps']:.2f}" for p in per_gpu)
-        summed = record(
-            "h2d-pinned",
-            "-",
-            bytes=sum(p["bytes"] for p in per_gpu),
-            note=f"sum of {n} GPUs' ceilings, each measured alone: {figures} GB/s",
-            label=label,
-            per_gpu=per_gpu,
-        )
-        summed["gbps"] = sum(p["gbps"] for p in per_gpu)
-    if len(spans) == n:
-        seconds = max(s["end"] for s in spans) - min(s["start"] for s in spans)
-        concurrent = record(
-            "h2d-concurrent",
-            "-",
-            bytes=sum(s["bytes"] for s in spans),
-            seconds=seconds,
-            runs=[seconds],
-            note=f"{n} GPUs copying at once, {spans[0]['rounds']} x "
-            f"{spans[0]['bytes'] / spans[0]['rounds'] / (1 << 30):g} GiB each; bytes over the "
-            "span from the first start to the last end",
-        )
-    else:
-        concurrent = record(
-            "h2d-concurrent", "-", status="error", note=f"{n - len(spans)} GPU(s) did not copy"
-        )
-    return [summed, concurrent]
-
-
-def _dd_direct(path: str, max_bytes: int = GIB) -> dict:
-    """``dd if=path of=/dev/null bs=16M iflag=direct``: sequential O_DIRECT read, page cache off."""
-    if shutil.which("dd") is None:
-        return record("dd-direct", "cold", status="not run", note="no dd on this machine")
-    size = os.path.getsize(path)
-    count = max(1, min(size, max_bytes) // (16 << 20))
-    cmd = ["dd", f"if={path}", "of=/dev/null", "bs=16M", f"count={count}", "iflag=direct"]
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"}, timeout=300
-    )
-    match = re.search(r"^(\d+) bytes.*copied, ([0-9.e+-]+) s", proc.stderr, re.MULTILINE)
-    if proc.returncode or not match:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        return record("dd-direct", "cold", status="error", note=f"{shlex.join(cmd)}: {tail[0]}")
-    nbytes, seconds = int(match.group(1)), float(match.group(2))
-    return record(
-        "dd-direct",
-        "cold",
-        bytes=nbytes,
-        seconds=seconds,
-        runs=[seconds],
-        note=shlex.join(cmd),
-    )
 
 
 # --- Dask measurements ---------------------------------------------------------------------------
@@ -568,7 +234,7 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
                 (key, nbytes, build, _spread_check(client, check, balance.setdefault(key, {})))
                 for key, nbytes, build, check in runs
             ]
-        warm_page_cache(_files(bin_dir) + _files(pq_dir))
+        warm_page_cache(data_files(bin_dir) + data_files(pq_dir))
         kvikio_snapshot("before dg")
         for key, nbytes, build, check in runs:
             _log(f"measuring {key} (warm)")
@@ -583,7 +249,7 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
         with contextlib.suppress(Exception):
             out["ledger"] = dg.report(client).to_dict(orient="records")
 
-        warm_page_cache(_files(pq_dir))
+        warm_page_cache(data_files(pq_dir))
         _log("measuring dask-default (warm)")
         nbytes, check = pq_info["bytes"], _rows_check(pq_info["rows"])
         measure = partial(
@@ -613,163 +279,6 @@ def _guard(key, cache, fn) -> dict:
     except Exception as exc:  # a failed measurement is reported; the others still run
         _log(f"{key} ({cache}) failed: {type(exc).__name__}: {exc}")
         return record(key, cache, status="error", note=f"{type(exc).__name__}: {exc}")
-
-
-def _files(directory: str) -> list[str]:
-    return sorted(
-        os.path.join(directory, n)
-        for n in os.listdir(directory)
-        if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(directory, n))
-    )
-
-
-# --- results ------------------------------------------------------------------------------------
-
-
-def _checks(records: list[dict], target: str, workers: int = 1) -> list[dict]:
-    by = {(r["key"], r["cache"]): r for r in records}
-    out = []
-    for key, cache, base, base_cache, factor in CHECKS:
-        rec, ref = by.get((key, cache)), by.get((base, base_cache))
-        if rec is None or ref is None:
-            continue
-        one_gpu = workers > 1 and base in ONE_GPU
-        want = factor if target == "device" and not one_gpu else None
-        if want is None and ref.get("status") != "ok":
-            continue  # on the host target, ratios only against baselines that ran
-        ratio = None
-        if rec.get("gbps") and ref.get("gbps"):
-            ratio = rec["gbps"] / ref["gbps"]
-        verdict = judge(ratio, want)
-        out.append(
-            {
-                "path": key,
-                "cache": cache,
-                "baseline": base,
-                "baseline_cache": base_cache,
-                "ratio": ratio,
-                "target": want,
-                "result": verdict,
-            }
-        )
-    return out
-
-
-def label_of(key: str, target: str) -> str:
-    return LABELS[key].get(target) or LABELS[key]["device"]
-
-
-def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
-    """Table rows (path, cache, GB/s, ratio vs baseline, target, result) and footnotes."""
-    target = result["target"]
-    by = {(r["key"], r["cache"]): r for r in result["records"]}
-    checks: dict[tuple[str, str], list[dict]] = {}
-    for c in result["checks"]:
-        checks.setdefault((c["path"], c["cache"]), []).append(c)
-    rows: list[tuple[str, ...]] = []
-    notes: list[str] = []
-    for key, cache in ORDER:
-        rec = by.get((key, cache))
-        if rec is None:
-            continue
-        label = rec.get("label") or label_of(key, target)
-        if rec["status"] == "ok" and rec.get("gbps") is not None:
-            speed = f"{rec['gbps']:.2f}"
-        else:
-            speed = f"{rec['status']} [{footnote(notes, rec.get('note') or 'no reason given')}]"
-        for i, c in enumerate(checks.get((key, cache)) or [None]):
-            first = i == 0
-            head = (label, cache, speed) if first else ("", "", "")
-            if c is None:
-                rows.append((*head, "", "", ""))
-                continue
-            ratio = f"{c['ratio']:.2f}x {c['baseline']}" if c["ratio"] is not None else "-"
-            want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
-            rows.append((*head, ratio, want, c["result"]))
-    return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
-
-
-HEADER = ("path", "cache", "GB/s", "ratio vs baseline", "target", "result")
-
-
-def _markdown(result: dict) -> str:
-    lines = [
-        f"# dask-gpudirect read benchmark: {result['device']}",
-        "",
-        f"- date: {result['date']}",
-        f"- device: {result['device']} (target `{result['target']}`)",
-        f"- command: `{result['command']}`",
-        f"- data: {_data_line(result)}",
-        f"- page cache: {result.get('page_cache', 'not reached')}",
-        *_workers_lines(result),
-        "",
-    ]
-    rows, notes = _rows(result)
-    lines.extend(markdown_table(HEADER, rows))
-    lines.append("")
-    lines.extend(f"{n}  " for n in notes)
-    lines.append("")
-    lines.append(
-        "GB/s are file bytes per second (Parquet: compressed bytes on disk). Targets apply to the "
-        "device target: binary warm >= 0.85x the pinned copy ceiling; Parquet >= 1.0x tuned "
-        "cudf.read_parquet and >= 2x dask_cudf defaults; dropped cache >= 1.5x dd iflag=direct."
-    )
-    if result["options"]["workers"] > 1:
-        lines += ["", MULTI_WORKER_NOTE]
-    return "\n".join(lines) + "\n"
-
-
-MULTI_WORKER_NOTE = (
-    "With several workers (one per GPU) every GB/s is the aggregate of all of them, reading "
-    "their own shards at once. The ceiling row is the sum of the GPUs' pinned copy ceilings, each "
-    "measured alone, and the binary target is judged against it; the row after it is all GPUs "
-    "copying at once, which shows how much of the sum the host's memory and PCIe links allow. "
-    "The single-process baselines (naive, cudf.read_parquet per file) use one GPU: ratios "
-    "against them carry no target."
-)
-
-
-def _workers_lines(result: dict) -> list[str]:
-    """Markdown lines of a run with several workers: the GPUs and how placement spread bytes."""
-    if result["options"]["workers"] == 1:
-        return []
-    per = "one per GPU" if result["target"] == "device" else "worker processes"
-    lines = [f"- workers: {result['options']['workers']}, {per}"]
-    devices = result.get("devices")
-    if devices:
-        lines[0] += " (" + ", ".join(f"{d['device']}: {d['name']}" for d in devices) + ")"
-    for key, spread in sorted((result.get("balance") or {}).items()):
-        if spread.get("max_over_mean"):
-            gbs = ", ".join(f"{b / 1e9:.3g}" for b in spread["bytes_per_worker"].values())
-            parts = ", ".join(map(str, spread["partitions_per_worker"].values()))
-            lines.append(
-                f"- placement of {key}: GB per worker {gbs} (max/mean "
-                f"{spread['max_over_mean']:.2f}); partitions per worker {parts}"
-            )
-    return lines
-
-
-def _data_line(result: dict) -> str:
-    d = result.get("data") or {}
-    parts = []
-    if d.get("binary"):
-        b = d["binary"]
-        parts.append(f"binary {b['bytes'] / 1e9:.2f} GB in {b['files']} .npy files")
-    if d.get("parquet"):
-        p = d["parquet"]
-        parts.append(
-            f"Parquet {p['bytes'] / 1e9:.2f} GB, {p['rows']} rows, {p['row_groups']} row groups "
-            f"in {p['files']} files"
-        )
-    return "; ".join(parts) + f" on {d.get('filesystem', '?')}"
-
-
-def _print_table(result: dict) -> None:
-    rows, notes = _rows(result)
-    title = f"bench read: {result['device']} ({result['target']} target)"
-    if result["options"]["workers"] > 1:
-        title += f", {result['options']['workers']} workers"
-    print_table(title, HEADER, rows, notes)
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -887,9 +396,9 @@ def read(
     )
     rank = {k: i for i, k in enumerate(ORDER)}
     result["records"].sort(key=lambda r: rank.get((r["key"], r["cache"]), len(rank)))
-    result["checks"] = _checks(result["records"], target, workers)
-    write_outputs(result, json_path, md_path, _markdown, plot_path)
-    _print_table(result)
+    result["checks"] = checks_of(result["records"], target, workers)
+    write_outputs(result, json_path, md_path, markdown, plot_path)
+    print_result(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
     if result.get("error") or errors:
         why = f"{len(errors)} measurement(s) failed"
@@ -902,11 +411,11 @@ def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
     recs = result["records"]
     device = target == "device"
     bin_dir, pq_dir = os.path.join(root, "binary"), os.path.join(root, "parquet")
-    bin_files, bin_info = _dataset(bin_dir, "binary", opts["binary_gib"], opts["files"])
-    pq_files, pq_info = _dataset(pq_dir, "parquet", opts["parquet_gib"], opts["files"])
+    bin_files, bin_info = dataset(bin_dir, "binary", opts["binary_gib"], opts["files"])
+    pq_files, pq_info = dataset(pq_dir, "parquet", opts["parquet_gib"], opts["files"])
     result["data"] = {
         "dir": root,
-        "filesystem": _filesystem(root),
+        "filesystem": filesystem(root),
         "binary": bin_info,
         "parquet": pq_info,
     }
@@ -953,7 +462,7 @@ def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
             "parquet_key": "cudf-default" if opts["baselines"] else None,
         }
         # 'defaults' means cuDF's own: no KVIKIO_NTHREADS inherited from the caller.
-        out = _baselines(spec, {"KVIKIO_NTHREADS": None}, timeout)
+        out = run_baselines(spec, {"KVIKIO_NTHREADS": None}, timeout)
         _merge(recs, out, keys, cold is None)
         result["device"] = (out.get("device") or {}).get("name") if device else None
         result["device_info"] = out.get("device")
@@ -961,7 +470,7 @@ def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
         _log("single-process baselines (fresh process, KVIKIO_NTHREADS=16)")
         warm_page_cache(pq_files)
         spec = {**spec, "ceiling": False, "naive": False, "parquet_key": "cudf-tuned"}
-        out = _baselines(spec, {"KVIKIO_NTHREADS": "16"}, timeout)
+        out = run_baselines(spec, {"KVIKIO_NTHREADS": "16"}, timeout)
         _merge(recs, out, ["cudf-tuned"], cold is None)
     if apart:
         devices = visible_devices()[: opts["workers"]]
@@ -969,7 +478,7 @@ def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
             f"pinned copy ceilings of GPUs {','.join(devices)}: a fresh process each, "
             "alone in turn, then all at once"
         )
-        ceilings = _ceilings(devices, timeout)
+        ceilings = gpu_ceilings(devices, timeout)
         recs.extend(ceilings)
         result["devices"] = ceilings[0]["per_gpu"]
         names = [d["name"] for d in result["devices"] if d["name"]]
@@ -979,7 +488,7 @@ def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
 
     _log("disk ceiling: dd iflag=direct")
     biggest = max(bin_files, key=os.path.getsize)
-    recs.append(_guard("dd-direct", "cold", lambda: _dd_direct(biggest)))
+    recs.append(_guard("dd-direct", "cold", lambda: dd_direct(biggest)))
 
     try:
         _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold, result)

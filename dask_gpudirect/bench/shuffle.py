@@ -54,49 +54,26 @@ from .common import (
     GIB,
     TARGET_OPTION,
     cpu_name,
-    footnote,
     held_keys,
-    judge,
     log,
-    markdown_table,
     output_options,
-    print_table,
     progress_bar,
     start_cluster,
     versions,
     visible_devices,
     write_outputs,
 )
+from .shuffle_report import METHODS, checks_of, markdown, print_result
 
 #: Bytes per row of the frame: int64 key, float64 x and y, int64 z.
 ROW_BYTES = 32
 KEY_RANGE = 1 << 62
-METHODS = ("gpudirect", "tasks", "p2p", "raw")
 #: Measurement order: the raw transfer before the frame exists; P2P, the slowest, last.
 RUN_ORDER = ("raw", "gpudirect", "tasks", "p2p")
-LABELS = {
-    "gpudirect": {"device": "dg.shuffle(df, 'key')", "host": "dg.shuffle(df, 'key')"},
-    "tasks": {
-        "device": "dask_cudf df.shuffle('key', shuffle_method='tasks')",
-        "host": "df.shuffle('key', shuffle_method='tasks')",
-    },
-    "p2p": {
-        "device": "dask_cudf df.shuffle('key', shuffle_method='p2p')",
-        "host": "df.shuffle('key', shuffle_method='p2p')",
-    },
-    "raw": {
-        "device": "raw transfer: one CuPy buffer, worker A -> B",
-        "host": "raw transfer: one NumPy buffer, worker A -> B",
-    },
-}
-#: The issue's targets on the device target: dg.shuffle per GPU against each baseline.
-TARGET_VS_DASK = 3.0
-TARGET_VS_RAW = 0.5
 #: Seconds kept back from --time-limit to write the outputs and close the cluster.
 RESERVE_S = 15.0
 #: What --time-limit must still leave for a method to start.
 MIN_BUDGET_S = 5.0
-LEDGER_TITLE = "dg's ledger of the last dg.shuffle run, summed over the workers"
 
 
 def _log(message: str) -> None:
@@ -550,195 +527,6 @@ def _one_method(
     return out
 
 
-# --- results ----------------------------------------------------------------------------------
-
-
-def _checks(records: list[dict], target: str, workers: int) -> list[dict]:
-    """dg.shuffle against Dask's shuffles and the raw transfer; targets apply to GPUs that
-    exchange (with one worker every row stays where it is)."""
-    by = {r["key"]: r for r in records}
-    dg = by.get("gpudirect")
-    if dg is None:
-        return []
-    out = []
-    dask = [by[k] for k in ("tasks", "p2p") if k in by]
-    ran = [r for r in dask if r["status"] == "ok"]
-    pairs = []
-    if dask:
-        base = max(ran, key=lambda r: r["gbps_per_gpu"]) if ran else dask[0]
-        pairs.append(("faster of Dask's shuffles", base, TARGET_VS_DASK))
-    if "raw" in by:
-        pairs.append(("raw single-buffer transfer", by["raw"], TARGET_VS_RAW))
-    for name, base, factor in pairs:
-        want = factor if target == "device" and workers > 1 else None
-        ratio = None
-        if dg["status"] == "ok" and base["status"] == "ok":
-            ratio = dg["gbps_per_gpu"] / base["gbps_per_gpu"]
-        verdict = judge(ratio, want)
-        out.append(
-            {
-                "check": name,
-                "path": "gpudirect",
-                "baseline": base["key"],
-                "ratio": ratio,
-                "target": want,
-                "result": verdict,
-            }
-        )
-    return out
-
-
-def label_of(key: str, target: str) -> str:
-    return LABELS[key][target]
-
-
-HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
-#: The host target has no GPUs: the same figure is per worker there.
-HOST_HEADER = ("method", "GB/s per worker", *HEADER[2:])
-CHECK_HEADER = ("dg.shuffle per GPU against", "ratio", "target", "result")
-LEDGER_HEADER = ("op", "path", "transfers", "GB", "copies", "x frame bytes")
-
-
-def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
-    """Method rows (label, GB/s per GPU, best, first, seconds, runs) and footnotes."""
-    by = {r["key"]: r for r in result["records"]}
-    rows: list[tuple[str, ...]] = []
-    notes: list[str] = []
-    for key in METHODS:
-        rec = by.get(key)
-        if rec is None:
-            continue
-        label = label_of(key, result["target"])
-        if rec["status"] == "ok":
-            if rec["stopped"]:
-                label += f" [{footnote(notes, rec['stopped'])}]"
-            rows.append(
-                (
-                    label,
-                    f"{rec['gbps_per_gpu']:.2f}",
-                    f"{rec['best_gbps_per_gpu']:.2f}",
-                    f"{rec['first_gbps_per_gpu']:.2f}",
-                    f"{rec['seconds']:.3f}",
-                    f"1 + {rec['warm_runs']}",
-                )
-            )
-        else:
-            why = rec.get("note") or "no reason given"
-            rows.append((label, f"{rec['status']} [{footnote(notes, why)}]", "", "", "", ""))
-    return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
-
-
-def _header(result: dict) -> tuple[str, ...]:
-    return HOST_HEADER if result["target"] == "host" else HEADER
-
-
-def _check_rows(result: dict) -> list[tuple[str, ...]]:
-    rows = []
-    for c in result["checks"]:
-        ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
-        want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
-        rows.append((f"{c['check']} ({c['baseline']})", ratio, want, c["result"]))
-    return rows
-
-
-def _ledger_rows(result: dict) -> list[tuple[str, ...]]:
-    """The ledger summed over the workers, per (op, path)."""
-    sums: dict[tuple[str, str], list] = {}
-    for r in result.get("ledger") or []:
-        acc = sums.setdefault((r["op"], r["path"]), [0, 0, r["copies"]])
-        acc[0] += int(r["count"])
-        acc[1] += int(r["bytes"])
-    frame = (result.get("data") or {}).get("bytes") or 0
-    return [
-        (
-            op,
-            path,
-            str(count),
-            f"{nbytes / 1e9:.3f}",
-            str(copies),
-            f"{nbytes / frame:.2f}" if frame else "-",
-        )
-        for (op, path), (count, nbytes, copies) in sorted(sums.items())
-    ]
-
-
-def _setup_line(result: dict) -> str:
-    c = result.get("cluster") or {}
-    line = f"{c.get('workers', '?')} worker(s), {c.get('threads_per_worker', '?')} thread(s) each"
-    line += f", protocol {c.get('protocol', '?')}"
-    if c.get("ucx_transports"):
-        line += f" (UCX transports: {c['ucx_transports']})"
-    if c.get("rmm_pool_size"):
-        line += f", RMM pool {c['rmm_pool_size']} per worker"
-    return line
-
-
-def _data_line(result: dict) -> str:
-    d = result.get("data")
-    if not d:
-        return "not made"
-    return (
-        f"{d['kind']} frame of {d['bytes'] / 1e9:.3f} GB, {d['rows']} rows ({d['columns']}), "
-        f"{d['partitions']} partitions placed round-robin on the workers"
-    )
-
-
-def _device_line(result: dict) -> str:
-    if result["target"] == "host":
-        return f"{result['device']} (target `host`)"
-    return f"{result['gpus']} x {result['device']} (target `device`)"
-
-
-def _markdown(result: dict) -> str:
-    rows, notes = _rows(result)
-    lines = [
-        f"# dask-gpudirect shuffle benchmark: {result['device']}",
-        "",
-        f"- date: {result['date']}",
-        f"- device: {_device_line(result)}",
-        f"- cluster: {_setup_line(result)}",
-        f"- command: `{result['command']}`",
-        f"- data: {_data_line(result)}",
-        "",
-        *markdown_table(_header(result), rows),
-        "",
-    ]
-    if notes:
-        lines += [*(f"{n}  " for n in notes), ""]
-    if result["checks"]:
-        lines += [*markdown_table(CHECK_HEADER, _check_rows(result)), ""]
-    ledger = _ledger_rows(result)
-    if ledger:
-        lines += [
-            f"{LEDGER_TITLE}:",
-            "",
-            *markdown_table(LEDGER_HEADER, ledger),
-            "",
-        ]
-    lines.append(
-        "GB/s per GPU (per worker on the host target): frame bytes / seconds / workers, the "
-        "median of the warm runs (best and the first, cold, run beside it); a run is the whole "
-        "call until every output partition is in memory. Raw: the buffer's bytes / the seconds "
-        "its fetch took as the receiving worker logged it (one GPU sends, one receives). Targets "
-        "apply to the device target: dg.shuffle "
-        f">= {TARGET_VS_DASK:g}x the faster of Dask's two shuffles and >= {TARGET_VS_RAW:g}x the "
-        "raw transfer."
-    )
-    return "\n".join(lines) + "\n"
-
-
-def _print_table(result: dict) -> None:
-    rows, notes = _rows(result)
-    title = f"bench shuffle: {_device_line(result)}, {_setup_line(result)}"
-    header = _header(result)
-    print_table(title, header, rows, notes, right=header[1:])
-    if result["checks"]:
-        print_table("targets", CHECK_HEADER, _check_rows(result), [], right=("ratio",))
-    ledger = _ledger_rows(result)
-    if ledger:
-        print_table(LEDGER_TITLE, LEDGER_HEADER, ledger, [], right=LEDGER_HEADER[2:])
-
-
 # --- the command --------------------------------------------------------------------------------
 
 
@@ -885,9 +673,9 @@ def shuffle(
         if key not in done:
             result["records"].append(_record(key, "not run", note=why))
     result["records"].sort(key=lambda r: METHODS.index(r["key"]))
-    result["checks"] = _checks(result["records"], target, workers)
-    write_outputs(result, json_path, md_path, _markdown, plot_path)
-    _print_table(result)
+    result["checks"] = checks_of(result["records"], target, workers)
+    write_outputs(result, json_path, md_path, markdown, plot_path)
+    print_result(result)
     errors = [r for r in result["records"] if r["status"] == "error"]
     if result.get("error") or errors:
         why = f"{len(errors)} measurement(s) failed"

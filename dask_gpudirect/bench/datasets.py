@@ -1,0 +1,148 @@
+"""The data ``bench read`` reads: ``.npy`` shards and a snappy Parquet dataset, written once.
+
+Kept apart from the measurements so that what is read (its sizes, layout and the manifest that
+lets a later run reuse it) is in one place; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .common import GIB, log
+
+#: .npy shards: float32 records of 256 values (1 KiB each).
+BINARY_DTYPE, BINARY_RECORD = "<f4", (256,)
+#: Parquet: on-disk bytes per row of (int64 id, float64 x, float64 y, int32 k), snappy.
+PARQUET_BYTES_PER_ROW = 24
+PARQUET_ROW_GROUP = 1 << 20
+DATA_VERSION = 1
+
+
+def _write_npy(path: str, nbytes: int, seed: int) -> None:
+    import numpy as np
+
+    dtype = np.dtype(BINARY_DTYPE)
+    record_bytes = dtype.itemsize * math.prod(BINARY_RECORD)
+    rows = max(1, nbytes // record_bytes)
+    header = {
+        "descr": np.lib.format.dtype_to_descr(dtype),
+        "fortran_order": False,
+        "shape": (rows, *BINARY_RECORD),
+    }
+    chunk = np.random.default_rng(seed).random((16 << 20) // dtype.itemsize, dtype=np.float32)
+    view = memoryview(chunk).cast("B")
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        left = rows * record_bytes
+        while left:
+            n = min(left, len(view))
+            f.write(view[:n])
+            left -= n
+
+
+def _write_parquet(path: str, rows: int, first_id: int, seed: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    schema = pa.schema(
+        [("id", pa.int64()), ("x", pa.float64()), ("y", pa.float64()), ("k", pa.int32())]
+    )
+    with pq.ParquetWriter(path, schema, compression="snappy") as writer:
+        for start in range(0, rows, PARQUET_ROW_GROUP):
+            n = min(PARQUET_ROW_GROUP, rows - start)
+            table = pa.table(
+                {
+                    "id": np.arange(first_id + start, first_id + start + n, dtype=np.int64),
+                    "x": rng.random(n),
+                    "y": rng.standard_normal(n),
+                    "k": rng.integers(0, 1000, n, dtype=np.int32),
+                },
+                schema=schema,
+            )
+            writer.write_table(table, row_group_size=PARQUET_ROW_GROUP)
+
+
+def dataset(directory: str, kind: str, gib: float, files: int) -> tuple[list[str], dict]:
+    """Files of one dataset under ``directory``: reused when its manifest matches, else written."""
+    spec = {"version": DATA_VERSION, "kind": kind, "gib": gib, "files": files}
+    ext = ".npy" if kind == "binary" else ".parquet"
+    paths = [os.path.join(directory, f"part-{i:03d}{ext}") for i in range(files)]
+    manifest = os.path.join(directory, "_bench.json")  # '_' files are skipped by every reader
+    with contextlib.suppress(OSError, ValueError):
+        with open(manifest) as f:
+            old = json.load(f)
+        if old.get("spec") == spec and all(os.path.isfile(p) for p in paths):
+            log("read", f"reusing {kind} data in {directory}")
+            return paths, old["info"]
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    target = int(gib * GIB)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max(1, min(files, os.cpu_count() or 1))) as pool:
+        if kind == "binary":
+            jobs = [pool.submit(_write_npy, p, target // files, i) for i, p in enumerate(paths)]
+        else:
+            rows = max(1, target // PARQUET_BYTES_PER_ROW // files)
+            jobs = [
+                pool.submit(_write_parquet, p, rows, i * rows, 1000 + i)
+                for i, p in enumerate(paths)
+            ]
+        for job in jobs:
+            job.result()
+    os.sync()  # written back now, so that later drops are quick and warm runs see clean pages
+    info = {"bytes": sum(os.path.getsize(p) for p in paths), "files": files}
+    if kind == "binary":
+        import numpy as np
+
+        record_bytes = np.dtype(BINARY_DTYPE).itemsize * math.prod(BINARY_RECORD)
+        info.update(
+            dtype=BINARY_DTYPE,
+            record_shape=list(BINARY_RECORD),
+            records=files * max(1, target // files // record_bytes),
+        )
+    else:
+        import pyarrow.parquet as pq
+
+        metas = [pq.ParquetFile(p).metadata for p in paths]
+        info.update(
+            rows=sum(m.num_rows for m in metas),
+            row_groups=sum(m.num_row_groups for m in metas),
+            columns="id int64, x float64, y float64, k int32",
+            compression="snappy",
+        )
+    info["write_seconds"] = round(time.perf_counter() - start, 2)
+    with open(manifest, "w") as f:
+        json.dump({"spec": spec, "info": info}, f)
+    log("read", f"wrote {kind} data: {info['bytes'] / 1e9:.2f} GB in {files} files")
+    return paths, info
+
+
+def filesystem(path: str) -> str:
+    """The mount type holding ``path`` (``ext4``, ``tmpfs``...), from /proc/mounts."""
+    path, best, fstype = os.path.realpath(path), "", "unknown"
+    with contextlib.suppress(OSError):
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 2 and (
+                    path == parts[1] or path.startswith(parts[1].rstrip("/") + "/")
+                ):
+                    if len(parts[1]) >= len(best):
+                        best, fstype = parts[1], parts[2]
+    return fstype
+
+
+def data_files(directory: str) -> list[str]:
+    return sorted(
+        os.path.join(directory, n)
+        for n in os.listdir(directory)
+        if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(directory, n))
+    )
