@@ -18,7 +18,7 @@ import pytest
 
 from dask_gpudirect.bench import scale
 from dask_gpudirect.bench.common import MULTICAST_OFF, child_env
-from dask_gpudirect.bench.scale import gbps_text
+from dask_gpudirect.bench.scale_report import gbps_text, rows_of, table
 
 ROOT = pathlib.Path(__file__).parent.parent
 TINY = str(1 / 1024)  # GiB
@@ -154,8 +154,8 @@ def test_failed_run_without_json_fills_its_cells_with_why():
     }
     for run in result["runs"]:
         run["result"] = None
-    result["rows"] = scale._rows(result)
-    (cells,), notes = scale._table(result)
+    result["rows"] = rows_of(result)
+    (cells,), notes = table(result)
     assert cells == ("2", *["failed [1]"] * 5, *["not run [2]"] * 4)
     assert notes == ["[1] read on 2 GPUs: boom", "[2] --time-limit reached"]
 
