@@ -62,15 +62,18 @@ def test_bench_shuffle_smoke(tmp_path):
     for key in ("gpudirect", "tasks", "p2p"):
         assert records[key]["status"] == "ok" and records[key]["gbps_per_gpu"] > 0, records[key]
     checks = {c["check"]: c for c in result["checks"]}
-    assert checks["faster of Dask's shuffles"]["target"] == 3.0
-    assert checks["faster of Dask's shuffles"]["result"] in ("pass", "miss")
-    assert checks["raw single-buffer transfer"]["target"] == 0.5
+    # the targets are for GPUs that exchange: with one worker the ratios come without them
+    exchange = gpus >= 2
+    assert checks["faster of Dask's shuffles"]["target"] == (3.0 if exchange else None)
+    assert checks["faster of Dask's shuffles"]["ratio"] > 0
+    assert checks["raw single-buffer transfer"]["target"] == (0.5 if exchange else None)
     paths = {r["path"] for r in result["ledger"] if r["op"] == "shuffle"}
-    if gpus >= 2:
+    if exchange:
+        assert checks["faster of Dask's shuffles"]["result"] in ("pass", "miss")
         assert records["raw"]["status"] == "ok" and records["raw"]["gbps"] > 0, records["raw"]
         assert checks["raw single-buffer transfer"]["result"] in ("pass", "miss")
         assert "ucx-device" in paths, result["ledger"]
     else:
         assert records["raw"]["status"] == "not run", records["raw"]
-        assert checks["raw single-buffer transfer"]["result"] == "not run"
+        assert {c["result"] for c in checks.values()} == {"-"}  # no target, no verdict
     assert "| dg.shuffle(df, 'key') |" in out_md.read_text()
