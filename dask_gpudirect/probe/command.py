@@ -1,0 +1,131 @@
+"""The ``dask-gpudirect probe`` command: a cluster to probe, and the document as JSON or tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import click
+from dask.utils import parse_bytes
+
+from .routes import probe_cluster
+
+
+def render(result: dict[str, Any]) -> None:
+    """The human form: a table of workers, one of GPU peer access, and one verdict per path."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(140, shutil.get_terminal_size((140, 24)).columns))
+    workers = result["workers"]
+    table = Table(title=f"dask-gpudirect probe: {len(workers)} worker(s) at {result['scheduler']}")
+    for column in ("worker", "host", "GPU", "UUID", "PCI bus", "NUMA", "kvikio", "GDS", "comms"):
+        table.add_column(column, overflow="fold")
+    for w in workers:
+        gpu = w["gpu"]
+        if gpu is None:  # every GPU column says so; a failure's reason goes in the first
+            gpu_cells = ["no GPU" if not w["gpus"] else w["gpu_reason"]] + ["no GPU"] * 3
+        else:
+            numa = "-" if gpu["numa_node"] is None else str(gpu["numa_node"])
+            gpu_cells = [gpu["name"], gpu["uuid"], gpu["pci_bus_id"], numa]
+        gds = "yes" if w["gds"]["available"] else f"no: {w['gds']['reason']}"
+        table.add_row(w["address"], w["host"], *gpu_cells, w["kvikio"] or "-", gds, _comms_cell(w))
+    console.print(table)
+    if result["peer_access"]:
+        peers = Table(title="GPU peer access")
+        for column in ("host", "from", "to", "peer access"):
+            peers.add_column(column)
+        for p in result["peer_access"]:
+            peers.add_row(p["host"], p["from"], p["to"], "yes" if p["access"] else "no")
+        console.print(peers)
+    else:
+        console.print("GPU peer access: no GPU pairs", highlight=False)
+    for path in result["paths"].values():  # one line each, however long
+        console.print(path["verdict"], markup=False, highlight=False, soft_wrap=True)
+
+
+def _comms_cell(w: dict) -> str:
+    comms = w["comms"]
+    if comms["protocol"] != "ucxx":
+        return comms["protocol"]
+    return (
+        f"ucxx {comms['ucxx']}; configured UCX_TLS={comms['ucx_tls']}; "
+        f"available: {', '.join(comms['ucx_available'])}"
+    )
+
+
+def _local_cluster(protocol: str, workers: int | None):
+    from ..bench.common import start_cluster
+    from ..cuda import gpu_count
+
+    # UCX logs to the worker processes' stdout, which is ours: keep `--json` output JSON.
+    # (distributed-ucxx sets UCX_MEMTYPE_CACHE, which this UCX warns it no longer reads.)
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+
+    if gpu_count():
+        return start_cluster("device", workers, 1, protocol, None)
+    return start_cluster("host", workers or 2, 1, protocol, None)
+
+
+@click.command()
+@click.option(
+    "--scheduler-address",
+    envvar="DASK_SCHEDULER_ADDRESS",
+    help="the cluster to probe (or $DASK_SCHEDULER_ADDRESS)",
+)
+@click.option(
+    "--local",
+    is_flag=True,
+    help="start a local cluster: dg.LocalCUDACluster with a GPU, a LocalCluster without",
+)
+@click.option(
+    "--protocol",
+    type=click.Choice(["tcp", "ucxx"]),
+    default="tcp",
+    show_default=True,
+    help="comms of the --local cluster",
+)
+@click.option(
+    "--workers", type=int, help="workers of the --local cluster [default: one per GPU, else 2]"
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document (docs/probe.md)")
+@click.option("--quick", is_flag=True, help="skip the measurements")
+@click.option("--size", default="256MiB", show_default=True, help="bytes each measurement moves")
+def probe(
+    scheduler_address: str | None,
+    local: bool,
+    protocol: str,
+    workers: int | None,
+    as_json: bool,
+    quick: bool,
+    size: str,
+) -> None:
+    """Per worker: GPU, kvikio, GDS and comms; per path: route, copies, bandwidth, verdict."""
+    from distributed import Client
+
+    source = click.get_current_context().get_parameter_source("scheduler_address")
+    if local and source is click.core.ParameterSource.ENVIRONMENT:
+        scheduler_address = None  # --local wins over $DASK_SCHEDULER_ADDRESS
+    if bool(scheduler_address) == local:
+        raise click.UsageError("give either --scheduler-address ADDR or --local")
+    if local:
+        cluster, client = _local_cluster(protocol, workers)
+    else:
+        try:
+            client = Client(scheduler_address, timeout="30s", set_as_default=False)
+        except OSError as exc:
+            raise click.ClickException(f"cannot reach the scheduler: {exc}") from exc
+        cluster = None
+    try:
+        with client.as_current():  # the pair transfer waits on futures of the current client
+            result = probe_cluster(client, quick=quick, nbytes=parse_bytes(size))
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+    else:
+        render(result)

@@ -1,0 +1,275 @@
+"""The probe on the workers: what each worker's GPU, storage and comms are (``client.run``).
+
+Everything here runs in a worker process, shipped by reference: a worker's host, GPU, kvikio, GDS
+and comms facts, what UCX selected for an endpoint, and the storage read measurement. It asks
+CUDA nothing where the worker has no GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import socket
+import tempfile
+from typing import Any
+
+from ..ledger import Ledger
+
+NVIDIA_FS = "/proc/driver/nvidia-fs"
+#: Kernel modules that give NICs GPUDirect RDMA access to GPU memory.
+PEERMEM_MODULES = ("/sys/module/nvidia_peermem", "/sys/module/nv_peer_mem")
+#: cuFile driver properties reported where nvidia-fs is loaded and a GPU exists.
+DRIVER_PROPERTIES = (
+    "is_gds_available",
+    "major_version",
+    "minor_version",
+    "allow_compat_mode",
+    "poll_mode",
+    "max_device_cache_size",
+    "max_pinned_memory_size",
+)
+NO_GPU = "no GPU: no CUDA driver or no visible device"
+
+
+def worker_facts(dask_worker) -> dict[str, Any]:
+    """This worker's host, GPU, kvikio, GDS and comms (run by ``client.run``)."""
+    from ..plugin import GPUDirectPlugin
+
+    plugin = dask_worker.plugins[GPUDirectPlugin.name]
+    gpu, gpu_reason, peers = None, NO_GPU, []
+    if plugin.gpus:
+        try:
+            gpu, peers = _gpu_facts()
+            gpu_reason = None
+        except Exception as exc:  # the probe reports what failed and goes on
+            gpu_reason = f"GPU facts failed: {type(exc).__name__}: {exc}"
+    return {
+        "address": dask_worker.address,
+        "host": socket.gethostname(),
+        "gpus": plugin.gpus,
+        "gpu": gpu,
+        "gpu_reason": gpu_reason,
+        "peers": peers,
+        "kvikio": _version("kvikio"),
+        "gds": _gds(plugin.gpus),
+        "gpudirect_rdma": any(os.path.exists(m) for m in PEERMEM_MODULES),
+        "comms": _comms(dask_worker.address),
+        "storage_route": plugin.target("device" if plugin.gpus else "host").route,
+    }
+
+
+def _gpu_facts() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The worker's current GPU, and whether it can reach each other visible GPU as a peer.
+
+    Asked of the CUDA runtime (CuPy): CUDA numbers devices as this worker sees them
+    (``CUDA_VISIBLE_DEVICES``), so its current device is the worker's own GPU. NVML, which
+    numbers them all, is asked only for the UUID, by PCI bus id.
+    """
+    import cupy
+
+    rt = cupy.cuda.runtime
+    dev = rt.getDevice()
+    props = rt.getDeviceProperties(dev)
+    bus = rt.deviceGetPCIBusId(dev)
+    gpu = {
+        "name": props["name"].decode(),
+        "uuid": _nvml_uuid(bus),
+        "pci_bus_id": bus,
+        "numa_node": _numa_node(bus),
+        "memory_bytes": int(props["totalGlobalMem"]),
+    }
+    peers = [
+        {
+            "pci_bus_id": rt.deviceGetPCIBusId(j),
+            "access": bool(rt.deviceCanAccessPeer(dev, j)),
+        }
+        for j in range(rt.getDeviceCount())
+        if j != dev
+    ]
+    return gpu, peers
+
+
+def _nvml_uuid(pci_bus_id: str) -> str:
+    """The GPU's UUID (``GPU-...``) from NVML: CuPy's copy of CUDA's is cut at its first zero."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _numa_node(pci_bus_id: str) -> int | None:
+    """The NUMA node of a PCI device from sysfs; None where the kernel knows none (-1)."""
+    try:
+        with open(f"/sys/bus/pci/devices/{pci_bus_id.lower()}/numa_node") as f:
+            node = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
+def _gds(gpus: int) -> dict[str, Any]:
+    """Whether kvikio reads by GDS here, and why not. The cuFile driver is asked only where
+    nvidia-fs is loaded and a GPU exists: elsewhere opening it can hang."""
+    facts: dict[str, Any] = {
+        "available": False,
+        "nvidia_fs": os.path.exists(NVIDIA_FS),
+        "compat_mode": None,
+        "compat_mode_preferred": None,
+        "libcufile": None,
+        "driver": None,
+        "reason": None,
+    }
+    try:
+        import kvikio.cufile_driver
+        import kvikio.defaults
+    except ImportError:  # the CPU install; without a GPU that is the reason that matters
+        facts["reason"] = (
+            "kvikio is not installed: reads go to host memory" if gpus else "no GPU, so no GDS"
+        )
+        return facts
+    try:
+        facts["compat_mode"] = kvikio.defaults.get("compat_mode").name
+        facts["libcufile"] = "{}.{}".format(*kvikio.cufile_driver.libcufile_version())
+        if gpus:
+            facts["compat_mode_preferred"] = bool(kvikio.defaults.is_compat_mode_preferred())
+            if facts["nvidia_fs"]:
+                facts["driver"] = {p: kvikio.cufile_driver.get(p) for p in DRIVER_PROPERTIES}
+    except Exception as exc:  # the probe reports what failed and goes on
+        facts["reason"] = f"kvikio failed: {type(exc).__name__}: {exc}"
+        return facts
+    facts["available"] = facts["compat_mode_preferred"] is False
+    facts["reason"] = _gds_reason(facts, gpus)
+    return facts
+
+
+def _gds_reason(facts: dict[str, Any], gpus: int) -> str:
+    if not gpus:
+        return "no GPU, so no GDS"
+    if facts["compat_mode"] == "ON":
+        return "kvikio compat mode is ON (gpudirect.reader.compat-mode), so GDS is off"
+    if not facts["nvidia_fs"]:
+        return "nvidia-fs is not loaded, so GDS is off"
+    if not (facts["driver"] or {}).get("is_gds_available"):
+        return "the cuFile driver reports GDS unavailable, so GDS is off"
+    if facts["compat_mode_preferred"]:
+        return "kvikio prefers its compat mode, so GDS is off"
+    return f"GDS is on: nvidia-fs is loaded and compat mode is {facts['compat_mode']}"
+
+
+def _comms(address: str) -> dict[str, Any]:
+    """The worker's comms, and for UCX what its configuration allows (not what it picked)."""
+    protocol = address.split("://", 1)[0]
+    facts = {"protocol": protocol, "ucxx": None, "ucx_tls": None, "ucx_available": None}
+    if protocol == "ucxx":
+        import ucxx
+
+        facts["ucxx"] = ucxx.__version__
+        facts["ucx_tls"] = ucxx.get_config().get("TLS")
+        facts["ucx_available"] = sorted(ucxx.get_active_transports())
+    return facts
+
+
+def endpoint_transports(peer: str, dask_worker=None) -> dict[str, list[str]] | None:
+    """What UCX selected for this worker's endpoint to ``peer`` (run on a ucxx worker after a
+    transfer from ``peer``): None when no open endpoint to it is found."""
+    pool = dask_worker.rpc
+    for comm in [*pool.available.get(peer, ()), *pool.occupied.get(peer, ())]:
+        if not comm.closed():
+            return parse_ep_info(_ucp_ep_print_info(comm.ep.ucp_endpoint))
+    return None
+
+
+def _ucp_ep_print_info(handle: int) -> str:
+    """UCX's own description of an endpoint (``ucp_ep_print_info``), captured from its FILE*."""
+    libc = ctypes.CDLL(None)
+    libc.tmpfile.restype = ctypes.c_void_p
+    libc.ftell.restype = ctypes.c_long
+    for name in ("fflush", "ftell", "rewind", "fclose"):
+        getattr(libc, name).argtypes = [ctypes.c_void_p]
+    libc.fread.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+    libucp = ctypes.CDLL("libucp.so.0")  # already loaded by ucxx: this finds that copy
+    libucp.ucp_ep_print_info.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    stream = libc.tmpfile()
+    try:
+        libucp.ucp_ep_print_info(handle, stream)
+        libc.fflush(stream)
+        size = libc.ftell(stream)
+        libc.rewind(stream)
+        text = ctypes.create_string_buffer(size)
+        libc.fread(text, 1, size, stream)
+    finally:
+        libc.fclose(stream)
+    return text.raw.decode(errors="replace")
+
+
+_LANE = re.compile(r"lane\[\d+\]:\s+\d+:(\w+)/(\S+)")
+_TRANSPORT = re.compile(r"\b([a-z][a-z0-9_]*)/\S")
+
+
+def parse_ep_info(text: str) -> dict[str, list[str]]:
+    """``ucp_ep_print_info`` output -> the endpoint's lanes (``tcp/lo.0``, ``cuda_ipc/cuda.0``),
+    their transports, and the transports of the protocols UCX chose for GPU memory so far."""
+    lanes: list[str] = []
+    device: set[str] = set()
+    gpu_table = False
+    for line in text.splitlines():
+        if lane := _LANE.search(line):
+            lanes.append(f"{lane[1]}/{lane[2]}")
+            continue
+        cells = [c.strip() for c in line.lstrip("#").strip().strip("|").split("|")]
+        if len(cells) < 2:
+            continue
+        if "cfg#" in cells[0]:  # a protocol table's header: operation and memory types
+            gpu_table = "cuda" in cells[1]
+        elif gpu_table and len(cells) >= 3 and cells[0][:1].isdigit():  # size | protocol | tls
+            device.update(m[1] for m in _TRANSPORT.finditer(cells[-1]))
+    return {
+        "lanes": lanes,
+        "transports": sorted({lane.split("/")[0] for lane in lanes}),
+        "device_transports": sorted(device),
+    }
+
+
+def _measure_storage(nbytes: int) -> dict[str, Any]:
+    """Write ``nbytes`` into this worker's local directory and read them twice with the plugin's
+    target (a reader of its own, so the cluster's ledger stays the user's); the faster read
+    counts. The file was just written, so this is the page-cache-warm rate."""
+    from distributed import get_worker
+
+    from .. import targets
+    from ..plugin import current_plugin
+    from ..shards import Shard
+
+    plugin = current_plugin()
+    name = "device" if plugin.gpus else "host"
+    ledger = Ledger(plugin.address, 2)
+    target = targets.module(name).TARGET(plugin.options, ledger)
+    fd, path = tempfile.mkstemp(prefix="probe-", dir=get_worker().local_directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            chunk = bytes(min(nbytes, 16 << 20))
+            for start in range(0, nbytes, len(chunk)):
+                f.write(chunk[: nbytes - start])
+        shard = Shard(path, ((0, nbytes),), 0, nbytes, part=None, target=name)
+        for _ in range(2):
+            target.read(shard)
+    finally:
+        target.close()
+        os.remove(path)
+    best = min(ledger.records(), key=lambda r: r["seconds"])
+    return {"route": best["path"], "copies": best["copies"], "gbps": _gbps(nbytes, best["seconds"])}
+
+
+def _gbps(nbytes: int, seconds: float) -> float | None:
+    return nbytes / seconds / 1e9 if seconds > 0 else None

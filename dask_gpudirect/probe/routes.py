@@ -1,0 +1,252 @@
+"""The probe on the client: the workers' facts and short measurements made into one document.
+
+For each path (storage -> GPU, host -> GPU, GPU -> GPU in a node and across nodes) the route in
+use, its copies, its bandwidth and a verdict; the document's schema is docs/probe.md's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ..ledger import COPIES
+from .facts import _gbps, _measure_storage, endpoint_transports, worker_facts
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+#: Bumped when a key of the JSON document changes meaning or goes away (docs/probe.md).
+SCHEMA_VERSION = 1
+NO_GPU_STORAGE = "no GPU: reads go to host memory (storage -> host)"
+#: Bytes a transfer sends to open a pair's endpoint (and warm it up before a measurement).
+OPENING_TRANSFER = 1 << 20
+#: Longest wait for one measurement task before the probe gives up on it and goes on.
+MEASURE_TIMEOUT = 120
+#: UCX's InfiniBand transports (rc_mlx5, dc_mlx5, ud_verbs, ...): RDMA between nodes.
+IB_PREFIXES = ("rc", "dc", "ud")
+#: The paths of the document, in order, and how verdicts name them.
+LABELS = {
+    "storage_to_gpu": "storage -> GPU",
+    "host_to_gpu": "host -> GPU",
+    "gpu_to_gpu_in_node": "GPU -> GPU in a node",
+    "gpu_to_gpu_across_nodes": "GPU -> GPU across nodes",
+}
+
+
+def _measurement(workers: list[str], route, copies, gbps, reason, transports=None) -> dict:
+    return {
+        "workers": workers,
+        "route": route,
+        "copies": copies,
+        "gbps": gbps,
+        "reason": reason,
+        "transports": transports,
+    }
+
+
+def _run_on(client, worker: str, func, *args) -> Any:
+    """``func(*args)`` as a task on ``worker``, not run longer than :data:`MEASURE_TIMEOUT`."""
+    future = client.submit(func, *args, workers=[worker], allow_other_workers=False, pure=False)
+    return future.result(timeout=MEASURE_TIMEOUT)
+
+
+def _failed(exc: Exception) -> str:
+    return f"measurement failed: {type(exc).__name__}: {exc}"
+
+
+def _storage(client, w: dict, quick: bool, nbytes: int) -> dict:
+    route = w["storage_route"]
+    reason = w["gds"]["reason"] if w["gpus"] else NO_GPU_STORAGE
+    if quick:
+        return _measurement([w["address"]], route, COPIES[route], None, reason)
+    try:
+        got = _run_on(client, w["address"], _measure_storage, nbytes)
+    except Exception as exc:  # one failed measurement must not stop the probe
+        return _measurement([w["address"]], route, COPIES[route], None, _failed(exc))
+    return _measurement([w["address"]], got["route"], got["copies"], got["gbps"], reason)
+
+
+def _host_to_gpu(client, w: dict, quick: bool, nbytes: int) -> dict:
+    if not w["gpus"]:
+        return _measurement([w["address"]], None, None, None, "no GPU")
+    reason = "cudaMemcpy from pinned host memory: one DMA copy"
+    if quick:
+        return _measurement([w["address"]], "pinned-copy", 1, None, reason)
+    from ..bench._baselines import pinned_ceiling
+
+    try:
+        gbps = _run_on(client, w["address"], pinned_ceiling, nbytes, 3)["gbps"]
+    except Exception as exc:  # one failed measurement must not stop the probe
+        return _measurement([w["address"]], "pinned-copy", 1, None, _failed(exc))
+    return _measurement([w["address"]], "pinned-copy", 1, gbps, reason)
+
+
+def pair_route(
+    target: str,
+    source: str,
+    dest: str,
+    same_node: bool,
+    transports: dict[str, list[str]] | None,
+    rdma: bool,
+) -> tuple[str, int | None, str]:
+    """The route, copies and reason of a transfer ``source -> dest`` of ``target`` buffers.
+
+    For UCX the answer comes from what UCX selected for the endpoint (``transports``), not from
+    its configuration: in a node ``cuda_ipc`` is the one-copy P2P route; across nodes an
+    InfiniBand transport with nvidia-peermem loaded on both sides is GPUDirect RDMA.
+    """
+    from ..ledger import STAGED_ACROSS_NODES
+    from ..shuffle.worker import transfer_path
+
+    path, copies = transfer_path(target, source, dest)
+    used = []
+    if transports:  # the endpoint's lanes, and what UCX chose for GPU memory on them
+        used = sorted({*transports["transports"], *transports["device_transports"]})
+    names = ", ".join(used) or "no transport"
+    if target == "host":
+        negotiated = f"; UCX negotiated {names}" if transports else ""
+        return path, copies, f"no GPU: host memory to host memory instead{negotiated}"
+    if path == "tcp-host-staged":
+        return path, copies, "tcp comms: device buffers are staged through host memory"
+    if transports is None:
+        return "ucx", None, "UCX reported no open endpoint for this pair"
+    if same_node:
+        if "cuda_ipc" in used:
+            return "ucx-device", 1, f"UCX negotiated {names}: cuda_ipc moves GPU to GPU (P2P)"
+        return (
+            "ucx-host-staged",
+            2,
+            f"UCX negotiated {names}, not cuda_ipc: device buffers are staged through host memory",
+        )
+    if rdma and any(t.startswith(IB_PREFIXES) for t in used):
+        return (
+            "ucx-device",
+            1,
+            f"UCX negotiated {names} and nvidia-peermem is loaded: GPUDirect RDMA",
+        )
+    return (
+        "ucx-host-staged",
+        STAGED_ACROSS_NODES,
+        f"UCX negotiated {names} without GPUDirect RDMA: device buffers are staged through host "
+        "memory",
+    )
+
+
+def _pair(client, a: dict, b: dict, same_node: bool, quick: bool, nbytes: int) -> dict:
+    """A buffer made on ``a`` and fetched by a task on ``b``, timed by ``b``'s own log of the
+    fetch. A small transfer goes first (and alone with ``quick``): it opens the endpoint."""
+    from ..bench.shuffle import _raw_run
+
+    target = "device" if a["gpus"] and b["gpus"] else "host"
+    names = [a["address"], b["address"]]
+    try:
+        _raw_run(client, *names, OPENING_TRANSFER, target)()
+        seconds = (
+            None
+            if quick
+            else min(_raw_run(client, *names, nbytes, target)()["seconds"] for _ in range(2))
+        )
+        transports = None
+        if b["comms"]["protocol"] == "ucxx":
+            transports = client.run(endpoint_transports, a["address"], workers=[b["address"]])
+            transports = transports[b["address"]]
+    except Exception as exc:  # one failed measurement must not stop the probe
+        return _measurement(names, None, None, None, _failed(exc))
+    rdma = a["gpudirect_rdma"] and b["gpudirect_rdma"]
+    route, copies, reason = pair_route(target, *names, same_node, transports, rdma)
+    gbps = None if seconds is None else _gbps(nbytes, seconds)
+    return _measurement(names, route, copies, gbps, reason, transports)
+
+
+def _pairs(workers: list[dict]) -> tuple[tuple | None, tuple | None]:
+    """Two workers of one host, and the first workers of two hosts, where the cluster has them."""
+    hosts: dict[str, list[dict]] = {}
+    for w in workers:
+        hosts.setdefault(w["host"], []).append(w)
+    in_node = next((tuple(ws[:2]) for ws in hosts.values() if len(ws) > 1), None)
+    firsts = [ws[0] for ws in hosts.values()]
+    return in_node, (tuple(firsts[:2]) if len(firsts) > 1 else None)
+
+
+def _summary(name: str, measurements: list[dict], why_none: str = "") -> dict:
+    """One path of the document: the route the measurements share, their median rate, a verdict."""
+    if not measurements:
+        route = copies = gbps = None
+        reason = why_none
+    else:
+        shared = {(m["route"], m["copies"], m["reason"]) for m in measurements}
+        route, copies, reason = (
+            shared.pop() if len(shared) == 1 else ("mixed", None, "workers differ: see each one")
+        )
+        rates = [m["gbps"] for m in measurements if m["gbps"]]
+        gbps = statistics.median(rates) if rates else None
+    parts = [p for p in (route, _copies(copies), gbps and f"{gbps:.1f} GB/s") if p]
+    verdict = f"{LABELS[name]}: " + ", ".join(parts) + (": " if parts else "") + reason
+    return {
+        "route": route,
+        "copies": copies,
+        "gbps": gbps,
+        "reason": reason,
+        "verdict": verdict,
+        "measurements": measurements,
+    }
+
+
+def _copies(n: int | None) -> str | None:
+    return None if n is None else f"{n} cop{'y' if n == 1 else 'ies'}"
+
+
+def peer_access(workers: list[dict]) -> list[dict]:
+    """Per host, each GPU of a worker -> each other GPU it sees: can it access it as a peer."""
+    found = {}
+    for w in workers:
+        if w["gpu"] is not None:
+            for p in w["peers"]:
+                found[w["host"], w["gpu"]["pci_bus_id"], p["pci_bus_id"]] = p["access"]
+    return [
+        {"host": host, "from": a, "to": b, "access": access}
+        for (host, a, b), access in sorted(found.items())
+    ]
+
+
+def probe_cluster(client: Client, quick: bool = False, nbytes: int = 256 << 20) -> dict[str, Any]:
+    """The probe's document for ``client``'s cluster (docs/probe.md). ``quick`` skips the
+    measurements; each one moves ``nbytes``."""
+    from ..cluster import ensure_plugins
+
+    ensure_plugins(client)
+    facts = client.run(worker_facts)
+    if not facts:
+        raise click.ClickException("the cluster has no workers")
+    workers = [facts[a] for a in sorted(facts)]
+    in_node, across = _pairs(workers)
+    one = "one worker" if len(workers) == 1 else "one worker per host"
+    paths = {
+        "storage_to_gpu": _summary(
+            "storage_to_gpu", [_storage(client, w, quick, nbytes) for w in workers]
+        ),
+        "host_to_gpu": _summary(
+            "host_to_gpu", [_host_to_gpu(client, w, quick, nbytes) for w in workers]
+        ),
+        "gpu_to_gpu_in_node": _summary(
+            "gpu_to_gpu_in_node",
+            [_pair(client, *in_node, True, quick, nbytes)] if in_node else [],
+            f"{one}: nothing to measure",
+        ),
+        "gpu_to_gpu_across_nodes": _summary(
+            "gpu_to_gpu_across_nodes",
+            [_pair(client, *across, False, quick, nbytes)] if across else [],
+            "one host: nothing to measure",
+        ),
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "scheduler": client.scheduler.address,
+        "quick": quick,
+        "bytes": None if quick else nbytes,
+        "workers": workers,
+        "peer_access": peer_access(workers),
+        "paths": paths,
+    }
