@@ -39,10 +39,8 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -64,6 +62,7 @@ from .common import (
     write_outputs,
 )
 from .shuffle_report import METHODS, checks_of, markdown, print_result
+from .timing import _Interrupted, _measure, _record
 
 #: Bytes per row of the frame: int64 key, float64 x and y, int64 z.
 ROW_BYTES = 32
@@ -148,133 +147,11 @@ def _ucx_environment() -> dict[str, str]:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-class _TimedOut(Exception):
-    """A run did not finish within its budget; it was abandoned."""
-
-
-class _Interrupted(KeyboardInterrupt):
-    """Ctrl-C (or ``timeout -s INT``) during a method: ``record`` holds the runs it finished."""
-
-    def __init__(self, record: dict):
-        super().__init__()
-        self.record = record
-
-
-def _call(fn: Callable[[], dict], timeout: float) -> dict:
-    """``fn()`` in a daemon thread, abandoned after ``timeout`` seconds (``_TimedOut``).
-
-    A thread, because ``dg.shuffle`` blocks until the exchange is done and Dask's ``wait`` can be
-    left the same way: the caller then restarts the cluster, which ends the work itself.
-    """
-    box: dict = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="bench-shuffle-run", daemon=True)
-    thread.start()
-    thread.join(max(0.0, timeout))
-    if thread.is_alive():
-        raise _TimedOut(f"no result after {timeout:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def _wait_released(client, baseline: int) -> None:
     """Until the workers hold no more keys than ``baseline`` (the input), or 30 s."""
     deadline = time.monotonic() + 30
     while sum(client.run(held_keys).values()) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _gbps(nbytes: int, seconds: float | None, per: int) -> float | None:
-    return nbytes / seconds / 1e9 / per if seconds else None
-
-
-def _record(key: str, status: str = "ok", **fields) -> dict:
-    rec = {"key": key, "status": status, "bytes": 0, "seconds": None, "runs": [], "note": ""}
-    rec.update(fields)
-    return rec
-
-
-def _measure(
-    key: str,
-    run_once: Callable[[], dict],
-    nbytes: int,
-    per: int,
-    repeat: int,
-    budget: float,
-    after: Callable[[], None],
-) -> tuple[dict, bool]:
-    """One warm-up and ``repeat`` timed runs of ``run_once`` within ``budget`` seconds.
-
-    ``run_once`` returns ``{"seconds": s, "note": ...}`` and may add fields that are kept per
-    run; ``after`` runs between runs (release, wait). Returns the record, and whether a run timed
-    out (the caller must then restart the cluster).
-    """
-    deadline = time.monotonic() + budget
-    runs: list[dict] = []
-    note, stop = "", ""  # what the runs say; why fewer runs than asked
-    for i in range(1 + repeat):
-        left = deadline - time.monotonic()
-        if runs and min(r["seconds"] for r in runs) * 1.2 > left:
-            stop = f"budget of {budget:.0f} s reached after {len(runs)} run(s)"
-            break
-        try:
-            out = _call(run_once, left)
-        except KeyboardInterrupt:
-            if not runs:
-                raise
-            stop = f"interrupted during run {i + 1}"
-            raise _Interrupted(_summarise(key, runs, nbytes, per, note, stop)) from None
-        except _TimedOut as exc:
-            _log(f"{key} run {i + 1}: timed out ({exc})")
-            if not runs:
-                return _record(
-                    key,
-                    "timed out",
-                    bytes=nbytes,
-                    note=f"no run finished within its budget of {budget:.0f} s "
-                    f"(< {_gbps(nbytes, budget, per):.3f} GB/s per GPU)",
-                ), True
-            stop = f"run {i + 1} timed out at the budget of {budget:.0f} s"
-            return _summarise(key, runs, nbytes, per, note, stop), True
-        after()
-        note = note or out.get("note", "")
-        runs.append(out)
-        speed = _gbps(nbytes, out["seconds"], per)
-        _log(f"{key} run {i + 1}/{1 + repeat}: {out['seconds']:.3f} s, {speed:.3f} GB/s per GPU")
-    return _summarise(key, runs, nbytes, per, note, stop), False
-
-
-def _summarise(key: str, runs: list[dict], nbytes: int, per: int, note: str, stop: str) -> dict:
-    """The record of ``runs``: the median of the warm runs, or the first run if it is all."""
-    seconds = [r["seconds"] for r in runs]
-    warm = seconds[1:]
-    figure = statistics.median(warm) if warm else seconds[0]
-    if not warm:
-        stop = "; ".join(s for s in (stop, "the first (cold) run only") if s)
-    extra = {k: [r[k] for r in runs] for k in runs[0] if k not in ("seconds", "note")}
-    return _record(
-        key,
-        bytes=nbytes,
-        seconds=figure,
-        runs=seconds,
-        first_seconds=seconds[0],
-        best_seconds=min(warm or seconds),
-        warm_runs=len(warm),
-        gbps=_gbps(nbytes, figure, 1),
-        gbps_per_gpu=_gbps(nbytes, figure, per),
-        best_gbps_per_gpu=_gbps(nbytes, min(warm or seconds), per),
-        first_gbps_per_gpu=_gbps(nbytes, seconds[0], per),
-        note=note,
-        stopped=stop,
-        **extra,
-    )
 
 
 class _Frame:
