@@ -51,7 +51,9 @@ def absolute(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str
     return entries
 
 
-def _data_files(directory: str) -> list[str]:
+def data_files(directory: str) -> list[str]:
+    """The files a read of ``directory`` takes, sorted: not those starting with ``.`` or ``_``
+    (hidden files, ``_metadata``, ``_SUCCESS``)."""
     return sorted(
         os.path.join(directory, name)
         for name in os.listdir(directory)
@@ -65,7 +67,7 @@ def view(entry: str) -> View:
         if glob.has_magic(entry):
             kind, candidates = GLOB, sorted(p for p in glob.glob(entry) if os.path.isfile(p))
         elif os.path.isdir(entry):
-            kind, candidates = DIRECTORY, _data_files(entry)
+            kind, candidates = DIRECTORY, data_files(entry)
         elif os.path.exists(entry):
             kind, candidates = FILE, [entry]
         else:

@@ -138,11 +138,3 @@ def filesystem(path: str) -> str:
                     if len(parts[1]) >= len(best):
                         best, fstype = parts[1], parts[2]
     return fstype
-
-
-def data_files(directory: str) -> list[str]:
-    return sorted(
-        os.path.join(directory, n)
-        for n in os.listdir(directory)
-        if not n.startswith(("_", ".")) and os.path.isfile(os.path.join(directory, n))
-    )

@@ -54,6 +54,7 @@ from functools import partial
 import click
 
 from ..cuda import gpu_count
+from ..discovery import data_files
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
 from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
@@ -68,7 +69,7 @@ from .common import (
     visible_devices,
     write_outputs,
 )
-from .datasets import data_files, dataset, filesystem
+from .datasets import dataset, filesystem
 from .read_report import ORDER, checks_of, markdown, print_result
 
 BASELINE_KEYS = ["naive", "cudf-default"]
