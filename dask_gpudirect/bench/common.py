@@ -193,6 +193,13 @@ def held_keys(dask_worker) -> int:
         return 0
 
 
+def wait_released(client, baseline: int = 0) -> None:
+    """Until the workers hold no more keys than ``baseline`` (the input), or 30 s."""
+    deadline = time.monotonic() + 30
+    while sum(client.run(held_keys).values()) > baseline and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def start_cluster(
     target: str,
     workers: int,

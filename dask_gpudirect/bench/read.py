@@ -60,13 +60,13 @@ from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
     TARGET_OPTION,
     cpu_name,
-    held_keys,
     log,
     output_options,
     progress_bar,
     start_cluster,
     versions,
     visible_devices,
+    wait_released,
     write_outputs,
 )
 from .datasets import dataset, filesystem
@@ -109,9 +109,7 @@ def _persist(client, build, check=None) -> tuple[float, str]:
         raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")
     note = check(persisted) if check else ""
     del persisted, failed
-    deadline = time.monotonic() + 30
-    while sum(client.run(held_keys).values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_released(client)
     return seconds, note
 
 

@@ -52,13 +52,13 @@ from .common import (
     GIB,
     TARGET_OPTION,
     cpu_name,
-    held_keys,
     log,
     output_options,
     progress_bar,
     start_cluster,
     versions,
     visible_devices,
+    wait_released,
     write_outputs,
 )
 from .shuffle_report import METHODS, checks_of, markdown, print_result
@@ -147,13 +147,6 @@ def _ucx_environment() -> dict[str, str]:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-def _wait_released(client, baseline: int) -> None:
-    """Until the workers hold no more keys than ``baseline`` (the input), or 30 s."""
-    deadline = time.monotonic() + 30
-    while sum(client.run(held_keys).values()) > baseline and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 class _Frame:
     """The input frame, made on the workers; made again after a restart."""
 
@@ -202,7 +195,7 @@ class _Frame:
         if rows != self.rows:
             raise RuntimeError(f"the frame has {rows} rows, {self.rows} were made")
         self.held = len(parts)
-        _wait_released(client, self.held)
+        wait_released(client, self.held)
         placed: dict[str, int] = {}
         for holders in client.who_has(parts).values():
             for worker in holders:
@@ -389,7 +382,7 @@ def _one_method(
         nbytes = opts["raw_mib"] << 20
         _log(f"measuring raw: a {nbytes / 1e9:.2f} GB buffer, budget {budget():.0f} s")
         run = _raw_run(client, addresses[0], addresses[1], nbytes, frame.target)
-        after = partial(_wait_released, client, 0)  # the raw transfer runs before the frame
+        after = partial(wait_released, client, 0)  # the raw transfer runs before the frame
         return _measure("raw", run, nbytes, 1, opts["repeat"], budget(), after)
     if frame.df is None:
         _log(f"making the frame ({frame.rows} rows, {frame.partitions} partitions)")
@@ -397,7 +390,7 @@ def _one_method(
         _log(f"frame: {frame.nbytes / 1e9:.3f} GB")
     _log(f"measuring {method}: budget {budget():.0f} s")
     run = _shuffle_run(client, frame, method)
-    after = partial(_wait_released, client, frame.held)
+    after = partial(wait_released, client, frame.held)
     out = _measure(method, run, frame.nbytes, opts["workers"], opts["repeat"], budget(), after)
     if method == "gpudirect" and out[0]["status"] == "ok" and not out[1]:
         result["ledger"] = _ledger(client)
