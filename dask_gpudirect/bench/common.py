@@ -261,6 +261,22 @@ def write_outputs(
         draw(result, plot_path)
 
 
+def finish(result: dict, target: str, print_result, outputs: tuple) -> None:
+    """Name the device where it was not found, write ``outputs`` (``write_outputs``' paths and
+    renderer) and print the result; then exit non-zero if a measurement or the run failed."""
+    result["device"] = result["device"] or (
+        f"CPU {result['host']['cpu']}" if target == "host" else "unknown GPU"
+    )
+    write_outputs(result, *outputs)
+    print_result(result)
+    errors = [r for r in result["records"] if r["status"] == "error"]
+    if result.get("error") or errors:
+        why = f"{len(errors)} measurement(s) failed"
+        if result.get("error"):
+            why += f"; the run stopped: {result['error']}"
+        raise SystemExit(f"{why}: see the table and the log")
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """Lines of a Markdown table (``|`` in cells escaped)."""
     lines = [

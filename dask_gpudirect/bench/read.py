@@ -60,6 +60,7 @@ from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
     TARGET_OPTION,
     cpu_name,
+    finish,
     log,
     output_options,
     progress_bar,
@@ -67,7 +68,6 @@ from .common import (
     versions,
     visible_devices,
     wait_released,
-    write_outputs,
 )
 from .datasets import dataset, filesystem
 from .read_report import ORDER, checks_of, markdown, print_result
@@ -390,20 +390,10 @@ def read(
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    result["device"] = result["device"] or (
-        f"CPU {result['host']['cpu']}" if target == "host" else "unknown GPU"
-    )
     rank = {k: i for i, k in enumerate(ORDER)}
     result["records"].sort(key=lambda r: rank.get((r["key"], r["cache"]), len(rank)))
     result["checks"] = checks_of(result["records"], target, workers)
-    write_outputs(result, json_path, md_path, markdown, plot_path)
-    print_result(result)
-    errors = [r for r in result["records"] if r["status"] == "error"]
-    if result.get("error") or errors:
-        why = f"{len(errors)} measurement(s) failed"
-        if result.get("error"):
-            why += f"; the run stopped: {result['error']}"
-        raise SystemExit(f"{why}: see the table and the log")
+    finish(result, target, print_result, (json_path, md_path, markdown, plot_path))
 
 
 def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:

@@ -52,6 +52,7 @@ from .common import (
     GIB,
     TARGET_OPTION,
     cpu_name,
+    finish,
     log,
     output_options,
     progress_bar,
@@ -59,7 +60,6 @@ from .common import (
     versions,
     visible_devices,
     wait_released,
-    write_outputs,
 )
 from .shuffle_report import METHODS, checks_of, markdown, print_result
 from .timing import _Interrupted, _measure, _record
@@ -534,9 +534,6 @@ def shuffle(
     except Exception as exc:  # the cluster did not start, say: still report what ran
         result["error"] = f"{type(exc).__name__}: {exc}"
         _log(f"stopped: {result['error']}")
-    result["device"] = result["device"] or (
-        f"CPU {result['host']['cpu']}" if target == "host" else "unknown GPU"
-    )
     done = {r["key"] for r in result["records"]}
     why = "interrupted" if result.get("interrupted") else result.get("error", "not reached")
     for key in opts["methods"]:
@@ -544,11 +541,4 @@ def shuffle(
             result["records"].append(_record(key, "not run", note=why))
     result["records"].sort(key=lambda r: METHODS.index(r["key"]))
     result["checks"] = checks_of(result["records"], target, workers)
-    write_outputs(result, json_path, md_path, markdown, plot_path)
-    print_result(result)
-    errors = [r for r in result["records"] if r["status"] == "error"]
-    if result.get("error") or errors:
-        why = f"{len(errors)} measurement(s) failed"
-        if result.get("error"):
-            why += f"; the run stopped: {result['error']}"
-        raise SystemExit(f"{why}: see the table and the log")
+    finish(result, target, print_result, (json_path, md_path, markdown, plot_path))
