@@ -7,12 +7,15 @@ JSON, Markdown and the printed table in one form.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -259,6 +262,20 @@ def write_outputs(
             f.write(markdown(result))
     if plot_path:
         draw(result, plot_path)
+
+
+def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
+    """What every benchmark's result starts with: what ran, when, where, with which options."""
+    return {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
+        "target": target,
+        "gpus": gpus,
+        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
+        "options": opts,
+        "versions": versions(),
+    }
 
 
 def finish(result: dict, target: str, print_result, outputs: tuple) -> None:

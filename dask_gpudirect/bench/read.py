@@ -40,13 +40,9 @@ Process layout (what keeps the numbers honest):
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
-import platform
-import shlex
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from functools import partial
@@ -59,13 +55,12 @@ from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_
 from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
     TARGET_OPTION,
-    cpu_name,
     finish,
     log,
     output_options,
     progress_bar,
+    result_head,
     start_cluster,
-    versions,
     visible_devices,
     wait_released,
 )
@@ -363,15 +358,8 @@ def read(
         "baselines": baselines,
     }
     result = {
-        "benchmark": "read",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
-        "target": target,
-        "gpus": gpus,
+        **result_head("read", target, gpus, opts),
         "device": None,
-        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
-        "options": opts,
-        "versions": versions(),
         "records": [],
     }
     tmp = None

@@ -17,10 +17,8 @@ The largest GPU count runs first, so that a run out of time costs the smaller ro
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
-import platform
 import shlex
 import shutil
 import signal
@@ -40,7 +38,7 @@ from .common import (
     log,
     output_options,
     progress_bar,
-    versions,
+    result_head,
     visible_devices,
     write_outputs,
 )
@@ -352,17 +350,10 @@ def scale(
 
     names = _device_names() if target == "device" else []
     result = {
-        "benchmark": "scale",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
-        "target": target,
-        "gpus": gpus,
+        **result_head("scale", target, gpus, opts),
         "device": names[0] if names else f"CPU {cpu_name()}",
         "device_names": names,
-        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
-        "options": opts,
         "environment": MULTICAST_OFF,
-        "versions": versions(),
         "runs": [],
     }
     deadline = started + time_limit - RESERVE_S if time_limit else None

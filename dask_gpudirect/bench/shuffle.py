@@ -34,13 +34,9 @@ objects) but makes it only after the cluster has started, as dask-cuda asks.
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
-import platform
-import shlex
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -51,13 +47,12 @@ from ..cuda import gpu_count
 from .common import (
     GIB,
     TARGET_OPTION,
-    cpu_name,
     finish,
     log,
     output_options,
     progress_bar,
+    result_head,
     start_cluster,
-    versions,
     visible_devices,
     wait_released,
 )
@@ -512,17 +507,10 @@ def shuffle(
 
     names = _device_names() if target == "device" else []
     result = {
-        "benchmark": "shuffle",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(getattr(sys, "orig_argv", sys.argv)),
-        "target": target,
-        "gpus": gpus,
+        **result_head("shuffle", target, gpus, opts),
         "device": names[0] if names else None,
         "device_names": names,
-        "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
-        "options": opts,
         "gpudirect_config": dask.config.get("gpudirect.shuffle", default={}),
-        "versions": versions(),
         "records": [],
     }
     try:
