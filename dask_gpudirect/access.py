@@ -1,39 +1,155 @@
-"""``gpudirect.allowed-roots``: the directories a worker agrees to read from.
+"""``gpudirect.allowed-roots``, and the one way workers open a file: open once, check what opened.
 
 A Dask client can ask workers to read any path their process can open. Where workers serve
-several users, ``allowed-roots`` keeps them to the datasets they are meant to serve: a path is
-allowed when, with symlinks and ``..`` resolved, it lies inside one of the roots. Checked on the
-worker, from the worker's own config, both when placement asks what a worker can read and
-again right before each read.
+several users, ``allowed-roots`` keeps them to the datasets they are meant to serve. A file is
+opened once; the check is made on the open descriptor (the real path the kernel opened, not the
+name given), and every later read goes through that same descriptor, so no symlink swapped in
+between the check and the read can lead outside. Outside the roots, a path gets one error,
+whatever exists there, naming only the path the user gave.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
+import stat
+from collections.abc import Iterator
 
 import dask.config
 
-from .errors import InputError
+from .errors import ConfigError, InputError
+
+KEY = "gpudirect.allowed-roots"
+
+#: The one answer for a path outside the roots: it says nothing of what lies there.
+REFUSED = "outside gpudirect.allowed-roots: the workers do not read or list it"
 
 
-def allowed(path: str) -> bool:
-    """Whether this process's ``gpudirect.allowed-roots`` (None: no limit) admit ``path``."""
-    roots = dask.config.get("gpudirect.allowed-roots")
-    if roots is None:
-        return True
-    real = os.path.realpath(path)
-    return any(
-        os.path.commonpath([real, os.path.realpath(root)]) == os.path.realpath(root)
-        for root in roots
-    )
+class Refused(InputError):
+    """A path outside the allowed roots (after symlinks and ``..``)."""
+
+    def __init__(self, path: str | os.PathLike | None, problem: str = REFUSED):
+        super().__init__(path, problem)
 
 
-def check(path: str) -> None:
-    """Raise an InputError naming ``path`` when the allowed roots do not admit it."""
-    if not allowed(path):
-        roots = dask.config.get("gpudirect.allowed-roots")
-        raise InputError(
-            path,
-            f"outside gpudirect.allowed-roots {list(roots)} (it resolves to "
-            f"{os.path.realpath(path)}): this worker refuses to read it",
+def roots() -> tuple[str, ...] | None:
+    """This process's ``gpudirect.allowed-roots`` as absolute real paths; None: no limit.
+
+    Takes a list of paths, or a string holding one path or several joined by ``os.pathsep``
+    (what ``DASK_GPUDIRECT__ALLOWED_ROOTS=/data:/scratch`` gives); anything else is a
+    :class:`~dask_gpudirect.errors.ConfigError`, so a mistyped value never admits everything.
+    """
+    value = dask.config.get(KEY, default=None)
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        entries = os.fspath(value).split(os.pathsep)
+    elif isinstance(value, (list, tuple)):
+        entries = list(value)
+    else:
+        raise ConfigError(
+            f"{KEY} must be a list of directories or a {os.pathsep!r}-separated string, "
+            f"not {type(value).__name__} {value!r}"
         )
+    for entry in entries:
+        if not isinstance(entry, (str, os.PathLike)) or not os.path.isabs(os.fspath(entry)):
+            raise ConfigError(f"{KEY}: {entry!r} in {value!r} is not an absolute directory path")
+    return tuple(os.path.realpath(os.fspath(entry)) for entry in entries)
+
+
+def _within(path: str, limits: tuple[str, ...]) -> bool:
+    return any(os.path.commonpath([path, root]) == root for root in limits)
+
+
+def admits(path: str | os.PathLike) -> bool:
+    """Whether the roots admit ``path`` by name: as written (``..`` folded) and with symlinks
+    resolved, both inside. Only for listing; reads check the descriptor (:func:`opened`)."""
+    limits = roots()
+    if limits is None:
+        return True
+    path = os.path.abspath(os.fspath(path))
+    return _within(path, limits + _as_given()) and _within(os.path.realpath(path), limits)
+
+
+def _as_given() -> tuple[str, ...]:
+    """The roots as configured (before symlinks are resolved): ``/data`` admits ``/data/x``
+    when ``/data`` is itself a link."""
+    value = dask.config.get(KEY)
+    entries = value.split(os.pathsep) if isinstance(value, str) else value
+    return tuple(os.path.normpath(os.fspath(e)) for e in entries)
+
+
+@dataclasses.dataclass(frozen=True)
+class Opened:
+    """A file opened for reading and checked against the roots: read only through ``fd``."""
+
+    path: str  # as the user gave it
+    fd: int
+    stat: os.stat_result
+
+    @property
+    def same_file_path(self) -> str:
+        """A name that opens this very file again (not whatever ``path`` names now): for
+        readers such as kvikio that take a name, not a descriptor."""
+        return f"/proc/self/fd/{self.fd}"
+
+
+def _opened_path(fd: int) -> str:
+    """The real path of the file open on ``fd``, as the kernel knows it."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: macOS and the BSDs answer F_GETPATH
+        import fcntl
+
+        return os.fsdecode(fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024))).rstrip("\0")
+
+
+@contextlib.contextmanager
+def opened(path: str | os.PathLike) -> Iterator[Opened]:
+    """``path`` open for reading, a regular file inside the roots, closed on exit.
+
+    Raises :class:`Refused` for anything outside the roots (existing or not), or an
+    :class:`InputError` saying what is wrong with a file inside them.
+    """
+    path = os.fspath(path)
+    limits = roots()
+    if limits is not None and not admits(path):
+        raise Refused(path)
+    try:
+        # O_NONBLOCK: a FIFO must not hang the worker; regular files ignore it
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        if limits is not None and not admits(path):  # a link swapped to lead out: same answer
+            raise Refused(path) from None
+        raise open_error(path, exc) from None
+    try:
+        if limits is not None and not _within(_opened_path(fd), limits):
+            raise Refused(path)
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise InputError(path, "is a directory, not a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(path, "not a regular file")
+        yield Opened(path, fd, info)
+    finally:
+        os.close(fd)
+
+
+def pread_exact(file: Opened, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset`` of ``file``, or an InputError if the file ends first."""
+    data = os.pread(file.fd, length, offset)
+    if len(data) != length:
+        raise InputError(file.path, f"ends at byte {offset + len(data)}, before {offset + length}")
+    return data
+
+
+def open_error(path: str, exc: OSError) -> InputError:
+    """An OSError from opening ``path`` as an :class:`InputError` that says what is wrong."""
+    if isinstance(exc, FileNotFoundError):
+        return InputError(path, "no such file")
+    if isinstance(exc, PermissionError):
+        return InputError(path, "permission denied: the file is not readable")
+    if isinstance(exc, IsADirectoryError):
+        return InputError(path, "is a directory, not a file")
+    return InputError(path, f"cannot read: {exc.strerror or exc}")

@@ -8,6 +8,7 @@ needs to see none of it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +92,13 @@ def _plan(client: Client, found: discovery.Found, planner, *args):
     by_file = {}
     for worker, files in groups.items():
         by_file.update(zip(files, planned[worker], strict=True))
-    return combine([by_file[path] for path in found.files])
+    plan = combine([by_file[path] for path in found.files])
+    # a copy of a file on another node was modified at another time: its reads accept that too
+    shards = [
+        dataclasses.replace(s, stamp=s.stamp.seen_as(found.mtimes.get(s.path, ())))
+        for s in plan.shards
+    ]
+    return dataclasses.replace(plan, shards=shards)
 
 
 def read_parquet(

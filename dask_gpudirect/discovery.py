@@ -2,8 +2,10 @@
 
 The client makes the user's paths absolute and each worker expands them in its own file system
 (a glob, a directory's data files, or a file). A file counts for a worker when its allowed roots
-admit it. The client merges the views into the files in the order of the paths, and for each
-worker the files it can read; the client itself need not see any of them.
+admit it, checked on the file opened (see :mod:`.access`); a path outside them is not even listed,
+and gets the same answer whatever lies there. The client merges the views into the files in the
+order of the paths, and for each worker the files it can read and when each was modified (the
+stamps of the shards, :mod:`.stamps`); the client itself need not see any of them.
 
 One path with different sizes on two workers is two different files that share a name: node-local
 datasets need file names unique across nodes (or identical copies), and we say so rather than mix
@@ -17,28 +19,31 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .access import allowed
+from . import access
 from .errors import InputError
 
 #: What a path turned out to be on one worker.
-GLOB, DIRECTORY, FILE, MISSING = "glob", "directory", "file", "missing"
+GLOB, DIRECTORY, FILE, MISSING, REFUSED = "glob", "directory", "file", "missing", "refused"
 
 
 @dataclass(frozen=True)
 class View:
-    """One path as one worker sees it: what it is there, and its files as ``(path, size)``."""
+    """One path as one worker sees it: what it is there, and its files as
+    ``(path, size, mtime_ns)``."""
 
     kind: str
-    files: tuple[tuple[str, int], ...] = ()
-    refused: tuple[str, ...] = ()  # files that exist there but lie outside the allowed roots
+    files: tuple[tuple[str, int, int], ...] = ()
+    refused: tuple[str, ...] = ()  # names inside the roots that lead outside them
 
 
 @dataclass
 class Found:
-    """The merged views: ``files`` in path order, and the files each worker can read."""
+    """The merged views: ``files`` in path order, the files each worker can read, and the
+    modification times the workers saw of each file."""
 
     files: list[str] = field(default_factory=list)
     readable: dict[str, set[str]] = field(default_factory=dict)
+    mtimes: dict[str, set[int]] = field(default_factory=dict)
 
 
 def absolute(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
@@ -52,30 +57,52 @@ def absolute(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str
 
 
 def data_files(directory: str) -> list[str]:
-    """The files a read of ``directory`` takes, sorted: not those starting with ``.`` or ``_``
-    (hidden files, ``_metadata``, ``_SUCCESS``)."""
+    """The entries a read of ``directory`` takes, sorted: not those starting with ``.`` or ``_``
+    (hidden files, ``_metadata``, ``_SUCCESS``), nor subdirectories."""
     return sorted(
         os.path.join(directory, name)
         for name in os.listdir(directory)
-        if not name.startswith((".", "_")) and os.path.isfile(os.path.join(directory, name))
+        if not name.startswith((".", "_")) and not os.path.isdir(os.path.join(directory, name))
     )
 
 
 def view(entry: str) -> View:
     """``entry`` as this process sees it (run on each worker)."""
+    if not access.admits(entry):  # not even listed: the answer is the same whatever is there
+        return View(REFUSED)
     try:
         if glob.has_magic(entry):
-            kind, candidates = GLOB, sorted(p for p in glob.glob(entry) if os.path.isfile(p))
+            kind, candidates = GLOB, sorted(glob.glob(entry))
         elif os.path.isdir(entry):
             kind, candidates = DIRECTORY, data_files(entry)
-        elif os.path.exists(entry):
+        elif os.path.lexists(entry):
             kind, candidates = FILE, [entry]
         else:
             return View(MISSING)
-        files = tuple((p, os.path.getsize(p)) for p in candidates if allowed(p))
-    except OSError:  # a directory this process may not list, a file gone meanwhile
+    except OSError:  # a directory this process may not list
         return View(MISSING)
-    return View(kind, files, tuple(p for p in candidates if not allowed(p)))
+    files, refused = [], []
+    for path in candidates:
+        try:
+            with access.opened(path) as f:
+                files.append((path, f.stat.st_size, f.stat.st_mtime_ns))
+        except access.Refused:
+            refused.append(path)
+        except InputError:
+            if kind == FILE:  # planning says what is wrong with it (unreadable, a FIFO...)
+                files.append((path, *_size_and_mtime(path)))
+            # in a listing: a subdirectory, a dangling link or a file gone meanwhile
+    if kind == FILE and not files and not refused:
+        return View(MISSING)
+    return View(kind, tuple(files), tuple(refused))
+
+
+def _size_and_mtime(path: str) -> tuple[int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return 0, 0
+    return info.st_size, info.st_mtime_ns
 
 
 def views(entries: list[str]) -> list[View]:
@@ -92,14 +119,18 @@ def merge(entries: list[str], seen: dict[str, list[View]]) -> Found:
         here = {worker: v[i] for worker, v in seen.items()}
         names: set[str] = set()
         for worker, v in here.items():
-            for path, size in v.files:
+            for path, size, mtime in v.files:
                 sizes.setdefault(path, {})[worker] = size
+                found.mtimes.setdefault(path, set()).add(mtime)
                 found.readable[worker].add(path)
                 names.add(path)
             names.update(v.refused)
         if not names:
             raise _nothing_found(entry, {v.kind for v in here.values()})
         files.update(dict.fromkeys(sorted(names)))
+    for path in files:
+        if path not in sizes:  # only ever refused: inside the roots by name, outside in fact
+            raise access.Refused(path)
     for path, by_worker in sizes.items():
         if len(set(by_worker.values())) > 1:
             detail = ", ".join(f"{n} bytes on {w}" for w, n in sorted(by_worker.items()))
@@ -117,4 +148,6 @@ def _nothing_found(entry: str, kinds: set[str]) -> InputError:
         return InputError(entry, "no files match this pattern on any worker")
     if DIRECTORY in kinds:
         return InputError(entry, "directory holds no data files")
+    if REFUSED in kinds:
+        return access.Refused(entry)
     return InputError(entry, "no such file or directory on any worker")

@@ -1,11 +1,19 @@
-"""The one error type for bad input, so users can catch it and tests can assert on it."""
+"""The errors dask-gpudirect raises, one family, so users can catch them and tests assert on them.
+
+Each is also the built-in a Dask user would expect: bad input and bad config are ``ValueError``s,
+a failed shuffle a ``RuntimeError``.
+"""
 
 from __future__ import annotations
 
 import os
 
 
-class InputError(ValueError):
+class GPUDirectError(Exception):
+    """The base of every error dask-gpudirect raises on purpose."""
+
+
+class InputError(GPUDirectError, ValueError):
     """A file or an option that cannot be loaded; the message names the file and the fault."""
 
     def __init__(self, path: str | os.PathLike | None, problem: str):
@@ -17,5 +25,20 @@ class InputError(ValueError):
         return type(self), (self.path, self.problem)
 
 
-class ShuffleError(RuntimeError):
-    """A shuffle that could not finish; no partial output was returned and the cluster is usable."""
+class ConfigError(GPUDirectError, ValueError):
+    """A ``gpudirect.*`` config value that cannot be used; raised where it is read."""
+
+
+class ShuffleError(GPUDirectError, RuntimeError):
+    """A shuffle that could not finish; no partial output was returned and the cluster is usable.
+
+    ``secondary`` marks a failure that only follows another one (a peer that had already ended
+    the run, an abort from the client), so the error shown names the first cause.
+    """
+
+    def __init__(self, message: str, secondary: bool = False):
+        self.secondary = secondary
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.secondary)

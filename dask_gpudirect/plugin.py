@@ -8,7 +8,7 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
-from . import metrics, targets
+from . import access, metrics, targets
 from .config import resolve_options
 from .cuda import gpu_count
 from .ledger import Ledger
@@ -38,6 +38,7 @@ class GPUDirectPlugin(WorkerPlugin):
         self.overrides = options
 
     def setup(self, worker) -> None:
+        access.roots()  # a bad gpudirect.allowed-roots fails the worker's start, not a read
         self.options = resolve_options(self.overrides)
         self.address = worker.address
         self.gpus = gpu_count()

@@ -24,7 +24,7 @@ from .plugin import GPUDirectPlugin
 @click.option("--gpudirect-task-size", default=None, help="bytes per read task, e.g. 4MiB")
 @click.option("--gpudirect-compat-mode", type=click.Choice(["AUTO", "ON", "OFF"]), default=None)
 @click.option("--create-cuda-context/--no-create-cuda-context", hidden=True, default=False)
-async def dask_setup(
+def dask_setup(
     worker,
     gpudirect_target,
     gpudirect_threads,
@@ -38,7 +38,8 @@ async def dask_setup(
         "task_size": gpudirect_task_size,
         "compat_mode": gpudirect_compat_mode,
     }
-    await worker.plugin_add(
-        GPUDirectPlugin(**{k: v for k, v in options.items() if v is not None}),
-        name=GPUDirectPlugin.name,
-    )
+    plugin = GPUDirectPlugin(**{k: v for k, v in options.items() if v is not None})
+    # Set up with the plugins given at start (preloads run just before them), not here:
+    # distributed logs and ignores an error of a preload, but a plugin that fails at start
+    # (a bad gpudirect.* value) stops the worker, with that error.
+    worker._pending_plugins = (*worker._pending_plugins, plugin)

@@ -13,8 +13,8 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from . import access
 from .errors import InputError
+from .stamps import Stamp
 
 
 class Part(Protocol):
@@ -31,7 +31,8 @@ class Shard:
     """Byte ranges of one file, read into one buffer, decoded by ``part``.
 
     ``ranges`` are ``(file_offset, length)`` pairs; byte ``file_offset`` lands at buffer position
-    ``file_offset - base`` in a buffer of ``size`` bytes. ``worker`` is set by placement.
+    ``file_offset - base`` in a buffer of ``size`` bytes. ``stamp`` is the file as planned,
+    checked again by every read. ``worker`` is set by placement.
     """
 
     path: str
@@ -41,6 +42,7 @@ class Shard:
     part: Part
     target: str = "host"
     worker: str | None = None
+    stamp: Stamp | None = None
 
     @property
     def nbytes(self) -> int:
@@ -60,8 +62,7 @@ def load(shard: Shard) -> Any:
     from .plugin import current_plugin
 
     plugin = current_plugin()
-    try:
-        access.check(shard.path)  # the worker's own roots: the planning is not trusted
+    try:  # the read checks the worker's own roots and the stamp: the planning is not trusted
         buffer = plugin.target(shard.target).read(shard)
     except InputError as exc:
         raise _elsewhere(shard, plugin.address, exc) from None
@@ -116,14 +117,3 @@ def coalesce(ranges: Sequence[tuple[int, int]], gap: int = 0) -> tuple[tuple[int
         else:
             merged.append([offset, length])
     return tuple((o, n) for o, n in merged if n > 0)
-
-
-def open_error(path: str, exc: OSError) -> InputError:
-    """A planning-time OSError as an :class:`InputError` that says what is wrong with the file."""
-    if isinstance(exc, FileNotFoundError):
-        return InputError(path, "no such file")
-    if isinstance(exc, PermissionError):
-        return InputError(path, "permission denied: the file is not readable")
-    if isinstance(exc, IsADirectoryError):
-        return InputError(path, "is a directory, not a file")
-    return InputError(path, f"cannot read: {exc.strerror or exc}")

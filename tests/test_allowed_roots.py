@@ -1,22 +1,29 @@
 """``gpudirect.allowed-roots``: workers read only inside the configured directories.
 
-One cluster whose workers get ``allowed-roots = [<tmp>/data]`` through the nanny's config.
-Paths outside (directly, through ``..``, or through a symlink that leads out) are refused with
-an InputError that names the file, raised in this process, at planning, and again by the worker
-right before it reads; paths inside load as usual.
+One cluster whose workers get ``allowed-roots = [<tmp>/data]`` through the nanny's config, and
+real ``dask worker`` processes that get it from ``DASK_GPUDIRECT__ALLOWED_ROOTS``. Paths outside
+(directly, through ``..``, through a symlink that leads out, through a glob) all get one answer
+that names only the path given, whether anything exists there or not; a symlink flipped between
+inside and outside while workers read through it never yields a byte from outside.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import threading
+import time
 
+import dask
 import numpy as np
 import pytest
-from distributed import Client
-from util import shards_of, start_cluster
+from distributed import Client, LocalCluster, wait
+from util import compute, dask_command, shards_of, spawn, start_cluster
 
 import dask_gpudirect as dg
+from dask_gpudirect import access
+from dask_gpudirect.errors import ConfigError
 from dask_gpudirect.shards import load
 
 
@@ -30,6 +37,8 @@ def roots(tmp_path_factory):
     np.save(outside / "out.npy", np.arange(50, dtype=np.int64))
     (data / "link").mkdir()
     os.symlink(outside / "out.npy", data / "link" / "out.npy")
+    os.symlink(outside / "nothing.npy", data / "dangling.npy")
+    os.symlink(outside, data / "outdir")
     return data, outside
 
 
@@ -41,42 +50,185 @@ def client(roots):
         yield c
 
 
+def refused(given) -> str:
+    """The one message for a path outside the roots: the path as given, nothing else."""
+    return f"{os.path.abspath(given)}: {access.REFUSED}"
+
+
 def test_inside_the_roots_loads(client, roots):
     data, _ = roots
     arr = dg.read_binary(data / "in.npy", client=client)
     np.testing.assert_array_equal(client.compute(arr).result(), np.arange(100))
 
 
-def test_outside_the_roots_is_refused_at_planning(client, roots):
-    _, outside = roots
-    with pytest.raises(
-        dg.InputError, match=r"out\.npy: no worker can read this file.*allowed-roots"
-    ):
-        dg.read_binary(outside / "out.npy", client=client)
-
-
-def test_dot_dot_out_of_the_roots_is_refused(client, roots):
-    data, _ = roots
-    sneaky = data / ".." / "outside" / "out.npy"
-    with pytest.raises(dg.InputError, match="no worker can read this file"):
-        dg.read_binary(sneaky, client=client)
-
-
-def test_symlink_out_of_the_roots_is_refused_at_planning(client, roots):
-    """The link lies inside the roots; the worker resolves it and finds its target outside."""
-    data, _ = roots
-    with pytest.raises(dg.InputError, match=r"link/out\.npy: no worker can read this file"):
-        dg.read_binary(data / "link" / "out.npy", client=client)
+@pytest.mark.parametrize(
+    "given",
+    [
+        "outside/out.npy",  # exists outside
+        "outside/nothing.npy",  # does not exist outside
+        "data/../outside/out.npy",  # .. out of the root
+        "data/link/out.npy",  # a symlink inside that leads to a file outside
+        "data/dangling.npy",  # a symlink inside that leads nowhere outside
+        "data/outdir",  # a symlink to a directory outside
+        "outside/*.npy",  # a glob outside
+        "data/outdir/*.npy",  # a glob through a link outside
+        "data/link/*.npy",  # a glob inside whose one match leads outside
+    ],
+)
+def test_outside_the_roots_gets_one_answer(client, roots, given):
+    """Whatever lies outside, the error is the same and names only what the user gave."""
+    data, outside = roots
+    path = os.path.join(data.parent, given)
+    with pytest.raises(dg.InputError) as info:
+        dg.read_binary(path, client=client)
+    named = os.path.join(data, "link", "out.npy") if given == "data/link/*.npy" else path
+    assert str(info.value) == refused(named)
+    with pytest.raises(dg.InputError, match="outside gpudirect.allowed-roots") as info:
+        dg.read_parquet(path, client=client)
+    assert str(outside) not in str(info.value) or str(outside) in os.path.abspath(path)
 
 
 def test_a_read_outside_the_roots_is_refused_by_the_worker(client, roots):
-    """The worker checks again before it reads: a shard planned elsewhere is not trusted."""
+    """The worker checks what it opened: a shard planned elsewhere is not trusted."""
     data, outside = roots
     planned = dg.read_binary(data / "in.npy", client=client)
     (shard,) = shards_of(planned).values()
-    elsewhere = dataclasses.replace(shard, path=str(data / "link" / "out.npy"))
-    with pytest.raises(dg.InputError, match=r"out\.npy: outside gpudirect\.allowed-roots") as info:
+    elsewhere = dataclasses.replace(shard, path=str(data / "link" / "out.npy"), stamp=None)
+    with pytest.raises(dg.InputError) as info:
         client.submit(load, elsewhere, workers=[shard.worker]).result()
-    assert str(outside / "out.npy") in str(info.value)
+    assert str(info.value) == refused(data / "link" / "out.npy")  # the target is not named
     # the cluster keeps working
     np.testing.assert_array_equal(client.compute(planned).result(), np.arange(100))
+
+
+def test_a_symlink_flipped_during_reads_never_leads_outside(client, roots):
+    """A link inside the root flipped between a file inside and one outside, as fast as the
+    OS allows, while the workers plan and read through it: every read gives the inside file's
+    records or the refusal, never the outside file's. Bounded: 400 reads or 30 s."""
+    data, outside = roots
+    inside_file, outside_file = data / "race-in.npy", outside / "race-out.npy"
+    np.save(inside_file, np.ones(1000, dtype=np.int64))
+    np.save(outside_file, np.full(1000, 7, dtype=np.int64))  # same size, same header
+    link = data / "race.npy"
+    os.symlink(inside_file, link)
+    (shard,) = shards_of(dg.read_binary(link, client=client)).values()
+    unstamped = dataclasses.replace(shard, stamp=None)  # the roots alone must hold
+    stop = threading.Event()
+
+    def flip():
+        spare = data / "race.tmp"
+        while not stop.is_set():
+            for target in (outside_file, inside_file):
+                os.symlink(target, spare)
+                os.replace(spare, link)
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    outcomes = {"inside": 0, "refused": 0}
+    try:
+        deadline = time.monotonic() + 30
+        while sum(outcomes.values()) < 400 and time.monotonic() < deadline:
+            futures = [
+                client.submit(load, unstamped, pure=False, workers=[shard.worker])
+                for _ in range(40)
+            ]
+            wait(futures)
+            for future in futures:
+                if future.status == "error":
+                    assert str(future.exception()) == refused(link)
+                    outcomes["refused"] += 1
+                else:
+                    assert (future.result() == 1).all(), "read data from outside the roots"
+                    outcomes["inside"] += 1
+            try:  # planning through the link: never the outside file's footer or header
+                arr = dg.read_binary(link, client=client)
+                assert arr.shape == (1000,)
+            except dg.InputError as exc:
+                assert str(exc) in (refused(link), f"{link}: no such file")
+    finally:
+        stop.set()
+        flipper.join()
+    assert sum(outcomes.values()) >= 40, outcomes
+
+
+# --- the config's forms -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, None),
+        (["/data", "/scratch/x"], ("/data", "/scratch/x")),
+        (("/data",), ("/data",)),
+        ("/data", ("/data",)),  # the environment's form: one path
+        (f"/data{os.pathsep}/scratch", ("/data", "/scratch")),  # or several
+        ([], ()),  # nothing at all is allowed
+    ],
+)
+def test_allowed_roots_forms(value, expected):
+    with dask.config.set({"gpudirect.allowed-roots": value}):
+        assert access.roots() == expected
+
+
+@pytest.mark.parametrize(
+    "value", [5, {"/data": 1}, [1, 2], ["data"], "relative/dir", "", f"/data{os.pathsep}"]
+)
+def test_bad_allowed_roots_are_an_error_not_an_open_door(value):
+    with dask.config.set({"gpudirect.allowed-roots": value}):
+        with pytest.raises(ConfigError, match="gpudirect.allowed-roots"):
+            access.roots()
+
+
+def test_bad_allowed_roots_fail_the_plugin_on_a_running_cluster(roots):
+    data, _ = roots
+    with start_cluster("tcp", n_workers=1, config={"gpudirect.allowed-roots": 5}) as cluster:
+        with Client(cluster) as client:
+            with pytest.raises(ConfigError, match="gpudirect.allowed-roots must be a list"):
+                dg.read_binary(data / "in.npy", client=client)
+
+
+def test_allowed_roots_from_the_environment_of_dask_worker(tmp_path, roots):
+    """``DASK_GPUDIRECT__ALLOWED_ROOTS`` of real ``dask worker --preload`` processes: several
+    roots joined by ``os.pathsep`` on one worker, one root on the other, a bad value that stops
+    a third from starting."""
+    data, outside = roots
+    other = tmp_path / "other"
+    other.mkdir()
+    np.save(other / "o.npy", np.arange(30, dtype=np.int64))
+    log = open(tmp_path / "workers.log", "w")
+    procs = []
+    with LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address=":0") as cluster:
+        worker = [*dask_command("worker"), cluster.scheduler_address, "--nthreads", "1"]
+        worker += ["--no-dashboard", "--preload", "dask_gpudirect.preload"]
+        env = "DASK_GPUDIRECT__ALLOWED_ROOTS"
+        try:
+            both = f"{data}{os.pathsep}{other}"
+            procs.append(spawn([*worker, "--name", "both"], log, env={env: both}))
+            procs.append(spawn([*worker, "--name", "one"], log, env={env: str(data)}))
+            bad = spawn([*worker, "--name", "bad", "--no-nanny"], log, env={env: "[1, 2]"})
+            procs.append(bad)
+            with Client(cluster, set_as_default=False) as client:
+                client.wait_for_workers(2, timeout=60)
+                names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+                arr = dg.read_binary(data / "in.npy", blocksize=80, client=client)  # 10 shards
+                assert {names[s.worker] for s in shards_of(arr).values()} == {"both", "one"}
+                np.testing.assert_array_equal(compute(client, arr), np.arange(100))
+                arr = dg.read_binary(other / "o.npy", blocksize=80, client=client)
+                assert {names[s.worker] for s in shards_of(arr).values()} == {"both"}
+                np.testing.assert_array_equal(compute(client, arr), np.arange(30))
+                with pytest.raises(dg.InputError) as info:
+                    dg.read_binary(outside / "out.npy", client=client)
+                assert str(info.value) == refused(outside / "out.npy")
+                assert bad.wait(timeout=60) != 0  # the bad value stopped it
+                assert len(client.nthreads()) == 2
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            log.close()
+    text = (tmp_path / "workers.log").read_text()
+    assert "ConfigError: gpudirect.allowed-roots: 1 in [1, 2] is not an absolute" in text

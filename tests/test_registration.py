@@ -9,13 +9,9 @@ Options come from Dask config (``DASK_GPUDIRECT__...`` env vars) with keywords o
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import subprocess
-import sys
-import time
 
 import dask
 import numpy as np
@@ -26,10 +22,13 @@ from distributed import Client
 from util import (
     assert_same_frame,
     compute,
+    dask_command,
     expected_parquet,
     has_plugin,
     plugin_options,
+    spawn,
     start_cluster,
+    wait_for_address,
 )
 
 import dask_gpudirect as dg
@@ -135,39 +134,6 @@ def test_env_var_reaches_workers(monkeypatch, data):
 
 
 # --- dask scheduler / dask worker --preload, as real processes ------------------------
-
-
-def dask_command(name: str) -> list[str]:
-    """The ``dask <name>`` command of this environment."""
-    script = shutil.which("dask", path=os.path.dirname(sys.executable))
-    if script:
-        return [script, name]
-    return [sys.executable, "-m", f"distributed.cli.dask_{name}"]
-
-
-def spawn(args: list[str], log, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        args,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-        cwd=os.path.dirname(log.name),
-    )
-
-
-def wait_for_address(scheduler_file, procs, timeout=60) -> str:
-    """The scheduler's address, once it has written its file (whole)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(scheduler_file) as f:
-                return json.load(f)["address"]
-        except (OSError, ValueError, KeyError):
-            pass
-        for p in procs:
-            assert p.poll() is None, f"{p.args} exited with {p.returncode}"
-        assert time.monotonic() < deadline, f"{scheduler_file} never appeared"
-        time.sleep(0.2)
 
 
 def test_dask_worker_preload(tmp_path, data, caplog):

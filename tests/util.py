@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
+import subprocess
 import sys
+import time
 
 import cloudpickle
 import numpy as np
@@ -149,3 +153,39 @@ def delay_receive(dask_worker, seconds: float) -> None:
         return service.receive(**msg)
 
     dask_worker.handlers[RECEIVE] = receive
+
+
+# --- dask scheduler / dask worker as real processes -----------------------------------------
+
+
+def dask_command(name: str) -> list[str]:
+    """The ``dask <name>`` command of this environment."""
+    script = shutil.which("dask", path=os.path.dirname(sys.executable))
+    if script:
+        return [script, name]
+    return [sys.executable, "-m", f"distributed.cli.dask_{name}"]
+
+
+def spawn(args: list[str], log, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        cwd=os.path.dirname(log.name),
+    )
+
+
+def wait_for_address(scheduler_file, procs, timeout=60) -> str:
+    """The scheduler's address, once it has written its file (whole)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(scheduler_file) as f:
+                return json.load(f)["address"]
+        except (OSError, ValueError, KeyError):
+            pass
+        for p in procs:
+            assert p.poll() is None, f"{p.args} exited with {p.returncode}"
+        assert time.monotonic() < deadline, f"{scheduler_file} never appeared"
+        time.sleep(0.2)

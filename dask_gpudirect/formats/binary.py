@@ -8,14 +8,17 @@ C-order data is cut into runs of whole records of about ``blocksize`` bytes; a F
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import os
 import tokenize
 
 import numpy as np
 
+from .. import stamps
+from ..access import Opened, opened
 from ..errors import InputError
-from ..shards import Shard, open_error
+from ..shards import Shard
 
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -84,19 +87,30 @@ def _read_header_3_0(f, version):
     return read(f, version)
 
 
-def _npy_layout(path: str, size: int) -> _Layout:
-    with open(path, "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                shape, fortran, dtype = _read_header_3_0(f, version)
-        except (ValueError, SyntaxError, TypeError, EOFError, tokenize.TokenError) as exc:
-            raise InputError(path, f"bad .npy header: {exc}") from None
-        offset = f.tell()
+def _npy_header(file: Opened) -> bytes:
+    """The magic, version, length and header dict of a ``.npy`` file (what its layout is
+    planned from), or as much of it as the file holds."""
+    start = os.pread(file.fd, 12, 0)
+    if start[6:7] == b"\x01":  # version 1: a 2-byte length; later versions: 4 bytes
+        end = 10 + int.from_bytes(start[8:10], "little")
+    else:
+        end = 12 + int.from_bytes(start[8:12], "little")
+    return os.pread(file.fd, min(end, file.stat.st_size), 0)
+
+
+def _npy_layout(path: str, size: int, header: bytes) -> _Layout:
+    f = io.BytesIO(header)
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            shape, fortran, dtype = _read_header_3_0(f, version)
+    except (ValueError, SyntaxError, TypeError, EOFError, tokenize.TokenError) as exc:
+        raise InputError(path, f"bad .npy header: {exc}") from None
+    offset = f.tell()
     dtype = _fixed_dtype(dtype, path)
     if len(shape) == 0:
         raise InputError(path, "0-d .npy array has no records along axis 0")
@@ -121,27 +135,23 @@ def _raw_layout(path: str, size: int, dtype: np.dtype, record_shape: tuple[int, 
     return _Layout(0, dtype, (size // record, *record_shape), "C")
 
 
-def _layout(path: str, dtype, shape) -> _Layout:
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            magic = f.read(len(NPY_MAGIC))
-    except OSError as exc:
-        raise open_error(path, exc) from None
-    if magic == NPY_MAGIC or path.endswith(".npy"):
-        layout = _npy_layout(path, size)
-        if dtype is not None and np.dtype(dtype) != layout.dtype:
-            raise InputError(
-                path, f".npy holds {layout.dtype}, but dtype={np.dtype(dtype)} was given"
-            )
-        if shape is not None and tuple(shape) != layout.shape[1:]:
-            raise InputError(
-                path, f".npy records have shape {layout.shape[1:]}, not {tuple(shape)}"
-            )
-        return layout
-    if dtype is None:
-        raise InputError(path, "raw binary file: pass dtype= (and shape= for each record)")
-    return _raw_layout(path, size, _fixed_dtype(dtype, path), tuple(shape or ()))
+def _layout(path: str, dtype, shape) -> tuple[_Layout, stamps.Stamp]:
+    """What ``path`` holds, from one open (allowed roots checked on it), and its stamp."""
+    with opened(path) as f:
+        if os.pread(f.fd, len(NPY_MAGIC), 0) == NPY_MAGIC or path.endswith(".npy"):
+            header = _npy_header(f)
+            layout = _npy_layout(path, f.stat.st_size, header)
+            stamp = stamps.take(f, (0, len(header)), header)
+        else:
+            if dtype is None:
+                raise InputError(path, "raw binary file: pass dtype= (and shape= for each record)")
+            fixed = _fixed_dtype(dtype, path)
+            return _raw_layout(path, f.stat.st_size, fixed, tuple(shape or ())), stamps.take(f)
+    if dtype is not None and np.dtype(dtype) != layout.dtype:
+        raise InputError(path, f".npy holds {layout.dtype}, but dtype={np.dtype(dtype)} was given")
+    if shape is not None and tuple(shape) != layout.shape[1:]:
+        raise InputError(path, f".npy records have shape {layout.shape[1:]}, not {tuple(shape)}")
+    return layout, stamp
 
 
 def plan(files: list[str], dtype, shape, blocksize: int, target: str) -> BinaryPlan:
@@ -153,10 +163,10 @@ def plan(files: list[str], dtype, shape, blocksize: int, target: str) -> BinaryP
     shards: list[Shard] = []
     first: _Layout | None = None
     for path in files:
-        layout = _layout(path, dtype, shape)
+        layout, stamp = _layout(path, dtype, shape)
         first = first or layout
         _check_records(path, layout.dtype, layout.shape[1:], files[0], first.dtype, first.shape[1:])
-        shards.extend(_file_shards(path, layout, blocksize, target))
+        shards.extend(_file_shards(path, layout, stamp, blocksize, target))
     return BinaryPlan(shards, first.dtype, first.shape[1:], files[0])
 
 
@@ -169,7 +179,9 @@ def _check_records(path, dtype, shape, first, first_dtype, first_shape) -> None:
         )
 
 
-def _file_shards(path: str, layout: _Layout, blocksize: int, target: str) -> list[Shard]:
+def _file_shards(
+    path: str, layout: _Layout, stamp: stamps.Stamp, blocksize: int, target: str
+) -> list[Shard]:
     n, record_shape = layout.shape[0], layout.shape[1:]
     record = layout.dtype.itemsize * math.prod(record_shape)
     step = n if layout.order == "F" else max(1, blocksize // max(record, 1))
@@ -185,6 +197,7 @@ def _file_shards(path: str, layout: _Layout, blocksize: int, target: str) -> lis
                 size=count * record,
                 part=BinaryPart(layout.dtype, (count, *record_shape), layout.order),
                 target=target,
+                stamp=stamp,
             )
         )
     return shards

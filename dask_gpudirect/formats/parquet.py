@@ -8,17 +8,17 @@ its own offset in a buffer of the file's size, so pyarrow and libcudf decode it 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs  # noqa: F401  (pa.fs)
 import pyarrow.parquet as pq
 
 from .. import filters as dnf
+from .. import stamps
+from ..access import opened, pread_exact
 from ..errors import InputError
-from ..shards import Shard, coalesce, open_error
+from ..shards import Shard, coalesce
 
 #: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
 MERGE_GAP = 64 * 1024
@@ -74,22 +74,46 @@ def _dictionary_columns(schema: pa.Schema) -> tuple[str, ...]:
     return tuple(f.name for f in schema if pa.types.is_dictionary(f.type))
 
 
-def _open(path: str) -> pq.ParquetFile:
-    try:
-        if os.path.getsize(path) == 0:
+#: A Parquet file ends with its footer's length (4 bytes, little-endian) and the magic ``PAR1``.
+MAGIC = b"PAR1"
+TAIL = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class _Footer:
+    """A file's footer, read once through the checked descriptor, and its stamp."""
+
+    path: str
+    file: pq.ParquetFile  # over the footer bytes alone: metadata and schema, no data
+    source: pa.Buffer  # the same bytes, for statistics pruning
+    stamp: stamps.Stamp
+
+
+def _corrupt(path: str, why: str) -> InputError:
+    return InputError(path, f"not a valid Parquet file (corrupt or truncated footer): {why}")
+
+
+def _open(path: str) -> _Footer:
+    """The footer of ``path``: one open (allowed roots checked on it), two small reads."""
+    with opened(path) as f:
+        size = f.stat.st_size
+        if size == 0:
             raise InputError(path, "empty file (0 bytes), not a Parquet file")
-        return pq.ParquetFile(path)
-    except OSError as exc:
-        # pyarrow reports an unparsable footer as an OSError without errno; the OS sets one
-        if isinstance(exc, pa.ArrowException) or exc.errno is None:
-            raise InputError(
-                path, f"not a valid Parquet file (corrupt or truncated footer): {exc}"
-            ) from None
-        raise open_error(path, exc) from None
-    except pa.ArrowException as exc:
-        raise InputError(
-            path, f"not a valid Parquet file (corrupt or truncated footer): {exc}"
-        ) from None
+        if size < len(MAGIC) + TAIL:
+            raise _corrupt(path, f"{size} bytes is too short for a Parquet file")
+        tail = pread_exact(f, TAIL, size - TAIL)
+        if tail[4:] != MAGIC:
+            raise _corrupt(path, "Parquet magic bytes not found at the end")
+        length = int.from_bytes(tail[:4], "little")
+        if length + len(MAGIC) + TAIL > size:
+            raise _corrupt(path, f"footer length {length} is more than the file holds")
+        footer = pread_exact(f, length + TAIL, size - TAIL - length)
+        stamp = stamps.take(f, (size - TAIL - length, length + TAIL), footer)
+    source = pa.py_buffer(MAGIC + footer)
+    try:
+        return _Footer(path, pq.ParquetFile(pa.BufferReader(source)), source, stamp)
+    except (OSError, pa.ArrowException) as exc:
+        raise _corrupt(path, str(exc)) from None
 
 
 def _data_columns(schema: pa.Schema) -> list[str]:
@@ -120,17 +144,19 @@ def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
     return start, column.total_compressed_size
 
 
-def _kept_row_groups(path: str, meta: pq.FileMetaData, expression) -> list[int]:
+def _kept_row_groups(footer: _Footer, expression) -> list[int]:
+    meta = footer.file.metadata
     non_empty = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > 0]
     if expression is None:
         return non_empty
+    # pruned on the footer already read: the statistics the stamp vouches for
     fragment = ds.ParquetFileFormat().make_fragment(
-        path, filesystem=pa.fs.LocalFileSystem(), row_groups=non_empty
+        pa.BufferReader(footer.source), row_groups=non_empty
     )
     try:
         return [rg.id for rg in fragment.subset(filter=expression).row_groups]
     except (pa.ArrowException, TypeError) as exc:
-        raise InputError(path, f"filters do not apply to this file's types: {exc}") from None
+        raise InputError(footer.path, f"filters do not apply to this file's types: {exc}") from None
 
 
 def _tail_start(meta: pq.FileMetaData) -> int:
@@ -147,7 +173,7 @@ def _tail_start(meta: pq.FileMetaData) -> int:
 def plan(files: list[str], columns, filters, blocksize: int, target: str) -> ParquetPlan:
     """Shards of ``files`` (footers only, no data read) and the schema of the result."""
     first = _open(files[0])
-    schema = first.schema_arrow
+    schema = first.file.schema_arrow
     available = _data_columns(schema)
     if columns is None:
         columns = available
@@ -171,9 +197,9 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
 
     shards: list[Shard] = []
     for path in files:
-        pf = first if path == files[0] else _open(path)
-        _check_schema(path, pf.schema_arrow, files[0], schema)
-        shards.extend(_file_shards(path, pf, part, expression, blocksize, target))
+        footer = first if path == files[0] else _open(path)
+        _check_schema(path, footer.file.schema_arrow, files[0], schema)
+        shards.extend(_file_shards(footer, part, expression, blocksize, target))
     return ParquetPlan(shards=shards, schema=out_schema, file_schema=schema, first=files[0])
 
 
@@ -186,10 +212,9 @@ def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
     return [path[0] for path in pf.reader.column_paths]
 
 
-def _file_shards(path, pf, part: dict, expression, blocksize, target):
-    meta = pf.metadata
-    leaves = _top_level_columns(pf)
-    size = os.path.getsize(path)
+def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
+    path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
+    leaves = _top_level_columns(footer.file)
     tail = _tail_start(meta)
     head_tail = [(0, 4), (tail, size - tail)]
     wanted = set(part["read_columns"])
@@ -197,7 +222,7 @@ def _file_shards(path, pf, part: dict, expression, blocksize, target):
     ranges: list[list[tuple[int, int]]] = []
     group_bytes = blocksize
     previous = None
-    for i in _kept_row_groups(path, meta, expression):
+    for i in _kept_row_groups(footer, expression):
         rg = meta.row_group(i)
         chunks = [_chunk_range(rg.column(j)) for j in range(rg.num_columns) if leaves[j] in wanted]
         nbytes = sum(n for _, n in chunks)
@@ -217,6 +242,7 @@ def _file_shards(path, pf, part: dict, expression, blocksize, target):
             size=size,
             part=ParquetPart(row_groups=tuple(g), **part),
             target=target,
+            stamp=footer.stamp,
         )
         for g, rs in zip(groups, ranges, strict=True)
     ]

@@ -13,6 +13,8 @@ import time
 from types import ModuleType
 from typing import Any
 
+from .. import stamps
+from ..access import Opened, opened
 from ..errors import InputError
 from ..ledger import Ledger
 from ..shards import Shard
@@ -49,10 +51,17 @@ class Target:
         self.ledger = ledger
 
     def read(self, shard: Shard) -> Any:
-        """``shard``'s ranges in one buffer of ``shard.size`` bytes on this target."""
+        """``shard``'s ranges in one buffer of ``shard.size`` bytes on this target.
+
+        The file is opened once and checked (allowed roots, then the shard's stamp) on that
+        descriptor, read through it, and its stamp checked again after the read.
+        """
         start = time.perf_counter()
         try:
-            buffer, nread = self._read(shard)
+            with opened(shard.path) as file:
+                stamps.check(shard.stamp, file)
+                buffer, nread = self._read(shard, file)
+                stamps.check(shard.stamp, file)  # not rewritten while we read
         except OSError as exc:
             raise InputError(shard.path, f"cannot read: {exc.strerror or exc}") from None
         except RuntimeError as exc:  # kvikio reports C++ I/O errors as RuntimeError
@@ -73,7 +82,8 @@ class Target:
         )
         return buffer
 
-    def _read(self, shard: Shard) -> tuple[Any, int]:
+    def _read(self, shard: Shard, file: Opened) -> tuple[Any, int]:
+        """Read ``shard``'s ranges through ``file`` (never by name); the buffer and bytes read."""
         raise NotImplementedError
 
     def decode_parquet(self, buffer: Any, row_groups: list[int], columns: list[str]) -> Any:

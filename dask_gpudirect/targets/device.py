@@ -6,6 +6,8 @@ pinned bounce buffers, then host-to-device: two copies) elsewhere; the ledger re
 
 from __future__ import annotations
 
+import os
+
 import cupy
 import kvikio
 import kvikio.defaults
@@ -16,6 +18,7 @@ import pylibcudf as plc
 import rmm
 from dask.utils import parse_bytes
 
+from ..errors import InputError
 from . import Target
 
 
@@ -93,6 +96,13 @@ def configure_kvikio(options) -> str:
     return "kvikio-compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
 
 
+def _check_same_file(file, fd: int) -> None:
+    """Raise unless ``fd`` is open on the same inode as ``file`` (kvikio's own open)."""
+    mine, theirs = file.stat, os.fstat(fd)
+    if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+        raise InputError(file.path, "was replaced while it was opened")
+
+
 class DeviceTarget(Target):
     name = "device"
 
@@ -100,10 +110,12 @@ class DeviceTarget(Target):
         super().__init__(options, ledger)
         self.route = configure_kvikio(options)
 
-    def _read(self, shard):
+    def _read(self, shard, file):
         buffer = rmm.DeviceBuffer(size=shard.size)
         view = cupy.asarray(buffer)
-        with kvikio.CuFile(shard.path, "r") as f:
+        # kvikio opens by name: the descriptor's own name opens the very file we checked
+        with kvikio.CuFile(file.same_file_path, "r") as f:
+            _check_same_file(file, f.fileno())
             futures = [
                 f.pread(view[offset - shard.base : offset - shard.base + length], length, offset)
                 for offset, length in shard.ranges

@@ -66,27 +66,20 @@ class HostTarget(Target):
         self.task_size = parse_bytes(options["task_size"])
         self.pool = ThreadPoolExecutor(options["threads"], thread_name_prefix="gpudirect-read")
 
-    def _read(self, shard):
+    def _read(self, shard, file):
         buffer = np.empty(shard.size, dtype=np.uint8)
         view = memoryview(buffer)
-        fd = os.open(shard.path, os.O_RDONLY)
-        try:
-            futures = [
-                self.pool.submit(
-                    _pread_into,
-                    fd,
-                    view[
-                        o - shard.base : o - shard.base + min(self.task_size, offset + length - o)
-                    ],
-                    o,
-                )
-                for offset, length in shard.ranges
-                for o in range(offset, offset + length, self.task_size)
-            ]
-            nread = sum(f.result() for f in futures)
-        finally:
-            os.close(fd)
-        return buffer, nread
+        futures = [
+            self.pool.submit(
+                _pread_into,
+                file.fd,
+                view[o - shard.base : o - shard.base + min(self.task_size, offset + length - o)],
+                o,
+            )
+            for offset, length in shard.ranges
+            for o in range(offset, offset + length, self.task_size)
+        ]
+        return buffer, sum(f.result() for f in futures)
 
     def decode_parquet(self, buffer, row_groups, columns):
         table = pq.ParquetFile(pa.py_buffer(buffer)).read_row_groups(row_groups, columns=columns)
