@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from . import config  # noqa: F401  (loads the gpudirect.* defaults into dask.config)
 from .collections import read_binary, read_parquet
-from .errors import InputError, ShuffleError
+from .errors import ClusterError, ConfigError, GPUDirectError, InputError, ShuffleError
 from .ledger import report
 from .plugin import GPUDirectPlugin
 from .shuffle.api import shuffle, shuffle_array
 
 __all__ = [
+    "ClusterError",
+    "ConfigError",
+    "GPUDirectError",
     "GPUDirectPlugin",
     "InputError",
     "LocalCUDACluster",
@@ -25,7 +28,12 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "LocalCUDACluster":  # imported on use: dask-cuda is the optional cuda13 extra
-        from .cluster import LocalCUDACluster
+        from . import cluster
 
-        return LocalCUDACluster
+        if cluster.dask_cuda is None:
+            raise ImportError(
+                "dg.LocalCUDACluster needs dask-cuda: pip install 'dask-gpudirect[cuda13]'; "
+                + cluster.NO_GPU.split(". ", 1)[1]
+            )
+        return cluster.LocalCUDACluster
     raise AttributeError(f"module 'dask_gpudirect' has no attribute {name!r}")

@@ -9,11 +9,20 @@ from typing import Any
 from distributed import Client, WorkerPlugin
 
 from . import discovery
+from .cuda import gpu_count
 from .dashboard import DashboardPlugin
+from .errors import ClusterError
 from .placement import PlacementPlugin
 from .plugin import GPUDirectPlugin
 
 logger = logging.getLogger(__name__)
+
+#: What to use instead of a LocalCUDACluster on a machine without a GPU.
+NO_GPU = (
+    "dg.LocalCUDACluster needs an NVIDIA GPU and its driver, and this machine has none. "
+    "Without a GPU use distributed.LocalCluster(plugins={dg.GPUDirectPlugin()}) instead: "
+    "everything then runs on the host target (NumPy and pandas partitions)"
+)
 
 try:
     import dask_cuda
@@ -31,6 +40,8 @@ if dask_cuda is not None:
         """
 
         def __init__(self, *args: Any, plugins: set[WorkerPlugin] | None = None, **kwargs: Any):
+            if not gpu_count():
+                raise ClusterError(NO_GPU)
             self._user_plugins = set(plugins or ())
             super().__init__(*args, **kwargs)
 

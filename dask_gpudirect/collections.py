@@ -19,10 +19,11 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 from dask.utils import parse_bytes
-from distributed import Client, default_client
+from distributed import Client
 
 from . import discovery, targets
 from .cluster import survey
+from .connection import connected
 from .errors import InputError
 from .formats import binary, parquet
 from .placement import assign, planners
@@ -60,7 +61,7 @@ def _resolve_target(target: str | None, workers: dict[str, dict]) -> str:
 
 def _prepare(client: Client | None, paths, target) -> tuple[Client, discovery.Found, str]:
     """The client, the files and who can read them, and the chosen target."""
-    client = client or default_client()
+    client = connected(client)
     entries = discovery.absolute(paths)
     workers = survey(client, entries)
     found = discovery.merge(entries, {w: info["views"] for w, info in workers.items()})
@@ -119,7 +120,9 @@ def read_parquet(
         Columns to load (default: all).
     filters
         pyarrow DNF filters, e.g. ``[("x", ">", 3)]``: row groups whose statistics rule them
-        out are never read, and the remaining rows are filtered exactly.
+        out are never read, and the remaining rows are filtered exactly. A file ruled out
+        whole gives one empty partition, whose task checks that the file is still the one
+        planned (its footer, size and modification time).
     blocksize
         Target bytes per partition (a run of row groups); default ``gpudirect.parquet.blocksize``.
     target
@@ -134,8 +137,6 @@ def read_parquet(
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with dask.config.set({"dataframe.convert-string": False}):
-        if not plan.shards:  # every row group pruned: one empty partition keeps the schema
-            return dd.from_pandas(meta, npartitions=1)
         shards = assign(plan.shards, found.readable)
         return dd.from_map(
             load,

@@ -29,6 +29,10 @@ class ConfigError(GPUDirectError, ValueError):
     """A ``gpudirect.*`` config value that cannot be used; raised where it is read."""
 
 
+class ClusterError(GPUDirectError, RuntimeError):
+    """A cluster that cannot start on this machine (``dg.LocalCUDACluster`` without a GPU)."""
+
+
 class ShuffleError(GPUDirectError, RuntimeError):
     """A shuffle that could not finish; no partial output was returned and the cluster is usable.
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from dask.utils import parse_timedelta
 
+from .connection import connected
+
 if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
@@ -139,9 +141,8 @@ def _worker_records(dask_worker) -> list[dict]:
 def records(client: Client | None = None) -> pd.DataFrame:
     """Every ledger record of every worker, one row each."""
     import pandas as pd
-    from distributed import default_client
 
-    client = client or default_client()
+    client = connected(client)
     rows = [row for rs in client.run(_worker_records).values() for row in rs]
     columns = [f.name for f in dataclasses.fields(Record)]
     return pd.DataFrame(rows, columns=columns)

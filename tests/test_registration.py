@@ -14,7 +14,9 @@ import os
 import subprocess
 
 import dask
+import dask.dataframe as dd
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -32,6 +34,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
+from dask_gpudirect.cuda import gpu_count
 
 LOGGER = "dask_gpudirect.cluster"
 
@@ -208,3 +211,32 @@ def test_a_worker_that_joins_later_gets_the_plugin_and_takes_part(tmp_path):
         np.testing.assert_array_equal(client.compute(arr).result(), np.arange(4000))
         readers = set(dg.ledger.records(client).query("op == 'read'").worker)
         assert readers == set(client.scheduler_info()["workers"])
+
+
+# --- what a user gets wrong first ---------------------------------------------------------
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU")
+def test_local_cuda_cluster_without_a_gpu_says_what_to_use():
+    """The README's first line on a CPU machine: not an NVML traceback, but what to use."""
+    with pytest.raises(dg.ClusterError, match=r"has none.*distributed\.LocalCluster\(plugins="):
+        dg.LocalCUDACluster(protocol="ucxx", plugins={dg.GPUDirectPlugin()})
+
+
+def test_a_closed_or_wrong_client_is_a_clear_error(tcp_client, tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(10))
+    closed = Client(tcp_client.scheduler.address, set_as_default=False)
+    closed.close()
+    calls = {
+        "read_binary": lambda c: dg.read_binary(tmp_path / "x.npy", client=c),
+        "read_parquet": lambda c: dg.read_parquet(tmp_path, client=c),
+        "shuffle": lambda c: dg.shuffle(dd.from_pandas(pd.DataFrame({"k": [1]})), "k", client=c),
+        "report": lambda c: dg.report(c),
+    }
+    for call in calls.values():
+        with pytest.raises(dg.InputError, match="client= is closed, not running"):
+            call(closed)
+        with pytest.raises(dg.InputError, match="must be a distributed.Client, not str"):
+            call(tcp_client.scheduler.address)
+    # the cluster itself is fine
+    assert compute(tcp_client, dg.read_binary(tmp_path / "x.npy", client=tcp_client)).sum() == 45

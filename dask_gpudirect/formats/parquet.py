@@ -33,13 +33,23 @@ class ParquetPart:
     columns: tuple[str, ...]
     filters: Any = None
     categorical: tuple[str, ...] = ()  # dictionary-encoded in the schema
+    # Set where the filters rule out every row group: the shard reads the footer only, to
+    # check the file is still the one planned, and gives no rows of this (output) schema.
+    empty: pa.Schema | None = None
 
     def label(self) -> str:
         """The row groups: every Parquet shard's first byte range is the file's header."""
+        if not self.row_groups:
+            return "footer"
         first, last = self.row_groups[0], self.row_groups[-1]
         return f"rg{first}" if first == last else f"rg{first}-{last}"
 
     def decode(self, target, buffer):
+        if self.empty is not None:
+            from ..targets import module
+
+            frame = module(target.name).empty_frame(self.empty.empty_table())
+            return categorize(frame, self.categorical)
         frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
         frame = dnf.apply(frame, self.filters)[list(self.columns)].reset_index(drop=True)
         return categorize(frame, self.categorical)
@@ -234,6 +244,11 @@ def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
         ranges[-1].extend(chunks)
         group_bytes += nbytes
         previous = i
+    if not groups:  # statistics planned from this footer rule it all out: check it is still so
+        offset, length = footer.stamp.probe
+        out = pa.schema([footer.file.schema_arrow.field(c) for c in part["columns"]])
+        empty = ParquetPart(row_groups=(), empty=out, **part)
+        return [Shard(path, ((offset, length),), offset, length, empty, target, stamp=footer.stamp)]
     return [
         Shard(
             path=path,

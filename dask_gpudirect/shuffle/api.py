@@ -13,9 +13,10 @@ import dask.array as da
 import dask.dataframe as dd
 import numpy as np
 from dask.highlevelgraph import HighLevelGraph
-from distributed import Client, default_client
+from distributed import Client
 
 from .. import targets
+from ..connection import connected
 from ..errors import InputError
 from .coordinator import exchange
 from .split import HashSplit, PermutationSplit, contingency
@@ -58,7 +59,7 @@ def shuffle(
     """
     if not isinstance(df, dd.DataFrame):
         raise InputError(None, f"dg.shuffle needs a Dask DataFrame, not {type(df).__name__}")
-    client = client or default_client()
+    client = connected(client)
     on = list(on) if isinstance(on, list | tuple) else [on]
     missing = [c for c in on if c not in df.columns]
     if missing or not on:
@@ -103,7 +104,7 @@ def shuffle_array(
     """
     if not isinstance(arr, da.Array):
         raise InputError(None, f"dg.shuffle_array needs a Dask Array, not {type(arr).__name__}")
-    client = client or default_client()
+    client = connected(client)
     if arr.ndim == 0:
         raise InputError(None, "cannot shuffle a 0-d array: records are along axis 0")
     if any(math.isnan(c) for c in arr.chunks[0]):

@@ -148,7 +148,7 @@ def _watch(
         if gone:
             reason = f"worker(s) {gone} left the cluster during shuffle {plan.id}"
         else:
-            reason = f"shuffle {plan.id} failed: {_error_text(errors[0])}"
+            reason = f"shuffle {plan.id} failed on a peer"
         survivors = sorted(set(plan.participants) & alive)
         client.run(_abort, shuffle_id=plan.id, reason=reason, workers=survivors, on_error="ignore")
         try:  # let the survivors stop and clean up before the caller retries
@@ -156,6 +156,8 @@ def _watch(
                 wait([stages[w] for w in survivors], timeout=ABORT_GRACE)
         except TimeoutError:
             pass
+        if not gone:  # every stage has had its say: name the first cause, not its echoes
+            reason = f"shuffle {plan.id} failed: {_first_cause(stages)}"
         client.cancel(list(stages.values()))
         raise ShuffleError(
             f"{reason}; no output was returned. The cluster is still usable: run the shuffle "
@@ -163,8 +165,17 @@ def _watch(
         )
 
 
-def _error_text(future: Future) -> str:
+def _first_cause(stages: dict[str, Future]) -> str:
+    """The error of a failed stage that is a cause, not an echo of another's failure (a peer
+    that refused because its run had already ended there, an abort); by worker name."""
+    done = [stages[w] for w in sorted(stages) if stages[w].status not in ("pending", "finished")]
+    errors = [_error_of(future) for future in done]
+    causes = [e for e in errors if not getattr(e, "secondary", False)]
+    return str((causes or errors)[0])
+
+
+def _error_of(future: Future) -> BaseException:
     try:
-        return str(future.exception(timeout=5))
+        return future.exception(timeout=5)
     except Exception as exc:  # a cancelled or lost future still has a story
-        return f"{type(exc).__name__}: {exc}"
+        return RuntimeError(f"{type(exc).__name__}: {exc}")

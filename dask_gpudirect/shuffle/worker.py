@@ -90,7 +90,11 @@ class ShuffleRun:
     def put(self, i: int, first: int, counts: list[int], piece: Any) -> None:
         """Keep the rows of input ``i`` for outputs ``first, first + 1, ...`` (``counts`` each)."""
         self.raise_if_failed()
-        self.buffer[str(i)] = piece
+        try:
+            self.buffer[str(i)] = piece
+        except ShuffleError as exc:  # a limit reached here: this run fails, and says so itself
+            self.fail(exc)
+            raise
         self.received[i] = (first, counts)
 
     def outputs(self, exchange: Exchange, mine: range) -> dict[int, Any]:
@@ -160,7 +164,14 @@ class ShuffleRun:
                 piece=to_serialize(piece),
             )
         except Exception as exc:  # any comm failure fails the whole shuffle
-            self.fail(ShuffleError(f"shuffle {self.id}: sending to worker {dest} failed: {exc}"))
+            # A ShuffleError is the peer refusing a run that already failed there: the peer's
+            # own stage reports the cause, this is only its echo.
+            self.fail(
+                ShuffleError(
+                    f"shuffle {self.id}: sending to worker {dest} failed: {exc}",
+                    secondary=isinstance(exc, ShuffleError),
+                )
+            )
             return
         finally:
             await self.limiter.decrease(nbytes)
@@ -242,13 +253,15 @@ class ShuffleService:
         self._remember_closed(shuffle_id, reason)
         run = self.runs.get(shuffle_id)
         if run is not None:
-            run.fail(ShuffleError(f"shuffle {shuffle_id} was aborted: {reason}"))
+            run.fail(ShuffleError(f"shuffle {shuffle_id} was aborted: {reason}", secondary=True))
 
     # --- run lifecycle (event loop) ----------------------------------------------------------
     def run(self, shuffle_id: str, target: str) -> ShuffleRun:
         """The run of ``shuffle_id``, made when its first message or its stage task arrives."""
         if shuffle_id in self.closed:
-            raise ShuffleError(f"shuffle {shuffle_id} has ended here: {self.closed[shuffle_id]}")
+            raise ShuffleError(
+                f"shuffle {shuffle_id} has ended here: {self.closed[shuffle_id]}", secondary=True
+            )
         if shuffle_id not in self.runs:
             buffer = self._buffer(shuffle_id, target)
             self.runs[shuffle_id] = ShuffleRun(self, shuffle_id, buffer)
