@@ -14,7 +14,7 @@
 #                them (dask-cuda's --enable-* flags, for diagnosis and benchmarks)   (auto)
 #   THREADS      gpudirect.reader.threads on every worker                   (16)
 #   RMM_POOL     RMM pool per GPU, e.g. 0.8 or 60GB (one mapping for NVLink/IB)  (0.8)
-#   ALLOWED_ROOTS  JSON list for gpudirect.allowed-roots, e.g. '["/data"]'  (unset: no limit)
+#   ALLOWED_ROOTS  gpudirect.allowed-roots, e.g. /data or /data:/scratch  (unset: no limit)
 #   TLS_CA, TLS_CERT, TLS_KEY  PEM files (same path on every host): comms become tls://
 #                (TCP + TLS; UCX comms have no encryption, so TLS replaces ucxx)
 #   ACTIVATE     script sourced on each host before starting, e.g. ~/venv/bin/activate
