@@ -89,7 +89,7 @@ def test_a_failed_read_is_not_recorded(tcp, files, tmp_path):
     clear_ledgers(tcp)
     with open(npy_path, "r+b") as f:
         f.truncate(os.path.getsize(npy_path) - 12)
-    with pytest.raises(dg.InputError, match="shorter than when it was planned"):
+    with pytest.raises(dg.InputError, match="changed since it was planned"):
         compute(tcp, x)
     assert ledger.records(tcp).empty
 

@@ -179,3 +179,10 @@ def ledger_paths(client) -> list[dict]:
     import dask_gpudirect as dg
 
     return dg.report(client).to_dict(orient="records")
+
+
+def set_allowed_roots(roots) -> None:
+    """Set ``gpudirect.allowed-roots`` on this worker (read at each listing and each read)."""
+    import dask.config
+
+    dask.config.set({"gpudirect.allowed-roots": roots})

@@ -219,3 +219,42 @@ def test_ledger_says_kvikio_compat_two_copies(cuda_tcp, parquet_dir, tmp_path):
     assert {r["op"] for r in rows} == {"read"}, rows
     parquet_bytes = sum(os.path.getsize(p) for p in paths)
     assert sum(r["bytes"] for r in rows) >= 4096 * 4 * 8 + parquet_bytes // 2
+
+
+# --- the descriptor check and the stamp on the device path -------------------------------------
+
+
+def test_device_reads_through_the_checked_descriptor(cuda_tcp, tmp_path):
+    """kvikio opens the file the worker checked (``/proc/self/fd/N``), not the name again: a
+    link swapped to a file outside the roots after planning is refused, and a file changed
+    after planning fails the read, on the device target as on the host."""
+    import dataclasses
+
+    from dask_gpudirect.shards import load
+
+    data, outside = tmp_path / "data", tmp_path / "outside"
+    data.mkdir()
+    outside.mkdir()
+    np.save(data / "in.npy", np.arange(1000, dtype="i8"))
+    np.save(outside / "out.npy", np.full(1000, 7, dtype="i8"))
+    os.symlink(data / "in.npy", data / "link.npy")
+    cuda_tcp.run(h.set_allowed_roots, [str(data)])
+    try:
+        arr = dg.read_binary(str(data / "link.npy"), target="device", client=cuda_tcp)
+        h.assert_same_array(compute(cuda_tcp, arr), np.arange(1000, dtype="i8"))
+        (shard,) = [t.args[0] for t in arr.__dask_graph__().values() if hasattr(t, "args")]
+        os.replace(data / "link.npy", data / "old-link.npy")
+        os.symlink(outside / "out.npy", data / "link.npy")
+        unstamped = dataclasses.replace(shard, stamp=None)
+        with pytest.raises(dg.InputError, match="outside gpudirect.allowed-roots"):
+            cuda_tcp.submit(load, unstamped, pure=False).result()
+        os.remove(data / "link.npy")
+        os.symlink(data / "in.npy", data / "link.npy")
+        np.save(data / "in.npy", np.arange(2000, dtype="i8"))
+        with pytest.raises(dg.InputError, match="changed since it was planned"):
+            compute(cuda_tcp, arr)
+        assert set(dg.report(cuda_tcp)["path"]) >= {"kvikio-compat"} or set(
+            dg.report(cuda_tcp)["path"]
+        ) >= {"gds"}
+    finally:
+        cuda_tcp.run(h.set_allowed_roots, None)
