@@ -206,7 +206,7 @@ class NetnsCluster:
         self.client_address = ""  # for the client in the root namespace: always tcp
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def start(self, timeout: float = 60) -> NetnsCluster:
+    def start(self, timeout: float = 300) -> NetnsCluster:
         atexit.register(self.close)
         try:
             self._start(timeout)
@@ -283,20 +283,20 @@ class NetnsCluster:
                 self.private_dir,
             )
 
-    def connect(self, timeout: float = 90):
+    def connect(self, timeout: float = 300):
         """A client (not the default one) once every worker has joined; on failure the
         cluster is closed."""
         from distributed import Client
 
         try:
-            client = Client(self.client_address, timeout=30, set_as_default=False)
+            client = Client(self.client_address, timeout=60, set_as_default=False)
             self.wait_for_workers(client, sum(self.nworkers.values()), timeout=timeout)
         except BaseException:
             self.close()
             raise
         return client
 
-    def wait_for_workers(self, client, n: int, timeout: float = 60) -> None:
+    def wait_for_workers(self, client, n: int, timeout: float = 300) -> None:
         """Wait until ``client`` sees ``n`` workers; fail at once, with the log, if a process of
         ours exits, and with every log after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout

@@ -208,7 +208,7 @@ def test_allowed_roots_from_the_environment_of_dask_worker(tmp_path, roots):
             bad = spawn([*worker, "--name", "bad", "--no-nanny"], log, env={env: "[1, 2]"})
             procs.append(bad)
             with Client(cluster, set_as_default=False) as client:
-                client.wait_for_workers(2, timeout=60)
+                client.wait_for_workers(2, timeout=300)
                 names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
                 arr = dg.read_binary(data / "in.npy", blocksize=80, client=client)  # 10 shards
                 assert {names[s.worker] for s in shards_of(arr).values()} == {"both", "one"}
@@ -219,7 +219,7 @@ def test_allowed_roots_from_the_environment_of_dask_worker(tmp_path, roots):
                 with pytest.raises(dg.InputError) as info:
                     dg.read_binary(outside / "out.npy", client=client)
                 assert str(info.value) == refused(outside / "out.npy")
-                assert bad.wait(timeout=60) != 0  # the bad value stopped it
+                assert bad.wait(timeout=300) != 0  # the bad value stopped it
                 assert len(client.nthreads()) == 2
         finally:
             for p in procs:

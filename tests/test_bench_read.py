@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from util import HANG_GUARD
 
 from dask_gpudirect.bench import ceilings, read_report, shuffle_report
 from dask_gpudirect.bench._baselines import copy_group, record
@@ -23,7 +24,7 @@ from dask_gpudirect.bench._baselines import copy_group, record
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "benchmarks"
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_bench_read_two_workers_host(tmp_path):
     out_json, out_md = tmp_path / "read.json", tmp_path / "read.md"
     size = str(1 / 1024)  # 1 MiB of each format
@@ -54,7 +55,7 @@ def test_bench_read_two_workers_host(tmp_path):
         str(out_md),
     ]
     env = {**os.environ, "COLUMNS": "160"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=140, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 workers" in proc.stdout
 

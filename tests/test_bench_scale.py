@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from util import HANG_GUARD
 
 from dask_gpudirect.bench import scale
 from dask_gpudirect.bench.common import MULTICAST_OFF, child_env
@@ -39,7 +40,7 @@ def _table_rows(markdown: str) -> dict[str, list[str]]:
     return rows
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_bench_scale_host(tmp_path):
     out_json, out_md, runs = tmp_path / "scale.json", tmp_path / "scale.md", tmp_path / "runs"
     cmd = [
@@ -67,7 +68,7 @@ def test_bench_scale_host(tmp_path):
     if importlib.util.find_spec("matplotlib"):
         cmd += ["--plot", str(tmp_path / "scale.png")]
     env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=190, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "[bench scale " in proc.stderr and "read on 2 workers: ok" in proc.stderr
 
@@ -197,7 +198,7 @@ def test_child_env_turns_multicast_off_and_finds_this_tree(monkeypatch):
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_gpu_scale_script_on_the_host_target(tmp_path):
     """scripts/gpu-scale.sh at a tiny size: the probe, one read run, files and the table last."""
     out = tmp_path / "out"
@@ -216,7 +217,7 @@ def test_gpu_scale_script_on_the_host_target(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=140,
+        timeout=HANG_GUARD,
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

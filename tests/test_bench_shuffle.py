@@ -12,13 +12,14 @@ import subprocess
 import sys
 
 import pytest
+from util import HANG_GUARD
 
 METHODS = ["gpudirect", "tasks", "p2p", "raw"]
 #: The ledger path of a host transfer between the two workers, by protocol.
 WIRE_PATH = {"tcp": "tcp-host", "ucxx": "ucx-host"}
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(HANG_GUARD + 60)
 @pytest.mark.parametrize("protocol", ["tcp", "ucxx"])
 def test_bench_shuffle_host(tmp_path, protocol):
     if protocol == "ucxx":
@@ -48,7 +49,7 @@ def test_bench_shuffle_host(tmp_path, protocol):
     ]
     # UCX over TCP sockets, as in util.ucx_environment; the workers inherit it
     env = {**os.environ, "COLUMNS": "160", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     assert "dg.shuffle(df, 'key')" in proc.stdout
 

@@ -132,5 +132,5 @@ def test_a_persisted_result_is_never_two_versions(tmp_path):
         pid = client.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
         with raises_changed(path):
-            client.compute(df).result(timeout=120)
-        client.wait_for_workers(2, timeout=60)  # the nanny's restart, before the cluster closes
+            client.compute(df).result(timeout=300)
+        client.wait_for_workers(2, timeout=300)  # the nanny's restart, before the cluster closes

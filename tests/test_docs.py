@@ -24,6 +24,7 @@ import subprocess
 import sys
 
 import pytest
+from util import HANG_GUARD
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -62,7 +63,7 @@ def pages() -> list[pathlib.Path]:
     return [p for p in found if python_blocks(p)]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(HANG_GUARD + 60)
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_runs(page, tmp_path):
     proc = subprocess.run(
@@ -70,7 +71,7 @@ def test_page_runs(page, tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=HANG_GUARD,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     ran = re.findall(r"^ran (\S+:\d+)$", proc.stdout, re.M)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from util import HANG_GUARD
 
 ROOT = Path(__file__).resolve().parent.parent
 ECG = ROOT / "examples" / "ecg"
@@ -33,7 +34,7 @@ MIN_PER_KIND = 0.85  # precision and recall of each kind (about 20 beats each)
 def run_pipeline(data: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     cmd = [sys.executable, str(ECG / "pipeline.py"), "--size", "small", "--target", "host"]
     cmd += ["--data", str(data), "--json", str(out), "--jobs", "1", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from util import HANG_GUARD
 
 from dask_gpudirect.demo import write_sample
 
@@ -23,7 +24,11 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
 
 def run_example(*args: str) -> str:
     proc = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=180, cwd=EXAMPLES.parent
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        cwd=EXAMPLES.parent,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stdout
@@ -34,7 +39,7 @@ def ledger_has(printed: str, op: str, path: str) -> bool:
     return re.search(rf"^\d+\s+{op}\s+{path}\s", printed, re.M) is not None
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_quickstart(tmp_path):
     out = run_quickstart(tmp_path)
     assert ledger_has(out, "read", "posix-host")
@@ -60,7 +65,7 @@ def run_quickstart(tmp_path) -> str:
     return out
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_etl(tmp_path):
     printed = run_etl(tmp_path)
     assert ledger_has(printed, "shuffle", "tcp-host")  # the join moved rows

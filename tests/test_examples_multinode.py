@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from util import HANG_GUARD
 
 import dask_gpudirect  # noqa: F401  (loads the gpudirect.* defaults)
 
@@ -49,7 +50,7 @@ def test_shell_scripts_parse(script):
 # --- client.py against real scheduler and worker processes ------------------------------
 
 
-def wait_for_address(scheduler_file: Path, procs, timeout=60) -> str:
+def wait_for_address(scheduler_file: Path, procs, timeout=300) -> str:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -122,7 +123,7 @@ def test_client_runs_against_preloaded_workers(tmp_path):
             capture_output=True,
             text=True,
             env=env,
-            timeout=180,
+            timeout=HANG_GUARD,
         )
         assert got.returncode == 0, got.stdout + got.stderr
         out = got.stdout

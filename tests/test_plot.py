@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from util import HANG_GUARD
 
 from dask_gpudirect.bench import bench
 from dask_gpudirect.bench.plot import _read_panels, _shuffle_panels, draw
@@ -124,7 +125,7 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "dask-gpudirect[plot]" in result.output
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_bench_read_host_plot(tmp_path):
     """A tiny real ``bench read`` on the host target draws its chart and reports progress."""
     out_json, out_png = tmp_path / "read.json", tmp_path / "read.png"
@@ -153,7 +154,7 @@ def test_bench_read_host_plot(tmp_path):
         str(out_png),
     ]
     env = {**os.environ, "COLUMNS": "160"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=110, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert_png(out_png, min_width=800)
     result = json.loads(out_json.read_text())

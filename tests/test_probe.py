@@ -16,6 +16,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from util import HANG_GUARD
 
 from dask_gpudirect.cli import main
 from dask_gpudirect.ledger import records
@@ -254,7 +255,7 @@ def test_probe_human(tcp_client):
     assert "GPU -> GPU across nodes: one host: nothing to measure" in lines
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_probe_local_one_worker():
     """``--local`` starts and stops its own cluster (and wins over $DASK_SCHEDULER_ADDRESS): run
     as a user would, in its own process."""
@@ -270,7 +271,7 @@ def test_probe_local_one_worker():
         "--json",
         "--quick",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
     check_schema(doc)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from rich.console import Console
-from util import assert_hash_partitions, partitions
+from util import HANG_GUARD, assert_hash_partitions, partitions
 
 import dask_gpudirect as dg
 from dask_gpudirect import progress
@@ -108,13 +108,13 @@ def test_live_bar_in_a_terminal():
     assert "\x1b[" in text and "a message above the bar" in text and "4/4" in text
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(HANG_GUARD + 60)
 def test_demo_no_progress(tmp_path):
     """``dask-gpudirect demo --no-progress`` shows no bar and no spinner, only its results."""
     cmd = [sys.executable, "-m", "dask_gpudirect.cli", "demo", "--no-progress"]
     cmd += ["--dir", str(tmp_path / "demo")]
     env = {**os.environ, "COLUMNS": "160"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=110, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Ledger" in proc.stdout and "partitions per worker" in proc.stdout
     assert "loading Parquet" not in proc.stderr + proc.stdout

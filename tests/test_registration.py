@@ -167,7 +167,7 @@ def test_dask_worker_preload(tmp_path, data, caplog):
             )
         )
         with Client(scheduler_file=scheduler_file, set_as_default=False) as client:
-            client.wait_for_workers(2, timeout=60)
+            client.wait_for_workers(2, timeout=300)
             info = client.scheduler_info()["workers"]
             names = {addr: w["name"] for addr, w in info.items()}
             threads = {names[a]: o["threads"] for a, o in client.run(plugin_options).items()}

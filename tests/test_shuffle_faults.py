@@ -20,7 +20,6 @@ running workers. Bad options, which need no cluster of their own, close the modu
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -28,7 +27,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import cloudpickle
-import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
@@ -44,6 +42,7 @@ from util import (
     delay_receive,
     partitions,
     start_cluster,
+    worker_config,
 )
 
 import dask_gpudirect as dg
@@ -111,25 +110,7 @@ def restore_receive(dask_worker) -> None:
     dask_worker.handlers[RECEIVE] = dask_worker.plugins["gpudirect"].shuffle.receive
 
 
-def set_config(values: dict) -> dict:
-    """Set ``values`` in this process's Dask config for good; the values they replace."""
-    old = {key: dask.config.get(key) for key in values}
-    dask.config.set(values)
-    return old
-
-
 # --- helpers -----------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def worker_config(client, values: dict):
-    """``values`` in every worker's config (read when a shuffle run starts), then restored."""
-    old = client.run(set_config, values)
-    try:
-        yield
-    finally:
-        for worker, previous in old.items():
-            client.run(set_config, previous, workers=[worker])
 
 
 def frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:

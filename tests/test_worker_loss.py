@@ -41,7 +41,7 @@ def test_shards_of_a_worker_that_died_are_read_by_the_others(tmp_path):
         assert victim not in client.scheduler_info()["workers"]  # it did die
         assert victim not in readers and readers  # its shards came from the other workers
         client.wait_for_workers(
-            2, timeout=60
+            2, timeout=300
         )  # the nanny's restart, done before the cluster closes
 
 

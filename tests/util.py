@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import sys
 import time
 
 import cloudpickle
+import dask
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -25,6 +27,11 @@ from dask_gpudirect.placement import _shard_of
 # Worker processes (and the netns hosts' `dask worker`s) cannot import this directory: helpers
 # sent with client.run travel by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+#: Seconds a test's subprocess may run before it counts as hung. Generous on purpose: CI
+#: machines are shared and loaded, and a test asserts what a run did, never how fast it was
+#: (speed is for the benchmarks). The per-test pytest timeout (pyproject.toml) is above it.
+HANG_GUARD = 600
 
 #: The comm handler a worker's shuffle service receives pieces on.
 RECEIVE = "gpudirect_shuffle_receive"
@@ -176,7 +183,7 @@ def spawn(args: list[str], log, env: dict | None = None) -> subprocess.Popen:
     )
 
 
-def wait_for_address(scheduler_file, procs, timeout=60) -> str:
+def wait_for_address(scheduler_file, procs, timeout=300) -> str:
     """The scheduler's address, once it has written its file (whole)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -189,3 +196,24 @@ def wait_for_address(scheduler_file, procs, timeout=60) -> str:
             assert p.poll() is None, f"{p.args} exited with {p.returncode}"
         assert time.monotonic() < deadline, f"{scheduler_file} never appeared"
         time.sleep(0.2)
+
+
+# --- config on running workers ---------------------------------------------------------------
+
+
+def set_config(values: dict) -> dict:
+    """Set ``values`` in this process's Dask config for good; the values they replace."""
+    old = {key: dask.config.get(key) for key in values}
+    dask.config.set(values)
+    return old
+
+
+@contextlib.contextmanager
+def worker_config(client, values: dict):
+    """``values`` in every worker's config (read when a shuffle run starts), then restored."""
+    old = client.run(set_config, values)
+    try:
+        yield
+    finally:
+        for worker, previous in old.items():
+            client.run(set_config, previous, workers=[worker])
