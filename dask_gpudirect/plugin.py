@@ -55,6 +55,7 @@ class GPUDirectPlugin(WorkerPlugin):
         )
 
     def teardown(self, worker) -> None:
+        self.shuffle.teardown()
         metrics.unexport(worker, self.ledger)
         for target in self._targets.values():
             target.close()

@@ -135,15 +135,16 @@ def wait(client: Client, futures: list[Future], bar: Bar | None = None) -> None:
 def _received(dask_worker, shuffle_id: str) -> int:
     """Input partitions whose rows for this worker's outputs have arrived here (on a worker)."""
     run = dask_worker.plugins["gpudirect"].shuffle.runs.get(shuffle_id)
-    return len(run.received) if run is not None else 0
+    return sum(len(inputs) for inputs, _, _ in run.received.values()) if run is not None else 0
 
 
 class ShuffleProgress:
     """What ``progress=True`` shows of one shuffle: the inputs computed, then pieces received.
 
-    Each input sends one piece to every worker that owns outputs, so such a worker expects as
-    many pieces as there are inputs (fewer where an input has no rows for it: its finished stage
-    then completes its count). Without ``enabled`` it only waits.
+    Every input's rows reach every worker that owns outputs (in chunks of several inputs), so
+    such a worker counts the inputs whose rows have arrived, up to as many as there are inputs
+    (fewer where an input has no rows for it: its finished stage then completes its count).
+    Without ``enabled`` it only waits.
     """
 
     def __init__(self, client: Client, inputs: int, enabled: bool):

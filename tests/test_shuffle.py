@@ -8,6 +8,7 @@ the memory pre-check, bad options) are in test_shuffle_faults.py.
 
 from __future__ import annotations
 
+import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
@@ -15,7 +16,14 @@ import pandas as pd
 import pytest
 from dask.sizeof import sizeof
 from pandas.testing import assert_frame_equal, assert_series_equal
-from util import assert_hash_partitions, clear_ledgers, compute, owner_of_rows, partitions
+from util import (
+    assert_hash_partitions,
+    clear_ledgers,
+    compute,
+    owner_of_rows,
+    partitions,
+    worker_config,
+)
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger
@@ -166,34 +174,90 @@ def test_one_worker(client):
 
 
 def test_ledger_records_each_piece(client):
-    """A shuffle record per input and destination: the protocol's host path if the rows moved,
-    ``local`` if they stayed; the bytes add up to the frame's."""
+    """A shuffle record per chunk of a worker's inputs and destination: the protocol's host
+    path if the rows moved, ``local`` if they stayed; the bytes add up to the frame's. Under
+    the default ``chunk-size`` each worker splits its inputs at once; with a 1-byte chunk
+    size, one input at a time."""
     n = 20_000
     pdf = pd.DataFrame({"k": np.arange(n) % 101, "v": np.arange(n * 1.0)}, index=np.arange(n) * 2)
     df = client.persist(dd.from_pandas(pdf, npartitions=4))
     inputs = partitions(client, df)
-    clear_ledgers(client)
-    out = dg.shuffle(df, "k", npartitions=4, client=client)
-    outputs = partitions(client, out)
-    assert_hash_partitions(outputs, pdf, "k", 4)
+    holders = {w for ws in client.who_has(df).values() for w in ws}
+    assert len(holders) == 2  # both workers hold inputs
+    default = dask.config.get("gpudirect.shuffle.chunk-size")
+    for chunk_size, messages in [(default, 2), (1, 4)]:
+        clear_ledgers(client)
+        with worker_config(client, {"gpudirect.shuffle.chunk-size": chunk_size}):
+            out = dg.shuffle(df, "k", npartitions=4, client=client)
+        outputs = partitions(client, out)
+        assert_hash_partitions(outputs, pdf, "k", 4)
 
-    records = ledger.records(client)
-    assert set(records["op"]) == {"shuffle"}  # nothing spilled under the default limits
-    assert len(set(records["shard"])) == 1  # the shuffle's id
-    protocol = client.scheduler.address.split("://")[0]
-    assert set(records["path"]) == {REMOTE[protocol], "local"}
-    local = records[records["path"] == "local"]
-    moved = records[records["path"] != "local"]
-    assert (local["peer"] == local["worker"]).all() and (local["copies"] == 0).all()
-    assert (moved["peer"] != moved["worker"]).all() and (moved["copies"] == 1).all()
-    assert set(moved["worker"]) == set(local["worker"]) == set(client.nthreads())
-    # every input has rows for both workers: one message (or local put) per input and worker
-    assert len(records) == 4 * 2
-    assert sorted(records.groupby("worker").size()) == [4, 4]
-    # 24 bytes a row (index, k, v) either way; the 16 pieces add Dask's sizeof overhead
-    for parts in (inputs, outputs):
-        total = sum(sizeof(p) for p in parts)
-        assert total <= records["bytes"].sum() <= 1.15 * total
+        records = ledger.records(client)
+        assert set(records["op"]) == {"shuffle"}  # nothing spilled under the default limits
+        assert len(set(records["shard"])) == 1  # the shuffle's id
+        protocol = client.scheduler.address.split("://")[0]
+        assert set(records["path"]) == {REMOTE[protocol], "local"}
+        local = records[records["path"] == "local"]
+        moved = records[records["path"] != "local"]
+        assert (local["peer"] == local["worker"]).all() and (local["copies"] == 0).all()
+        assert (moved["peer"] != moved["worker"]).all() and (moved["copies"] == 1).all()
+        assert set(moved["worker"]) == set(local["worker"]) == set(client.nthreads())
+        # every chunk has rows for both workers: one message (or local put) per chunk and worker
+        assert sorted(records.groupby("worker").size()) == [messages, messages]
+        # 24 bytes a row (index, k, v) either way, plus Dask's sizeof overhead
+        for parts in (inputs, outputs):
+            total = sum(sizeof(p) for p in parts)
+            assert total <= records["bytes"].sum() <= 1.15 * total
+
+
+@pytest.mark.parametrize("inputs, outputs", [(1, 1), (2, 2), (1, 2), (2, 1)])
+def test_one_and_two_partitions(client, inputs, outputs):
+    pdf = sample_frame(500, keys=20, seed=9)
+    df = dd.from_pandas(pdf, npartitions=inputs)
+    assert df.npartitions == inputs
+    out = dg.shuffle(df, "k", npartitions=outputs, client=client)
+    assert_hash_partitions(partitions(client, out), pdf, "k", outputs)
+
+
+def test_a_thousand_partitions(client):
+    """1024 inputs into 1024 outputs: each output's rows in input order, though the inputs
+    lie on the two workers in turn (so each output is put back in order from both)."""
+    pdf = sample_frame(30_000, keys=5000, seed=10)
+    pieces = np.array_split(np.arange(len(pdf)), 1024)
+    workers = sorted(client.nthreads())
+    futures = [
+        client.scatter(pdf.iloc[rows], workers=[workers[i % 2]]) for i, rows in enumerate(pieces)
+    ]
+    df = dd.from_delayed(futures, meta=pdf.iloc[:0], verify_meta=False)
+    assert {w for ws in client.who_has(futures).values() for w in ws} == set(workers)
+    out = dg.shuffle(df, "k", npartitions=1024, client=client)
+    assert out.npartitions == 1024
+    assert_hash_partitions(partitions(client, out), pdf, "k", 1024)
+
+
+def test_arrow_types_decimal_list_and_nulls(client):
+    """Arrow-backed decimal, list and nullable columns come through whole."""
+    import pyarrow as pa
+
+    n = 1200
+    pdf = pd.DataFrame(
+        {
+            "k": np.arange(n) % 37,
+            "d": pd.array(
+                [None if i % 11 == 0 else f"{i}.25" for i in range(n)],
+                dtype=pd.ArrowDtype(pa.decimal128(12, 2)),
+            ),
+            "l": pd.array(
+                [None if i % 13 == 0 else list(range(i % 4)) for i in range(n)],
+                dtype=pd.ArrowDtype(pa.list_(pa.int64())),
+            ),
+            "f": pd.array([None if i % 3 == 0 else i / 7 for i in range(n)], dtype="Float64"),
+            "b": pd.array([None if i % 5 == 0 else i % 2 == 0 for i in range(n)], dtype="boolean"),
+        }
+    )
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=6), "k", npartitions=5, client=client)
+    assert_series_equal(out.dtypes, pdf.dtypes)
+    assert_hash_partitions(partitions(client, out), pdf, "k", 5)
 
 
 # --- dg.shuffle_array -------------------------------------------------------------------------

@@ -10,7 +10,6 @@ partial output is returned.
 from __future__ import annotations
 
 import logging
-import operator
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -44,6 +43,10 @@ def _limits(dask_worker, target: str) -> dict[str, int]:
 
 def _abort(dask_worker, shuffle_id: str, reason: str) -> None:
     dask_worker.plugins["gpudirect"].shuffle.abort(shuffle_id, reason)
+
+
+def _publish(dask_worker, shuffle_id: str, keys: list) -> dict:
+    return dask_worker.plugins["gpudirect"].shuffle.publish(shuffle_id, keys)
 
 
 def exchange(
@@ -101,12 +104,30 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
         for i, (w, parts) in enumerate(sorted(on_worker.items()))
     }
     _watch(client, plan, stages, shown)
-    outputs = [
-        client.submit(operator.getitem, stages[owner], j, key=key, workers=[owner])
-        for j, (owner, key) in enumerate(zip(owners, keys, strict=True))
-    ]
-    with client.as_current():
-        wait(outputs)
+    return _publish_outputs(client, plan, list(keys))
+
+
+def _publish_outputs(client: Client, plan: Exchange, keys: list[Key]) -> list[Future]:
+    """The outputs, kept by the workers that built them under ``keys``, as futures: the
+    scheduler learns where each is, as after ``client.scatter``, with no task per output."""
+    try:
+        nbytes = client.run(
+            _publish, shuffle_id=plan.id, keys=keys, workers=list(plan.participants)
+        )
+    except Exception as exc:  # a participant left after its stage finished
+        gone = sorted(set(plan.participants) - set(client.nthreads()))
+        client.run(_abort, shuffle_id=plan.id, reason="lost", on_error="ignore")
+        raise ShuffleError(
+            f"worker(s) {gone or plan.participants} left the cluster before shuffle {plan.id}'s "
+            f"outputs were kept ({type(exc).__name__}: {exc}); no output was returned. The "
+            "cluster is still usable: run the shuffle again."
+        ) from None
+    who_has = {keys[j]: [owner] for j, owner in enumerate(plan.owners)}
+    sizes = {key: n for by_key in nbytes.values() for key, n in by_key.items()}
+    client.sync(client.scheduler.update_data, who_has=who_has, nbytes=sizes, client=client.id)
+    outputs = [Future(key, client) for key in keys]
+    for key in keys:
+        client.futures[key].finish()
     return outputs
 
 

@@ -1,10 +1,13 @@
-"""How a partition is ordered by destination, and how received rows become output partitions.
+"""How a worker's input rows are grouped by destination, and how received rows become outputs.
 
 Both run on the worker that holds the data, on the data's own device: cuDF and CuPy objects
-stay on the GPU, pandas and NumPy on the host. ``split`` reorders a partition so that the rows of
-each output partition are contiguous (in output order) and says how many there are, so the rows
-bound for one worker are a single slice: one message of a few large buffers per destination
-instead of a small buffer per output partition (UCX pays a fixed cost per buffer).
+stay on the GPU, pandas and NumPy on the host. A worker splits its inputs a chunk at a time (as
+many consecutive inputs as fit in ``gpudirect.shuffle.chunk-size``), not one input at a time:
+``split`` joins the chunk and orders its rows by output partition, and within one output by
+input, so the rows bound for one worker are a single slice: one message of a few large buffers
+per destination and chunk, whatever the partition count. ``counts[k, j]`` (rows of the chunk's
+``k``-th input for output ``j``) travels with it, so the owner can put each output's rows back in
+input order (:func:`input_order`) and the same shuffle gives the same partitions.
 """
 
 from __future__ import annotations
@@ -32,16 +35,23 @@ class HashSplit:
     target: str
     meta: Any  # an empty partition: what an output partition with no rows looks like
 
-    def split(self, index: int, part) -> tuple[Any, np.ndarray]:
-        where = partitioning_index(part[self.on], self.npartitions)
-        order, counts = targets.module(self.target).group_order(where, self.npartitions)
-        return part.take(order), counts
+    def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
+        joined = concat(parts) if len(parts) > 1 else parts[0]
+        where = partitioning_index(joined[self.on], self.npartitions)
+        lengths = [len(p) for p in parts]
+        order, counts = targets.module(self.target).group_order(where, lengths, self.npartitions)
+        return joined.take(order), counts
 
     def rows(self, part, start: int, stop: int):
         return part.iloc[start:stop]
 
-    def combine(self, j: int, pieces: list) -> Any:
-        return concat(pieces) if pieces else self.meta
+    def combine(self, j: int, pieces: list, order: np.ndarray | None) -> Any:
+        if not pieces:
+            return self.meta
+        joined = concat(pieces) if len(pieces) > 1 else pieces[0]
+        if order is None:
+            return joined
+        return joined.take(order)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +61,8 @@ class PermutationSplit:
     ``counts[i, j]`` records of input chunk ``i`` go to output chunk ``j``; drawn on the client
     as a random contingency table with the chunk sizes as margins (what a uniformly random
     permutation of all records induces). Each input chunk is permuted before it is cut, and each
-    output chunk after its pieces are joined, so every order of the records is equally likely.
+    output chunk after its pieces are joined (in input order), so every order of the records is
+    equally likely and the same seed gives the same order wherever the chunks live.
     """
 
     seed: int
@@ -59,16 +70,21 @@ class PermutationSplit:
     target: str
     meta: Any
 
-    def split(self, index: int, chunk) -> tuple[Any, np.ndarray]:
-        return chunk[self._permutation(len(chunk), 0, index)], self.counts[index]
+    def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
+        shuffled = [p[self._permutation(len(p), 0, i)] for i, p in zip(indices, parts, strict=True)]
+        joined = np.concatenate(shuffled) if len(shuffled) > 1 else shuffled[0]
+        counts = self.counts[indices]
+        return joined[_grouped_by_output(counts, self.target)], counts
 
     def rows(self, chunk, start: int, stop: int):
         return chunk[start:stop]
 
-    def combine(self, j: int, pieces: list) -> Any:
+    def combine(self, j: int, pieces: list, order: np.ndarray | None) -> Any:
         if not pieces:
             return self.meta
         joined = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        if order is not None:
+            joined = joined[order]
         return joined[self._permutation(len(joined), 1, j)]
 
     def _permutation(self, n: int, phase: int, index: int):
@@ -76,6 +92,31 @@ class PermutationSplit:
             1, np.uint64
         )[0]
         return targets.module(self.target).permutation(n, int(seed))
+
+
+def _grouped_by_output(counts: np.ndarray, target: str):
+    """Row positions (on ``target``) that take inputs laid end to end, each already cut into its
+    outputs in order (``counts[k, j]`` rows of input ``k`` for output ``j``), to rows grouped by
+    output and, within one, by input."""
+    input_starts = np.cumsum(counts.sum(axis=1)) - counts.sum(axis=1)
+    within = np.cumsum(counts, axis=1) - counts
+    starts = (input_starts[:, None] + within).T.ravel()  # segment (j, k), j-major
+    return targets.module(target).positions(starts, counts.T.ravel())
+
+
+def input_order(inputs: list[np.ndarray], counts: list[np.ndarray], target: str):
+    """Row positions (on ``target``) that put one output's joined pieces in input order, or
+    None if they are in it. Piece ``p`` holds, one after another, ``counts[p][k]`` rows of input
+    ``inputs[p][k]``. Worked out per segment on the host; the rows are expanded on the target."""
+    seg_inputs = np.concatenate(inputs) if inputs else np.empty(0, np.int64)
+    seg_lengths = np.concatenate(counts) if counts else np.empty(0, np.int64)
+    kept = seg_lengths > 0
+    seg_inputs, seg_lengths = seg_inputs[kept], seg_lengths[kept]
+    if np.all(seg_inputs[:-1] <= seg_inputs[1:]):
+        return None
+    seg_starts = np.cumsum(seg_lengths) - seg_lengths
+    by_input = np.argsort(seg_inputs, kind="stable")
+    return targets.module(target).positions(seg_starts[by_input], seg_lengths[by_input])
 
 
 def contingency(seed: int, sizes: list[int]) -> np.ndarray:

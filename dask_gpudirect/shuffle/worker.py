@@ -5,9 +5,12 @@ peers call directly (Distributed's comms: UCXX hands device buffers to UCX, TCP 
 through host memory). One :class:`ShuffleRun` per shuffle holds the received pieces in a
 :class:`~.buffer.SpillBuffer` and knows which peers have finished sending.
 
-The stage task (:func:`run_stage`) runs in a worker thread: it splits the partitions there (on
-the GPU for cuDF/CuPy) and hands sends to the event loop, blocking while the bytes in flight are
-at ``gpudirect.shuffle.max-in-flight``; every handler and all run state live on the loop.
+The stage task (:meth:`ShuffleService.stage`) runs in a worker thread: it splits the worker's
+inputs a chunk at a time (on the GPU for cuDF/CuPy; ``gpudirect.shuffle.chunk-size`` bytes of
+consecutive inputs), sends each destination one slice per chunk, and builds its outputs in one
+pass over what arrived, so its work grows with the bytes and the partition count, not with their
+product. Sends go to the event loop, the stage blocking while the bytes in flight are at
+``gpudirect.shuffle.max-in-flight``; every handler and all run state live on the loop.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import dask.config
@@ -36,6 +40,7 @@ from .. import targets
 from ..errors import ShuffleError
 from ..ledger import STAGED_ACROSS_NODES, Ledger
 from .buffer import SpillBuffer
+from .split import input_order
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +82,8 @@ class ShuffleRun:
         self.service = service
         self.id = shuffle_id
         self.buffer = buffer
-        self.received: dict[int, tuple[int, list[int]]] = {}  # input i -> (first j, row counts)
+        # first input of a received chunk -> (its inputs, first output j, counts[k, j - first])
+        self.received: dict[int, tuple[tuple[int, ...], int, np.ndarray]] = {}
         self.finished: set[str] = set()
         self.changed = asyncio.Event()  # a peer finished, or the run failed
         self.failed = asyncio.Event()
@@ -87,30 +93,41 @@ class ShuffleRun:
             parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
         )
 
-    def put(self, i: int, first: int, counts: list[int], piece: Any) -> None:
-        """Keep the rows of input ``i`` for outputs ``first, first + 1, ...`` (``counts`` each)."""
+    def put(self, inputs: tuple[int, ...], first: int, counts: np.ndarray, piece: Any) -> None:
+        """Keep the rows of a chunk of ``inputs`` for outputs ``first, first + 1, ...``:
+        ``counts[k, j - first]`` rows of ``inputs[k]`` for output ``j``, grouped by output."""
         self.raise_if_failed()
         try:
-            self.buffer[str(i)] = piece
+            self.buffer[str(inputs[0])] = piece
         except ShuffleError as exc:  # a limit reached here: this run fails, and says so itself
             self.fail(exc)
             raise
-        self.received[i] = (first, counts)
+        self.received[inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
     def outputs(self, exchange: Exchange, mine: range) -> dict[int, Any]:
-        """Build the outputs ``mine`` from what arrived, taking each input's rows in input order
-        (so the same shuffle gives the same partitions)."""
+        """Build the outputs ``mine`` in one pass over the pieces that arrived (each loaded once),
+        each output's rows in input order (so the same shuffle gives the same partitions)."""
         splitter = exchange.splitter
         parts: dict[int, list] = collections.defaultdict(list)
-        for i in sorted(self.received):
-            first, counts = self.received.pop(i)
-            piece = self.buffer.pop(str(i))
-            offsets = np.concatenate([[0], np.cumsum(counts)])
-            for k, n in enumerate(counts):
-                if n:
-                    parts[first + k].append(splitter.rows(piece, offsets[k], offsets[k + 1]))
+        inputs: dict[int, list] = collections.defaultdict(list)
+        counts_of: dict[int, list] = collections.defaultdict(list)
+        for key in sorted(self.received):
+            chunk, first, counts = self.received.pop(key)
+            piece = self.buffer.pop(str(key))
+            per_output = counts.sum(axis=0)
+            offsets = np.concatenate([[0], np.cumsum(per_output)])
+            for k in np.flatnonzero(per_output):
+                j = first + int(k)
+                parts[j].append(splitter.rows(piece, offsets[k], offsets[k + 1]))
+                inputs[j].append(np.asarray(chunk))
+                counts_of[j].append(counts[:, k])
             del piece
-        return {j: splitter.combine(j, parts.pop(j, [])) for j in mine}
+        return {
+            j: splitter.combine(
+                j, parts.pop(j, []), input_order(inputs[j], counts_of[j], exchange.target)
+            )
+            for j in mine
+        }
 
     def fail(self, error: ShuffleError) -> None:
         """Record the first error, stop our sends, and wake whatever the stage waits on."""
@@ -140,8 +157,8 @@ class ShuffleRun:
         return task.result()
 
     async def send(self, exchange: Exchange, dest: str, message: tuple) -> None:
-        """Start sending ``(i, first, counts, piece)`` to ``dest``; wait first while too many
-        bytes are in flight."""
+        """Start sending ``(inputs, first, counts, piece)`` to ``dest``; wait first while too
+        many bytes are in flight."""
         self.raise_if_failed()
         nbytes = sizeof(message[-1])
         await self._unless_failed(self.limiter.wait_for_available())
@@ -152,15 +169,15 @@ class ShuffleRun:
 
     async def _send(self, exchange: Exchange, dest: str, message: tuple, nbytes: int) -> None:
         worker = self.service.worker
-        i, first, counts, piece = message
+        inputs, first, counts, piece = message
         start = time.perf_counter()
         try:
             await worker.rpc(dest).gpudirect_shuffle_receive(
                 shuffle_id=self.id,
                 target=exchange.target,
-                i=i,
+                inputs=inputs,
                 first=first,
-                counts=counts,
+                counts=to_serialize(counts),
                 piece=to_serialize(piece),
             )
         except Exception as exc:  # any comm failure fails the whole shuffle
@@ -232,6 +249,9 @@ class ShuffleService:
         self.worker = worker
         self.ledger = ledger
         self.runs: dict[str, ShuffleRun] = {}
+        # shuffle id -> the outputs its finished stage built here, until the client publishes
+        # them under their keys (or the shuffle fails)
+        self.built: dict[str, dict[int, Any]] = {}
         # shuffle id -> why it ended, to refuse late pieces; the oldest are forgotten
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
         worker.handlers["gpudirect_shuffle_receive"] = self.receive
@@ -239,9 +259,15 @@ class ShuffleService:
 
     # --- handlers (event loop) ---------------------------------------------------------------
     def receive(
-        self, shuffle_id: str, target: str, i: int, first: int, counts: list[int], piece: Any
+        self,
+        shuffle_id: str,
+        target: str,
+        inputs: tuple[int, ...],
+        first: int,
+        counts: np.ndarray,
+        piece: Any,
     ) -> None:
-        self.run(shuffle_id, target).put(i, first, counts, piece)
+        self.run(shuffle_id, target).put(inputs, first, counts, piece)
 
     def peer_finished(self, shuffle_id: str, target: str, source: str) -> None:
         run = self.run(shuffle_id, target)
@@ -249,11 +275,28 @@ class ShuffleService:
         run.changed.set()
 
     def abort(self, shuffle_id: str, reason: str) -> None:
-        """Fail the run (waking its stage task) and refuse any piece that still arrives."""
+        """Fail the run (waking its stage task), drop what it built, and refuse any piece that
+        still arrives."""
+        self.built.pop(shuffle_id, None)
         self._remember_closed(shuffle_id, reason)
         run = self.runs.get(shuffle_id)
         if run is not None:
             run.fail(ShuffleError(f"shuffle {shuffle_id} was aborted: {reason}", secondary=True))
+
+    def publish(self, shuffle_id: str, keys: list) -> dict:
+        """Put the outputs this worker built into its memory under their keys (output ``j``
+        under ``keys[j]``), as ``client.scatter`` does: no task per output partition. The
+        client then tells the scheduler where they are."""
+        outputs = self.built.pop(shuffle_id)
+        data = {keys[j]: part for j, part in outputs.items()}
+        return self.worker.update_data(data)["nbytes"]
+
+    def teardown(self) -> None:
+        """End every run (removing its spill files) and drop unpublished outputs."""
+        for shuffle_id in list(self.runs):
+            self.abort(shuffle_id, "the plugin was removed")
+            self.close(shuffle_id, "the plugin was removed")
+        self.built.clear()
 
     # --- run lifecycle (event loop) ----------------------------------------------------------
     def run(self, shuffle_id: str, target: str) -> ShuffleRun:
@@ -305,8 +348,9 @@ class ShuffleService:
         )
 
     # --- the stage task (worker thread) -------------------------------------------------------
-    def stage(self, exchange: Exchange, inputs: dict[int, Any]) -> dict[int, Any]:
-        """Split and send this worker's inputs, then build the output partitions it owns."""
+    def stage(self, exchange: Exchange, inputs: dict[int, Any]) -> int:
+        """Split and send this worker's inputs, then build the output partitions it owns and
+        keep them for :meth:`publish`; the number of outputs built."""
         me = self.worker.address
         # Out of the worker's thread count while it waits on peers: two shuffles at once on
         # one-thread workers would otherwise each hold a worker the other needs.
@@ -314,28 +358,32 @@ class ShuffleService:
         clock = _Phases()
         runs = {w: exchange.outputs_of(w) for w in exchange.participants}
         run = self._on_loop(self.run, exchange.id, exchange.target)
+        chunk_bytes = parse_bytes(dask.config.get("gpudirect.shuffle.chunk-size"))
         try:
-            for i, part in sorted(inputs.items()):
+            for chunk in _chunks(inputs, chunk_bytes):
                 with clock("split"):
-                    ordered, counts = exchange.splitter.split(i, part)
-                    offsets = np.concatenate([[0], np.cumsum(counts)])
+                    indices = tuple(chunk)
+                    ordered, counts = exchange.splitter.split(list(indices), list(chunk.values()))
+                    offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
                 with clock("send"):  # waits while max-in-flight bytes are on the wire
                     for dest, js in runs.items():
                         start, stop = offsets[js.start], offsets[js.stop]
                         if stop == start:
                             continue
                         piece = exchange.splitter.rows(ordered, start, stop)
-                        message = (i, js.start, counts[js.start : js.stop].tolist(), piece)
+                        message = (indices, js.start, counts[:, js.start : js.stop], piece)
                         if dest == me:
                             self._keep(exchange, run, message)
                         else:
                             self._on_loop(run.send, exchange, dest, message)
-                ordered = piece = None  # let the reordered copy go before the next split
+                chunk = ordered = piece = None  # let the joined copy go before the next split
             with clock("wait for peers"):
                 timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
                 self._on_loop(run.finish, exchange, timeout)
             with clock("combine"):
-                return run.outputs(exchange, runs[me])
+                outputs = run.outputs(exchange, runs[me])
+            self._on_loop(self.built.__setitem__, exchange.id, outputs)
+            return len(outputs)
         finally:
             self._on_loop(self.close, exchange.id, "finished")
             logger.info("shuffle %s on %s: %s", exchange.id, me, clock)
@@ -360,6 +408,22 @@ class ShuffleService:
             return await result if asyncio.iscoroutine(result) else result
 
         return sync(self.worker.loop, call)
+
+
+def _chunks(inputs: dict[int, Any], chunk_bytes: int) -> Iterator[dict[int, Any]]:
+    """``inputs`` in order, as runs of consecutive inputs of about ``chunk_bytes`` each (an input
+    larger than that is a run of its own)."""
+    chunk: dict[int, Any] = {}
+    nbytes = 0
+    for i, part in sorted(inputs.items()):
+        size = sizeof(part)
+        if chunk and nbytes + size > chunk_bytes:
+            yield chunk
+            chunk, nbytes = {}, 0
+        chunk[i] = part
+        nbytes += size
+    if chunk:
+        yield chunk
 
 
 class _Phases:

@@ -58,11 +58,31 @@ def permutation(n: int, seed: int) -> cupy.ndarray:
     return cupy.random.RandomState(seed).permutation(n)
 
 
-def group_order(where, n: int) -> tuple[cupy.ndarray, np.ndarray]:
-    """The row order that groups equal values of ``where`` (0..n-1, a cuDF Series), and how many
-    rows hold each value. CuPy sorts are stable; the counts come back to the host (n numbers)."""
-    values = cupy.asarray(where.values)
-    return cupy.argsort(values), cupy.bincount(values, minlength=n).get()
+def group_order(where, lengths: list[int], n: int) -> tuple[cupy.ndarray, np.ndarray]:
+    """The row order that groups equal values of ``where`` (0..n-1, a cuDF Series), stably, and
+    ``counts[k, j]``: how many rows of the ``k``-th run of ``lengths`` rows hold ``j``. CuPy sorts
+    are stable; the counts come back to the host (``len(lengths) * n`` numbers)."""
+    values = cupy.asarray(where.values).astype(cupy.int64)
+    source = _segment_of(cupy.arange(len(values), dtype=cupy.int64), np.asarray(lengths))
+    counts = cupy.bincount(source * n + values, minlength=len(lengths) * n)
+    return cupy.argsort(values), counts.get().reshape(len(lengths), n)
+
+
+def positions(starts: np.ndarray, lengths: np.ndarray) -> cupy.ndarray:
+    """The row positions of the segments ``starts[s] .. starts[s] + lengths[s]``, one after
+    another, made on the GPU: only the segments (a few per partition) cross from the host."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    placed = np.cumsum(lengths) - lengths  # where each segment starts in the result
+    rows = cupy.arange(int(lengths.sum()), dtype=cupy.int64)
+    return (
+        rows + cupy.asarray(np.asarray(starts, dtype=np.int64) - placed)[_segment_of(rows, lengths)]
+    )
+
+
+def _segment_of(rows: cupy.ndarray, lengths: np.ndarray) -> cupy.ndarray:
+    """Which of the segments of ``lengths`` rows, laid end to end, each of ``rows`` falls in
+    (one search on the GPU; ``cupy.repeat`` with per-segment counts loops in Python)."""
+    return cupy.searchsorted(cupy.asarray(np.cumsum(lengths)), rows, side="right")
 
 
 def memory_bytes(worker) -> int:

@@ -32,11 +32,22 @@ def permutation(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)
 
 
-def group_order(where, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The row order that groups equal values of ``where`` (0..n-1, a Series), stably, and how
-    many rows hold each value."""
-    values = where.to_numpy()
-    return np.argsort(values, kind="stable"), np.bincount(values, minlength=n)
+def group_order(where, lengths: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The row order that groups equal values of ``where`` (0..n-1), stably, and ``counts[k, j]``:
+    how many rows of the ``k``-th run of ``lengths`` rows hold ``j``."""
+    values = np.asarray(where, dtype=np.int64)
+    source = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    counts = np.bincount(source * n + values, minlength=len(lengths) * n)
+    return np.argsort(values, kind="stable"), counts.reshape(len(lengths), n)
+
+
+def positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The row positions of the segments ``starts[s] .. starts[s] + lengths[s]``, one after
+    another: one vectorised pass, however many segments."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    placed = np.cumsum(lengths) - lengths  # where each segment starts in the result
+    offsets = np.asarray(starts, dtype=np.int64) - placed
+    return np.repeat(offsets, lengths) + np.arange(lengths.sum(), dtype=np.int64)
 
 
 def memory_bytes(worker) -> int:

@@ -104,11 +104,14 @@ def test_parquet_filters(cuda_tcp, parquet_dir, name):
 
 
 def test_parquet_filters_prune_row_groups(cuda_tcp, parquet_dir):
-    """Statistics prune: only the row groups that can hold i in [1000, 2000) become partitions."""
+    """Statistics prune: only the row groups that can hold i in [1000, 2000) are read; each of
+    the two files ruled out whole is an empty partition that only checks its footer."""
     directory, paths = parquet_dir
     filters = [("i", ">=", 1000), ("i", "<", 2000)]
     ddf = dg.read_parquet(directory, filters=filters, blocksize=1, target="device", client=cuda_tcp)
-    assert ddf.npartitions == 1
+    assert ddf.npartitions == 3
+    lengths = compute(cuda_tcp, ddf.map_partitions(len))
+    assert sorted(lengths.tolist())[:2] == [0, 0]
     got = h.cudf_to_arrow(compute(cuda_tcp, ddf))
     h.assert_same_table(got, h.expected_parquet(paths, filters=filters))
 
