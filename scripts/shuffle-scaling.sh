@@ -6,8 +6,9 @@
 #     bash .gpu/install.sh && bash scripts/shuffle-scaling.sh
 #
 # and on a CPU machine (the host target): BENCH_TARGET=host GIB=0.25 PARTITIONS=8,512 bash ...
-# Writes $OUT/shuffle-p<N>.json and .md for each count, $OUT/shuffle-scaling.md (the table, also
-# printed last). Each count has LIMIT seconds; the whole run stays under TOTAL_LIMIT.
+# Writes $OUT/shuffle-p<N>.json for each count, $OUT/shuffle-scaling.log (every run's output) and
+# $OUT/shuffle-scaling.md (the table, also printed last): few files, since a device call returns at
+# most eight. The counts share TOTAL_LIMIT seconds, later ones getting what earlier ones leave.
 set -uo pipefail
 
 OUT=${OUT:-$PWD/scaling-out}
@@ -36,8 +37,8 @@ for i in "${!counts[@]}"; do
   # shellcheck disable=SC2086
   timeout -s INT -k 20 "$limit" "$PYTHON" -m dask_gpudirect.bench shuffle --target "$BENCH_TARGET" \
     --gib "$GIB" --partitions "$n" --methods "$METHODS" --no-progress $ARGS \
-    --json "$OUT/shuffle-p$n.json" --markdown "$OUT/shuffle-p$n.md" > "$OUT/shuffle-p$n.log" 2>&1
-  echo "   exit $?; $(grep -c . "$OUT/shuffle-p$n.log") log lines"
+    --json "$OUT/shuffle-p$n.json" >> "$OUT/shuffle-scaling.log" 2>&1
+  echo "   exit $?"
 done
 
 "$PYTHON" - "$OUT" "$PARTITIONS" "$METHODS" <<'PY' | tee "$OUT/shuffle-scaling.md"
