@@ -8,13 +8,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -23,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from util import HANG_GUARD
+from util import HANG_GUARD, wait_for_address
 
 import dask_gpudirect  # noqa: F401  (loads the gpudirect.* defaults)
 
@@ -48,19 +46,6 @@ def test_shell_scripts_parse(script):
 
 
 # --- client.py against real scheduler and worker processes ------------------------------
-
-
-def wait_for_address(scheduler_file: Path, procs, timeout=300) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return json.loads(scheduler_file.read_text())["address"]
-        except (OSError, ValueError, KeyError):
-            pass
-        for p in procs:
-            assert p.poll() is None, f"{p.args} exited with {p.returncode}"
-        assert time.monotonic() < deadline, f"{scheduler_file} never appeared"
-        time.sleep(0.2)
 
 
 def test_client_runs_against_preloaded_workers(tmp_path):
