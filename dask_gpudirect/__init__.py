@@ -32,8 +32,8 @@ def __getattr__(name: str):
 
         if cluster.dask_cuda is None:
             raise ImportError(
-                "dg.LocalCUDACluster needs dask-cuda: pip install 'dask-gpudirect[cuda13]'; "
-                + cluster.NO_GPU.split(". ", 1)[1]
+                "dg.LocalCUDACluster needs dask-cuda: pip install 'dask-gpudirect[cuda13]'. "
+                + cluster.WITHOUT_GPU
             )
         return cluster.LocalCUDACluster
     raise AttributeError(f"module 'dask_gpudirect' has no attribute {name!r}")

@@ -40,6 +40,12 @@ def roots() -> tuple[str, ...] | None:
     (what ``DASK_GPUDIRECT__ALLOWED_ROOTS=/data:/scratch`` gives); anything else is a
     :class:`~dask_gpudirect.errors.ConfigError`, so a mistyped value never admits everything.
     """
+    limits = _limits()
+    return None if limits is None else limits.real
+
+
+def _configured() -> tuple[str, ...] | None:
+    """The roots as configured, checked (see :func:`roots`); None: no limit."""
     value = dask.config.get(KEY, default=None)
     if value is None:
         return None
@@ -55,29 +61,39 @@ def roots() -> tuple[str, ...] | None:
     for entry in entries:
         if not isinstance(entry, (str, os.PathLike)) or not os.path.isabs(os.fspath(entry)):
             raise ConfigError(f"{KEY}: {entry!r} in {value!r} is not an absolute directory path")
-    return tuple(os.path.realpath(os.fspath(entry)) for entry in entries)
+    return tuple(os.fspath(entry) for entry in entries)
 
 
 def _within(path: str, limits: tuple[str, ...]) -> bool:
     return any(os.path.commonpath([path, root]) == root for root in limits)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Limits:
+    """The roots, resolved (``real``) and as configured (``given``: ``/data`` admits the name
+    ``/data/x`` when ``/data`` is itself a link)."""
+
+    real: tuple[str, ...]
+    given: tuple[str, ...]
+
+    def admit(self, path: str) -> bool:
+        path = os.path.abspath(path)
+        return _within(path, self.real + self.given) and _within(os.path.realpath(path), self.real)
+
+
+def _limits() -> _Limits | None:
+    entries = _configured()
+    if entries is None:
+        return None
+    real = tuple(os.path.realpath(e) for e in entries)
+    return _Limits(real, tuple(os.path.normpath(e) for e in entries))
+
+
 def admits(path: str | os.PathLike) -> bool:
     """Whether the roots admit ``path`` by name: as written (``..`` folded) and with symlinks
     resolved, both inside. Only for listing; reads check the descriptor (:func:`opened`)."""
-    limits = roots()
-    if limits is None:
-        return True
-    path = os.path.abspath(os.fspath(path))
-    return _within(path, limits + _as_given()) and _within(os.path.realpath(path), limits)
-
-
-def _as_given() -> tuple[str, ...]:
-    """The roots as configured (before symlinks are resolved): ``/data`` admits ``/data/x``
-    when ``/data`` is itself a link."""
-    value = dask.config.get(KEY)
-    entries = value.split(os.pathsep) if isinstance(value, str) else value
-    return tuple(os.path.normpath(os.fspath(e)) for e in entries)
+    limits = _limits()
+    return limits is None or limits.admit(os.fspath(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,18 +129,18 @@ def opened(path: str | os.PathLike) -> Iterator[Opened]:
     :class:`InputError` saying what is wrong with a file inside them.
     """
     path = os.fspath(path)
-    limits = roots()
-    if limits is not None and not admits(path):
+    limits = _limits()
+    if limits is not None and not limits.admit(path):
         raise Refused(path)
     try:
         # O_NONBLOCK: a FIFO must not hang the worker; regular files ignore it
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
-        if limits is not None and not admits(path):  # a link swapped to lead out: same answer
+        if limits is not None and not limits.admit(path):  # a link swapped to lead out
             raise Refused(path) from None
         raise open_error(path, exc) from None
     try:
-        if limits is not None and not _within(_opened_path(fd), limits):
+        if limits is not None and not _within(_opened_path(fd), limits.real):
             raise Refused(path)
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):

@@ -18,10 +18,13 @@ from .plugin import GPUDirectPlugin
 logger = logging.getLogger(__name__)
 
 #: What to use instead of a LocalCUDACluster on a machine without a GPU.
-NO_GPU = (
-    "dg.LocalCUDACluster needs an NVIDIA GPU and its driver, and this machine has none. "
+WITHOUT_GPU = (
     "Without a GPU use distributed.LocalCluster(plugins={dg.GPUDirectPlugin()}) instead: "
     "everything then runs on the host target (NumPy and pandas partitions)"
+)
+NO_GPU = (
+    "dg.LocalCUDACluster needs an NVIDIA GPU and its driver, and this machine has none. "
+    + WITHOUT_GPU
 )
 
 try:

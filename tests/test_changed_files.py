@@ -75,21 +75,19 @@ def test_parquet_grown_or_retyped(tcp, tmp_path):
             compute(tcp, df)
 
 
-def test_npy_replaced_by_a_bigger_array(tcp, tmp_path):
-    path = tmp_path / "grows.npy"
+@pytest.mark.parametrize(
+    "replacement",
+    [
+        np.arange(5000, dtype=np.int64) + 10_000,  # a bigger array
+        np.arange(1000, dtype=np.float64),  # same size, another dtype: the header's checksum tells
+    ],
+    ids=["bigger", "same-size-retyped"],
+)
+def test_npy_replaced(tcp, tmp_path, replacement):
+    path = tmp_path / "replaced.npy"
     np.save(path, np.arange(1000, dtype=np.int64))
     arr = dg.read_binary(path, client=tcp)
-    np.save(path, np.arange(5000, dtype=np.int64) + 10_000)
-    with raises_changed(path):
-        compute(tcp, arr)
-
-
-def test_npy_header_rewritten_with_the_same_size(tcp, tmp_path):
-    """Same bytes, another dtype in the header: the header's checksum tells."""
-    path = tmp_path / "retyped.npy"
-    np.save(path, np.arange(1000, dtype=np.int64))
-    arr = dg.read_binary(path, client=tcp)
-    np.save(path, np.arange(1000, dtype=np.float64))
+    np.save(path, replacement)
     with raises_changed(path):
         compute(tcp, arr)
 

@@ -113,13 +113,14 @@ class ShuffleRun:
         counts_of: dict[int, list] = collections.defaultdict(list)
         for key in sorted(self.received):
             chunk, first, counts = self.received.pop(key)
+            chunk_inputs = np.asarray(chunk)
             piece = self.buffer.pop(str(key))
             per_output = counts.sum(axis=0)
             offsets = np.concatenate([[0], np.cumsum(per_output)])
             for k in np.flatnonzero(per_output):
                 j = first + int(k)
                 parts[j].append(splitter.rows(piece, offsets[k], offsets[k + 1]))
-                inputs[j].append(np.asarray(chunk))
+                inputs[j].append(chunk_inputs)
                 counts_of[j].append(counts[:, k])
             del piece
         return {
