@@ -47,8 +47,7 @@ def hosts():
         pytest.skip(f"cannot make network namespaces: {reason}")
     cluster = netns.NetnsCluster(
         HOSTS,
-        common_env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "5s"},
-        scheduler_env={"DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": "5s"},
+        common_env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "10s"},
         private_dir=LOCAL,
     ).start()
     client = cluster.connect()
