@@ -225,9 +225,10 @@ def test_a_thousand_partitions(client):
     pdf = sample_frame(30_000, keys=5000, seed=10)
     pieces = np.array_split(np.arange(len(pdf)), 1024)
     workers = sorted(client.nthreads())
-    futures = [
-        client.scatter(pdf.iloc[rows], workers=[workers[i % 2]]) for i, rows in enumerate(pieces)
-    ]
+    frames = [pdf.iloc[rows] for rows in pieces]
+    futures = [None] * len(frames)  # one scatter per worker: inputs 0, 2, 4, ... on the first
+    futures[0::2] = client.scatter(frames[0::2], workers=[workers[0]])
+    futures[1::2] = client.scatter(frames[1::2], workers=[workers[1]])
     df = dd.from_delayed(futures, meta=pdf.iloc[:0], verify_meta=False)
     assert {w for ws in client.who_has(futures).values() for w in ws} == set(workers)
     out = dg.shuffle(df, "k", npartitions=1024, client=client)

@@ -45,13 +45,11 @@ class HashSplit:
     def rows(self, part, start: int, stop: int):
         return part.iloc[start:stop]
 
-    def combine(self, j: int, pieces: list, order: np.ndarray | None) -> Any:
-        if not pieces:
-            return self.meta
-        joined = concat(pieces) if len(pieces) > 1 else pieces[0]
-        if order is None:
-            return joined
-        return joined.take(order)
+    def join(self, pieces: list):
+        return concat(pieces) if len(pieces) > 1 else pieces[0]
+
+    def output(self, j: int, joined, positions):
+        return joined.take(positions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +77,11 @@ class PermutationSplit:
     def rows(self, chunk, start: int, stop: int):
         return chunk[start:stop]
 
-    def combine(self, j: int, pieces: list, order: np.ndarray | None) -> Any:
-        if not pieces:
-            return self.meta
-        joined = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
-        if order is not None:
-            joined = joined[order]
-        return joined[self._permutation(len(joined), 1, j)]
+    def join(self, pieces: list):
+        return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+    def output(self, j: int, joined, positions):
+        return joined[positions[self._permutation(len(positions), 1, j)]]
 
     def _permutation(self, n: int, phase: int, index: int):
         seed = np.random.SeedSequence(self.seed, spawn_key=(phase, index)).generate_state(
@@ -104,19 +100,30 @@ def _grouped_by_output(counts: np.ndarray, target: str):
     return targets.module(target).positions(starts, counts.T.ravel())
 
 
-def input_order(inputs: list[np.ndarray], counts: list[np.ndarray], target: str):
-    """Row positions (on ``target``) that put one output's joined pieces in input order, or
-    None if they are in it. Piece ``p`` holds, one after another, ``counts[p][k]`` rows of input
-    ``inputs[p][k]``. Worked out per segment on the host; the rows are expanded on the target."""
-    seg_inputs = np.concatenate(inputs) if inputs else np.empty(0, np.int64)
-    seg_lengths = np.concatenate(counts) if counts else np.empty(0, np.int64)
-    kept = seg_lengths > 0
-    seg_inputs, seg_lengths = seg_inputs[kept], seg_lengths[kept]
-    if np.all(seg_inputs[:-1] <= seg_inputs[1:]):
-        return None
-    seg_starts = np.cumsum(seg_lengths) - seg_lengths
-    by_input = np.argsort(seg_inputs, kind="stable")
-    return targets.module(target).positions(seg_starts[by_input], seg_lengths[by_input])
+def assembly_order(
+    pieces: list[tuple[tuple[int, ...], int, np.ndarray]], outputs: range, target: str
+) -> tuple[Any, np.ndarray]:
+    """How the received pieces, joined end to end, become the outputs: the row positions (on
+    ``target``) that list each output's rows in input order, one output after another, and the
+    rows of each of ``outputs``.
+
+    Piece ``(inputs, first, counts)`` holds, for outputs ``first, first + 1, ...`` in turn,
+    ``counts[k, j - first]`` rows of input ``inputs[k]``. The work is per segment (a run of one
+    input's rows for one output) on the host; only the rows' positions are made on the target.
+    """
+    seg_output, seg_input, seg_length = [], [], []
+    for inputs, first, counts in pieces:
+        k, n = counts.shape
+        seg_output.append(np.repeat(np.arange(first, first + n), k))
+        seg_input.append(np.tile(np.asarray(inputs, dtype=np.int64), n))
+        seg_length.append(counts.T.ravel())
+    output = np.concatenate(seg_output)
+    length = np.concatenate(seg_length).astype(np.int64)
+    start = np.cumsum(length) - length
+    by = np.lexsort((np.concatenate(seg_input), output))
+    by = by[length[by] > 0]
+    sizes = np.bincount(output - outputs.start, weights=length, minlength=len(outputs))
+    return targets.module(target).positions(start[by], length[by]), sizes.astype(np.int64)
 
 
 def contingency(seed: int, sizes: list[int]) -> np.ndarray:

@@ -40,7 +40,7 @@ from .. import targets
 from ..errors import ShuffleError
 from ..ledger import STAGED_ACROSS_NODES, Ledger
 from .buffer import SpillBuffer
-from .split import input_order
+from .split import assembly_order
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Exchange:
     id: str
     participants: tuple[str, ...]
     owners: tuple[str, ...]  # owners[j]: the worker that builds output j; contiguous runs of j
-    splitter: Any  # split(i, part) -> (rows ordered by output, counts); rows(); combine()
+    splitter: Any  # split(), rows(), join(), output(): see split.HashSplit
     target: str  # "device" or "host": where the pieces live
 
     def outputs_of(self, worker: str) -> range:
@@ -105,29 +105,19 @@ class ShuffleRun:
         self.received[inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
     def outputs(self, exchange: Exchange, mine: range) -> dict[int, Any]:
-        """Build the outputs ``mine`` in one pass over the pieces that arrived (each loaded once),
-        each output's rows in input order (so the same shuffle gives the same partitions)."""
+        """Build the outputs ``mine`` from the pieces that arrived: one join, then one gather
+        per output that takes its rows in input order (so the same shuffle gives the same
+        partitions) into memory of its own. Its cost follows the bytes, not the partitions."""
         splitter = exchange.splitter
-        parts: dict[int, list] = collections.defaultdict(list)
-        inputs: dict[int, list] = collections.defaultdict(list)
-        counts_of: dict[int, list] = collections.defaultdict(list)
-        for key in sorted(self.received):
-            chunk, first, counts = self.received.pop(key)
-            chunk_inputs = np.asarray(chunk)
-            piece = self.buffer.pop(str(key))
-            per_output = counts.sum(axis=0)
-            offsets = np.concatenate([[0], np.cumsum(per_output)])
-            for k in np.flatnonzero(per_output):
-                j = first + int(k)
-                parts[j].append(splitter.rows(piece, offsets[k], offsets[k + 1]))
-                inputs[j].append(chunk_inputs)
-                counts_of[j].append(counts[:, k])
-            del piece
+        if not self.received:
+            return {j: splitter.meta for j in mine}
+        keys = sorted(self.received)
+        joined = splitter.join([self.buffer.pop(str(key)) for key in keys])
+        order, sizes = assembly_order([self.received.pop(k) for k in keys], mine, exchange.target)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
         return {
-            j: splitter.combine(
-                j, parts.pop(j, []), input_order(inputs[j], counts_of[j], exchange.target)
-            )
-            for j in mine
+            j: splitter.output(j, joined, order[offsets[k] : offsets[k + 1]])
+            for k, j in enumerate(mine)
         }
 
     def fail(self, error: ShuffleError) -> None:
