@@ -35,11 +35,13 @@ import pytest
 from dask.sizeof import sizeof
 from distributed import Client, futures_of, wait
 from util import (
+    HANG_GUARD,
     RECEIVE,
     assert_hash_partitions,
     clear_ledgers,
     compute,
     delay_receive,
+    owner_of_rows,
     partitions,
     start_cluster,
     worker_config,
@@ -376,6 +378,32 @@ def test_worker_killed_mid_shuffle(cluster):
 
 
 # --- options that are refused ------------------------------------------------------------------
+
+
+def test_worker_lost_after_the_shuffle_fails_what_needs_its_outputs():
+    """A worker that held outputs dies after dg.shuffle returned: what needs them fails at once
+    with a ShuffleError naming it (no wait in no-worker), outputs elsewhere are still there, and
+    the shuffle runs again on the cluster that is left (its inputs recomputed)."""
+    with start_cluster("tcp", threads=1) as lc, Client(lc, set_as_default=False) as client:
+        client.register_plugin(dg.GPUDirectPlugin())
+        pdf = frame(2000, keys=97, seed=7)
+        df = client.persist(dd.from_pandas(pdf, npartitions=4))
+        out = dg.shuffle(df, "k", client=client)
+        victim, survivor = sorted(client.nthreads())
+        holders = client.who_has(futures_of(out))
+        assert {w for ws in holders.values() for w in ws} == {victim, survivor}
+        kept = sorted(key[1] for key, ws in holders.items() if tuple(ws) == (survivor,))
+        os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+
+        with pytest.raises(dg.ShuffleError, match="lost with worker") as info:
+            client.compute(out.k.sum()).result(timeout=HANG_GUARD)
+        assert victim in str(info.value)
+        got = client.gather(client.compute([out.partitions[j] for j in kept]))
+        expected = pdf[np.isin(owner_of_rows(pdf, "k", 4), kept)].index
+        assert sorted(pd.concat(got).index) == sorted(expected)
+
+        again = dg.shuffle(df, "k", client=client)  # on the worker(s) left
+        assert_hash_partitions(partitions(client, again), pdf, "k", 4)
 
 
 @pytest.mark.parametrize(

@@ -124,11 +124,36 @@ def _publish_outputs(client: Client, plan: Exchange, keys: list[Key]) -> list[Fu
         ) from None
     who_has = {keys[j]: [owner] for j, owner in enumerate(plan.owners)}
     sizes = {key: n for by_key in nbytes.values() for key, n in by_key.items()}
-    client.sync(client.scheduler.update_data, who_has=who_has, nbytes=sizes, client=client.id)
+    client.run_on_scheduler(
+        _keep_outputs, shuffle_id=plan.id, who_has=who_has, nbytes=sizes, client_id=client.id
+    )
     outputs = [Future(key, client) for key in keys]
     for key in keys:
         client.futures[key].finish()
     return outputs
+
+
+def _keep_outputs(
+    dask_scheduler, shuffle_id: str, who_has: dict, nbytes: dict, client_id: str
+) -> None:
+    """On the scheduler: learn where the outputs are, as after ``client.scatter``, and give each
+    a task that raises a ShuffleError naming its worker. Data without a task is forgotten when
+    its worker dies, and what needs it is cancelled with no word of why; with one, the scheduler
+    "recomputes" it, and whatever needed the output fails with that error, at once."""
+    from dask._task_spec import Task
+
+    dask_scheduler.update_data(who_has=who_has, nbytes=nbytes, client=client_id)
+    for order, (key, (worker,)) in enumerate(who_has.items()):
+        ts = dask_scheduler.tasks[key]
+        ts.run_spec = Task(key, _lost_output, shuffle_id, worker)
+        ts.priority = (0, dask_scheduler.generation, order)  # as update_graph gives a task
+
+
+def _lost_output(shuffle_id: str, worker: str):
+    raise ShuffleError(
+        f"an output of shuffle {shuffle_id} was lost with worker {worker}, which held it: "
+        "run the shuffle again (the cluster is still usable)"
+    )
 
 
 def _check_memory(client: Client, plan: Exchange, nbytes: dict[str, int]) -> None:
