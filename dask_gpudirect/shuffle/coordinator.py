@@ -9,6 +9,8 @@ partial output is returned.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import uuid
 from collections import defaultdict
@@ -43,6 +45,23 @@ def _limits(dask_worker, target: str) -> dict[str, int]:
 
 def _abort(dask_worker, shuffle_id: str, reason: str) -> None:
     dask_worker.plugins["gpudirect"].shuffle.abort(shuffle_id, reason)
+
+
+def _abort_on(client: Client, plan: Exchange, reason: str, workers: list[str]) -> None:
+    """Abort the shuffle on ``workers``, waiting at most ABORT_GRACE seconds: a worker stopped
+    by SIGSTOP is still in the cluster but never answers. Best effort: the stages end anyway
+    when they are cancelled, and a cut call may end in a comm error (UCX), not a timeout."""
+
+    async def abort():
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                client._run(
+                    _abort, shuffle_id=plan.id, reason=reason, workers=workers, on_error="ignore"
+                ),
+                ABORT_GRACE,
+            )
+
+    client.sync(abort)
 
 
 def _publish(dask_worker, shuffle_id: str, keys: list) -> dict:
@@ -116,7 +135,7 @@ def _publish_outputs(client: Client, plan: Exchange, keys: list[Key]) -> list[Fu
         )
     except Exception as exc:  # a participant left after its stage finished
         gone = sorted(set(plan.participants) - set(client.nthreads()))
-        client.run(_abort, shuffle_id=plan.id, reason="lost", on_error="ignore")
+        _abort_on(client, plan, "lost", list(plan.participants))
         raise ShuffleError(
             f"worker(s) {gone or plan.participants} left the cluster before shuffle {plan.id}'s "
             f"outputs were kept ({type(exc).__name__}: {exc}); no output was returned. The "
@@ -196,7 +215,7 @@ def _watch(
         else:
             reason = f"shuffle {plan.id} failed on a peer"
         survivors = sorted(set(plan.participants) & alive)
-        client.run(_abort, shuffle_id=plan.id, reason=reason, workers=survivors, on_error="ignore")
+        _abort_on(client, plan, reason, survivors)
         try:  # let the survivors stop and clean up before the caller retries
             with client.as_current():
                 wait([stages[w] for w in survivors], timeout=ABORT_GRACE)

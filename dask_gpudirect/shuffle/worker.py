@@ -92,6 +92,8 @@ class ShuffleRun:
         self.limiter = ResourceLimiter(
             parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
         )
+        # How long any one wait on a peer may take: a send, room on the wire, the last word.
+        self.timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
 
     def put(self, inputs: tuple[int, ...], first: int, counts: np.ndarray, piece: Any) -> None:
         """Keep the rows of a chunk of ``inputs`` for outputs ``first, first + 1, ...``:
@@ -152,6 +154,7 @@ class ShuffleRun:
         many bytes are in flight."""
         self.raise_if_failed()
         nbytes = sizeof(message[-1])
+        # Bounded: every send in flight ends, or fails the run, within the timeout.
         await self._unless_failed(self.limiter.wait_for_available())
         self.limiter.increase(nbytes)
         task = asyncio.create_task(self._send(exchange, dest, message, nbytes))
@@ -162,8 +165,8 @@ class ShuffleRun:
         worker = self.service.worker
         inputs, first, counts, piece = message
         start = time.perf_counter()
-        try:
-            await worker.rpc(dest).gpudirect_shuffle_receive(
+        call = asyncio.ensure_future(
+            worker.rpc(dest).gpudirect_shuffle_receive(
                 shuffle_id=self.id,
                 target=exchange.target,
                 inputs=inputs,
@@ -171,6 +174,15 @@ class ShuffleRun:
                 counts=to_serialize(counts),
                 piece=to_serialize(piece),
             )
+        )
+        try:
+            done, _ = await asyncio.wait({call}, timeout=self.timeout)
+            if not done:  # a stopped peer is not gone: its socket still takes bytes
+                self.fail(self._no_answer([dest]))
+                call.add_done_callback(lambda c: c.cancelled() or c.exception())
+                call.cancel()  # the comm error the cancel may cause is not the cause
+                return
+            call.result()
         except Exception as exc:  # any comm failure fails the whole shuffle
             # A ShuffleError is the peer refusing a run that already failed there: the peer's
             # own stage reports the cause, this is only its echo.
@@ -194,30 +206,44 @@ class ShuffleRun:
             copies=copies,
         )
 
-    async def finish(self, exchange: Exchange, timeout: float) -> None:
+    def _no_answer(self, peers: list[str]) -> ShuffleError:
+        return ShuffleError(
+            f"shuffle {self.id}: worker(s) {peers} did not answer in {self.timeout:.0f} s "
+            "(gpudirect.shuffle.timeout): stopped or overloaded"
+        )
+
+    async def finish(self, exchange: Exchange) -> None:
         """Wait for our sends, tell every peer we are done, and wait until every peer is."""
         while self.sends:
             await self._unless_failed(asyncio.wait(set(self.sends)))
         self.raise_if_failed()
         me = self.service.worker.address
-        peers = [p for p in exchange.participants if p != me]
-        try:
-            await self._unless_failed(
-                asyncio.gather(
-                    *(
-                        self.service.worker.rpc(p).gpudirect_shuffle_finished(
-                            shuffle_id=self.id, target=exchange.target, source=me
-                        )
-                        for p in peers
-                    )
+        tells = {
+            p: asyncio.ensure_future(
+                self.service.worker.rpc(p).gpudirect_shuffle_finished(
+                    shuffle_id=self.id, target=exchange.target, source=me
                 )
             )
-        except ShuffleError:
-            raise
-        except Exception as exc:
-            raise ShuffleError(f"shuffle {self.id}: a peer could not be told: {exc}") from exc
+            for p in exchange.participants
+            if p != me
+        }
+        if tells:
+            _, pending = await self._unless_failed(
+                asyncio.wait(tells.values(), timeout=self.timeout)
+            )
+            for task in pending:
+                task.cancel()
+            if pending:
+                raise self._no_answer([p for p, task in tells.items() if task in pending])
+            for peer, task in tells.items():
+                if isinstance(task.exception(), ShuffleError):
+                    raise task.exception()
+                if task.exception() is not None:
+                    raise ShuffleError(
+                        f"shuffle {self.id}: peer {peer} could not be told: {task.exception()}"
+                    ) from task.exception()
         self.finished.add(me)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.timeout
         while not self.finished.issuperset(exchange.participants):
             self.raise_if_failed()
             self.changed.clear()
@@ -227,7 +253,7 @@ class ShuffleRun:
             except TimeoutError:
                 missing = sorted(set(exchange.participants) - self.finished)
                 raise ShuffleError(
-                    f"shuffle {self.id}: waited {timeout:.0f} s (gpudirect.shuffle.timeout) "
+                    f"shuffle {self.id}: waited {self.timeout:.0f} s (gpudirect.shuffle.timeout) "
                     f"for pieces from {missing}"
                 ) from None
         self.raise_if_failed()
@@ -369,8 +395,7 @@ class ShuffleService:
                             self._on_loop(run.send, exchange, dest, message)
                 chunk = ordered = piece = None  # let the joined copy go before the next split
             with clock("wait for peers"):
-                timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
-                self._on_loop(run.finish, exchange, timeout)
+                self._on_loop(run.finish, exchange)
             with clock("combine"):
                 outputs = run.outputs(exchange, runs[me])
             self._on_loop(self.built.__setitem__, exchange.id, outputs)
