@@ -7,7 +7,7 @@ many consecutive inputs as fit in ``gpudirect.shuffle.chunk-size``), not one inp
 input, so the rows bound for one worker are a single slice: one message of a few large buffers
 per destination and chunk, whatever the partition count. ``counts[k, j]`` (rows of the chunk's
 ``k``-th input for output ``j``) travels with it, so the owner can put each output's rows back in
-input order (:func:`input_order`) and the same shuffle gives the same partitions.
+input order (:func:`assembly_order`) and the same shuffle gives the same partitions.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class HashSplit:
     meta: Any  # an empty partition: what an output partition with no rows looks like
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
-        joined = concat(parts) if len(parts) > 1 else parts[0]
+        joined = self.join(parts)
         where = partitioning_index(joined[self.on], self.npartitions)
         lengths = [len(p) for p in parts]
         order, counts = targets.module(self.target).group_order(where, lengths, self.npartitions)
@@ -70,7 +70,7 @@ class PermutationSplit:
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
         shuffled = [p[self._permutation(len(p), 0, i)] for i, p in zip(indices, parts, strict=True)]
-        joined = np.concatenate(shuffled) if len(shuffled) > 1 else shuffled[0]
+        joined = self.join(shuffled)
         counts = self.counts[indices]
         return joined[_grouped_by_output(counts, self.target)], counts
 

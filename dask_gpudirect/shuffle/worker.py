@@ -92,7 +92,8 @@ class ShuffleRun:
         self.limiter = ResourceLimiter(
             parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
         )
-        # How long any one wait on a peer may take: a send, room on the wire, the last word.
+        # How long any one wait on a peer may take: a send, the last word, its pieces (room on
+        # the wire follows: every send in flight ends within it).
         self.timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
 
     def put(self, inputs: tuple[int, ...], first: int, counts: np.ndarray, piece: Any) -> None:
@@ -154,7 +155,6 @@ class ShuffleRun:
         many bytes are in flight."""
         self.raise_if_failed()
         nbytes = sizeof(message[-1])
-        # Bounded: every send in flight ends, or fails the run, within the timeout.
         await self._unless_failed(self.limiter.wait_for_available())
         self.limiter.increase(nbytes)
         task = asyncio.create_task(self._send(exchange, dest, message, nbytes))
@@ -236,12 +236,13 @@ class ShuffleRun:
             if pending:
                 raise self._no_answer([p for p, task in tells.items() if task in pending])
             for peer, task in tells.items():
-                if isinstance(task.exception(), ShuffleError):
-                    raise task.exception()
-                if task.exception() is not None:
+                error = task.exception()
+                if isinstance(error, ShuffleError):
+                    raise error
+                if error is not None:
                     raise ShuffleError(
-                        f"shuffle {self.id}: peer {peer} could not be told: {task.exception()}"
-                    ) from task.exception()
+                        f"shuffle {self.id}: peer {peer} could not be told: {error}"
+                    ) from error
         self.finished.add(me)
         deadline = time.monotonic() + self.timeout
         while not self.finished.issuperset(exchange.participants):
