@@ -14,6 +14,7 @@ from .dashboard import DashboardPlugin
 from .errors import ClusterError
 from .placement import PlacementPlugin
 from .plugin import GPUDirectPlugin
+from .shuffle.plugin import ShuffleSchedulerPlugin, ShuffleWorkerPlugin
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ async def _describe(dask_worker, entries: list[str]) -> dict:
 
 
 def ensure_plugins(client: Client) -> None:
-    """Register the worker, placement and dashboard plugins where they are missing, and say so."""
+    """Register the reader, shuffle, placement and dashboard plugins where they are missing, and
+    say so."""
     missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
     if missing:
         cluster = client.cluster
@@ -83,6 +85,8 @@ def ensure_plugins(client: Client) -> None:
             "registering GPUDirectPlugin with defaults on %d worker(s): %s", len(missing), missing
         )
         client.register_plugin(GPUDirectPlugin())
+    client.register_plugin(ShuffleWorkerPlugin())
+    client.register_plugin(ShuffleSchedulerPlugin())
     client.register_plugin(PlacementPlugin())
     client.register_plugin(DashboardPlugin())
 

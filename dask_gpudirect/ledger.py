@@ -13,6 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import dask.config
 from dask.utils import parse_timedelta
 
 from .connection import connected
@@ -20,6 +21,9 @@ from .connection import connected
 if TYPE_CHECKING:
     import pandas as pd
     from distributed import Client
+
+#: Where a worker keeps its ledger: ``worker.extensions[EXTENSION]``.
+EXTENSION = "gpudirect-ledger"
 
 #: Copies each path costs per byte, as NVIDIA's GPUDirect write-ups count them.
 COPIES: dict[str, int] = {
@@ -130,12 +134,24 @@ class Ledger:
         with self._lock:
             self._records.clear()
 
+    def keep(self, max_records: int) -> None:
+        """Keep at most ``max_records`` records from now on (the newest of those held)."""
+        with self._lock:
+            self._records = collections.deque(self._records, maxlen=max_records)
+
+
+def of(worker) -> Ledger:
+    """``worker``'s ledger, made on first use: one per worker, shared by the readers and the
+    shuffle, and kept when a plugin is registered again (so its counts never reset)."""
+    extension = worker.extensions.get(EXTENSION)
+    if extension is None:
+        max_records = int(dask.config.get("gpudirect.ledger.max-records"))
+        extension = worker.extensions[EXTENSION] = Ledger(worker.address, max_records)
+    return extension
+
 
 def _worker_records(dask_worker) -> list[dict]:
-    from .plugin import GPUDirectPlugin
-
-    plugin = dask_worker.plugins.get(GPUDirectPlugin.name)
-    return plugin.ledger.records() if plugin is not None else []
+    return of(dask_worker).records()
 
 
 def records(client: Client | None = None) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""GPUDirectPlugin: each worker's readers, ledger and GPU capabilities."""
+"""GPUDirectPlugin: each worker's readers, its ledger's export and its GPU capabilities."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ from typing import Any
 
 from distributed import WorkerPlugin, get_worker
 
-from . import access, metrics, targets
+from . import access, ledger, metrics, targets
 from .config import resolve_options
 from .cuda import gpu_count
-from .ledger import Ledger
-from .shuffle.worker import ShuffleService
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +40,10 @@ class GPUDirectPlugin(WorkerPlugin):
         self.options = resolve_options(self.overrides)
         self.address = worker.address
         self.gpus = gpu_count()
-        self.ledger = Ledger(worker.address, int(self.options["max_records"]))
+        self.ledger = ledger.of(worker)  # the worker's, so registering again keeps its counts
+        self.ledger.keep(int(self.options["max_records"]))
         self._targets: dict[str, targets.Target] = {}
         self._lock = threading.Lock()
-        self.shuffle = ShuffleService(worker, self.ledger)
         if self.gpus:
             self.target("device")  # configures kvikio now, so a bad option fails at setup
             _register_cudf_with_dask()
@@ -55,7 +53,6 @@ class GPUDirectPlugin(WorkerPlugin):
         )
 
     def teardown(self, worker) -> None:
-        self.shuffle.teardown()
         metrics.unexport(worker, self.ledger)
         for target in self._targets.values():
             target.close()

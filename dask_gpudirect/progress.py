@@ -134,7 +134,9 @@ def wait(client: Client, futures: list[Future], bar: Bar | None = None) -> None:
 
 def _received(dask_worker, shuffle_id: str) -> int:
     """Input partitions whose rows for this worker's outputs have arrived here (on a worker)."""
-    run = dask_worker.plugins["gpudirect"].shuffle.runs.get(shuffle_id)
+    from .shuffle.plugin import service
+
+    run = service(dask_worker).runs.get(shuffle_id)
     return sum(len(inputs) for inputs, _, _ in run.received.values()) if run is not None else 0
 
 

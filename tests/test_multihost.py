@@ -47,6 +47,8 @@ from util import (
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger
+from dask_gpudirect.cluster import ensure_plugins
+from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -117,12 +119,14 @@ def ucxx_cluster(data):
 @pytest.fixture
 def tcp_hosts(tcp_cluster):
     """The tcp cluster and its client, made current for the test."""
+    ensure_plugins(tcp_cluster[1])  # the shuffle's too, which the tests reach into
     with tcp_cluster[1].as_current():
         yield tcp_cluster
 
 
 @pytest.fixture
 def ucxx_hosts(ucxx_cluster):
+    ensure_plugins(ucxx_cluster[1])
     with ucxx_cluster[1].as_current():
         yield ucxx_cluster
 
@@ -137,7 +141,7 @@ def allowed_roots() -> list[str] | None:
 
 
 def live_runs(dask_worker) -> list[str]:
-    return sorted(dask_worker.plugins["gpudirect"].shuffle.runs)
+    return sorted(shuffle_service(dask_worker).runs)
 
 
 # --- helpers -----------------------------------------------------------------------------------

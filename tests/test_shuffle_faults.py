@@ -49,6 +49,9 @@ from util import (
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger
+from dask_gpudirect.cluster import ensure_plugins
+from dask_gpudirect.shuffle.plugin import ShuffleWorkerPlugin
+from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
 # The worker-side helpers below travel to the worker processes by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -68,7 +71,7 @@ def tight(request):
     cluster = start_cluster(request.param, threads=1, config=limits)
     client = Client(cluster, set_as_default=False)
     client.wait_for_workers(2)
-    client.register_plugin(dg.GPUDirectPlugin())
+    ensure_plugins(client)  # the readers' and the shuffle's, which the tests reach into
     yield client
     client.close()
     cluster.close()
@@ -89,14 +92,14 @@ def cluster(tight):
 
 def shuffle_state(dask_worker) -> dict:
     """The worker's live shuffle runs, ended runs, and spill directories left behind."""
-    service = dask_worker.plugins["gpudirect"].shuffle
+    service = shuffle_service(dask_worker)
     local = dask_worker.local_directory
     spills = [d for d in os.listdir(local) if d.startswith("gpudirect-shuffle-")]
     return {"runs": sorted(service.runs), "closed": dict(service.closed), "spills": spills}
 
 
 def shuffle_limits(dask_worker) -> dict:
-    return dask_worker.plugins["gpudirect"].shuffle.limits("host")
+    return shuffle_service(dask_worker).limits("host")
 
 
 def break_receive(dask_worker) -> None:
@@ -109,7 +112,23 @@ def break_receive(dask_worker) -> None:
 
 
 def restore_receive(dask_worker) -> None:
-    dask_worker.handlers[RECEIVE] = dask_worker.plugins["gpudirect"].shuffle.receive
+    dask_worker.handlers[RECEIVE] = shuffle_service(dask_worker).receive
+
+
+def reader_threads(dask_worker) -> int:
+    return dask_worker.plugins["gpudirect"].options["threads"]
+
+
+def stall_outputs(dask_worker, flag: str) -> None:
+    """Make this worker's stages, once every peer has finished, touch ``flag`` and stall before
+    building their outputs (test instrumentation: only a kill ends them)."""
+    from dask_gpudirect.shuffle.worker import ShuffleRun
+
+    def outputs(self, exchange, mine):
+        open(flag, "w").close()
+        time.sleep(HANG_GUARD)
+
+    ShuffleRun.outputs = outputs
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -364,6 +383,37 @@ def test_stopped_peer_fails_the_shuffle_within_the_timeout(cluster):
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
+def test_registering_the_readers_again_mid_shuffle_leaves_it_alone(cluster):
+    """``register_plugin(GPUDirectPlugin(...))``, the documented way to change reader options,
+    while a shuffle is in flight: the shuffle finishes right (its service is a plugin of its
+    own), the new options hold, and the ledger keeps what it had recorded."""
+    victim = sorted(cluster.nthreads())[0]
+    cluster.run(delay_receive, seconds=0.5, workers=[victim])  # keeps the exchange in flight
+    pdf = frame(2000, keys=97, seed=10)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=8))
+    wait(df)
+
+    def shuffle():
+        with cluster.as_current():
+            return partitions(cluster, dg.shuffle(df, "k", npartitions=4, client=cluster))
+
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(shuffle)
+        deadline = time.monotonic() + HANG_GUARD
+        while moved_records(cluster).empty:  # a piece has reached the victim
+            assert not running.done(), running.exception()
+            assert time.monotonic() < deadline, "no piece ever moved"
+        before = moved_records(cluster)
+        cluster.register_plugin(dg.GPUDirectPlugin(threads=2))
+        cluster.register_plugin(ShuffleWorkerPlugin())  # idempotent: the live one stays
+        parts = running.result(timeout=HANG_GUARD)
+    assert_hash_partitions(parts, pdf, "k", 4)
+    assert set(cluster.run(reader_threads).values()) == {2}
+    after = moved_records(cluster)
+    assert set(before["time"]) <= set(after["time"]), "the ledger lost records"
+    cluster.register_plugin(dg.GPUDirectPlugin())
+
+
 def test_worker_killed_mid_shuffle(cluster):
     """SIGKILL a worker while the shuffle waits on it: a ShuffleError naming it, then a rerun.
 
@@ -442,6 +492,44 @@ def test_worker_lost_after_the_shuffle_fails_what_needs_its_outputs():
 
         again = dg.shuffle(df, "k", client=client)  # on the worker(s) left
         assert_hash_partitions(partitions(client, again), pdf, "k", 4)
+        client.wait_for_workers(2, timeout=HANG_GUARD)  # the nanny's restart, before closing
+
+
+def test_worker_lost_while_only_its_stage_is_left():
+    """A worker killed while it builds its outputs, after every peer's stage has finished: the
+    scheduler plugin fails the shuffle naming it (no participant is left to notice), in
+    bounded time, and the shuffle runs again on the worker that is left."""
+    with start_cluster("tcp", threads=1) as lc, Client(lc, set_as_default=False) as client:
+        ensure_plugins(client)
+        victim, survivor = sorted(client.nthreads())
+        flag = os.path.join(client.run(lambda dask_worker: dask_worker.local_directory)[victim])
+        flag = os.path.join(flag, "building-outputs")
+        client.run(stall_outputs, flag=flag, workers=[victim])
+        pdf = frame(2000, keys=97, seed=11)
+        df = client.persist(dd.from_pandas(pdf, npartitions=4))
+        with client.as_current():
+            wait(df)
+
+        def shuffle():
+            with client.as_current():
+                return dg.shuffle(df, "k", client=client)
+
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(shuffle)
+            deadline = time.monotonic() + HANG_GUARD
+            while (
+                not os.path.exists(flag)
+                or client.run(shuffle_state, workers=[survivor])[survivor]["runs"]
+            ):
+                assert not running.done(), running.exception()
+                assert time.monotonic() < deadline, "the victim never built its outputs"
+            os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+            with pytest.raises(dg.ShuffleError, match="left the cluster") as info:
+                running.result(timeout=HANG_GUARD)
+        assert victim in str(info.value)
+        again = dg.shuffle(df, "k", client=client)
+        assert_hash_partitions(partitions(client, again), pdf, "k", 4)
+        client.wait_for_workers(2, timeout=HANG_GUARD)  # the nanny's restart, before closing
 
 
 @pytest.mark.parametrize(

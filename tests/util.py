@@ -23,6 +23,7 @@ from pandas.testing import assert_frame_equal
 
 import dask_gpudirect as dg
 from dask_gpudirect.placement import _shard_of
+from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
 # Worker processes (and the netns hosts' `dask worker`s) cannot import this directory: helpers
 # sent with client.run travel by value.
@@ -153,7 +154,7 @@ def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2, **kwargs)
 
 def delay_receive(dask_worker, seconds: float) -> None:
     """Make this worker sleep ``seconds`` before it takes each shuffle message."""
-    service = dask_worker.plugins["gpudirect"].shuffle
+    service = shuffle_service(dask_worker)
 
     async def receive(**msg):
         await asyncio.sleep(seconds)

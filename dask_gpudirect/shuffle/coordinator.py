@@ -1,15 +1,15 @@
 """The client side of a shuffle: place outputs, check memory, start the stages, watch them.
 
 One stage task per worker that holds input, pinned to that worker, so the inputs never move
-before they are split; the stages meet through the plugin's comm handlers, not through the
-scheduler. The client watches them: when a stage fails or a participant leaves the cluster, it
-aborts the others at once and raises, so nothing waits for a peer that will never answer and no
-partial output is returned.
+before they are split; the stages meet through the shuffle plugin's comm handlers, not through
+the scheduler. The scheduler plugin watches the participants: a worker that leaves fails the
+shuffle at once (its stage's future gets the error). When a stage fails, the client has the
+others aborted through the scheduler and raises, so nothing waits for a peer that will never
+answer and no partial output is returned.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
@@ -23,57 +23,43 @@ from distributed import Client, Future, wait
 from ..cluster import ensure_plugins
 from ..errors import ShuffleError
 from ..progress import ShuffleProgress
+from ..targets import TargetName
+from .plugin import service
+from .split import Splitter
 from .worker import Exchange
 
 logger = logging.getLogger(__name__)
 
-#: Seconds between the client's checks that every participant is still in the cluster.
+#: Seconds between updates of the progress bar while the stages run.
 WATCH_INTERVAL = 0.5
 #: Seconds the client gives aborted stages to stop before it cancels them and raises.
 ABORT_GRACE = 10
 
 
-def _stage(exchange: Exchange, inputs: dict[int, Any]) -> dict[int, Any]:
-    from ..plugin import current_plugin
-
-    return current_plugin().shuffle.stage(exchange, inputs)
+def _stage(exchange: Exchange, inputs: dict[int, Any]) -> int:
+    return service().stage(exchange, inputs)
 
 
-def _limits(dask_worker, target: str) -> dict[str, int]:
-    return dask_worker.plugins["gpudirect"].shuffle.limits(target)
-
-
-def _abort(dask_worker, shuffle_id: str, reason: str) -> None:
-    dask_worker.plugins["gpudirect"].shuffle.abort(shuffle_id, reason)
-
-
-def _abort_on(client: Client, plan: Exchange, reason: str, workers: list[str]) -> None:
-    """Abort the shuffle on ``workers``, waiting at most ABORT_GRACE seconds: a worker stopped
-    by SIGSTOP is still in the cluster but never answers. Best effort: the stages end anyway
-    when they are cancelled, and a cut call may end in a comm error (UCX), not a timeout."""
-
-    async def abort():
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                client._run(
-                    _abort, shuffle_id=plan.id, reason=reason, workers=workers, on_error="ignore"
-                ),
-                ABORT_GRACE,
-            )
-
-    client.sync(abort)
+def _limits(dask_worker, target: TargetName) -> dict[str, int]:
+    return service(dask_worker).limits(target)
 
 
 def _publish(dask_worker, shuffle_id: str, keys: list) -> dict:
-    return dask_worker.plugins["gpudirect"].shuffle.publish(shuffle_id, keys)
+    return service(dask_worker).publish(shuffle_id, keys)
+
+
+def _end(client: Client, plan: Exchange, abort: str | None = None) -> None:
+    """Tell the scheduler the shuffle is over; with ``abort``, it first ends every participant's
+    run (a message on its stream: a stopped worker cannot make this wait)."""
+    client.sync(client.scheduler.gpudirect_shuffle_end, shuffle_id=plan.id, reason=abort)
 
 
 def exchange(
     client: Client,
     inputs: list[Future],
-    splitter: Any,
+    splitter: Splitter,
     keys: list[Key],
-    target: str,
+    target: TargetName,
     progress: bool = False,
 ) -> list[Future]:
     """Run the all-to-all of ``inputs`` (computed partitions, in order) through ``splitter``.
@@ -122,8 +108,18 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
         )
         for i, (w, parts) in enumerate(sorted(on_worker.items()))
     }
-    _watch(client, plan, stages, shown)
-    return _publish_outputs(client, plan, list(keys))
+    client.sync(
+        client.scheduler.gpudirect_shuffle_start,
+        shuffle_id=plan.id,
+        client=client.id,
+        participants=list(participants),
+        stages={w: stage.key for w, stage in stages.items()},
+    )
+    try:
+        _watch(client, plan, stages, shown)
+        return _publish_outputs(client, plan, list(keys))
+    finally:
+        _end(client, plan)  # forgotten by the scheduler (a no-op where an abort did it)
 
 
 def _publish_outputs(client: Client, plan: Exchange, keys: list[Key]) -> list[Future]:
@@ -135,7 +131,7 @@ def _publish_outputs(client: Client, plan: Exchange, keys: list[Key]) -> list[Fu
         )
     except Exception as exc:  # a participant left after its stage finished
         gone = sorted(set(plan.participants) - set(client.nthreads()))
-        _abort_on(client, plan, "lost", list(plan.participants))
+        _end(client, plan, abort="lost")
         raise ShuffleError(
             f"worker(s) {gone or plan.participants} left the cluster before shuffle {plan.id}'s "
             f"outputs were kept ({type(exc).__name__}: {exc}); no output was returned. The "
@@ -194,39 +190,26 @@ def _check_memory(client: Client, plan: Exchange, nbytes: dict[str, int]) -> Non
 def _watch(
     client: Client, plan: Exchange, stages: dict[str, Future], shown: ShuffleProgress
 ) -> None:
-    """Wait for every stage; on a failure or a lost participant, abort the rest and raise."""
+    """Wait for every stage; when one fails (a lost worker's stage fails when it leaves), abort
+    the rest and raise the first cause."""
     pending = set(stages.values())
     while pending:
-        try:
-            with client.as_current():
-                wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
-        except TimeoutError:  # nothing finished in this interval: check on the participants
-            pass
+        with client.as_current(), contextlib.suppress(TimeoutError):
+            wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
         done = {f for f in pending if f.done()}
         pending -= done
-        errors = [f for f in done if f.status != "finished"]
-        alive = set(client.nthreads())
-        gone = sorted(set(plan.participants) - alive)
-        if not errors and not gone:
+        if all(f.status == "finished" for f in done):
             shown.exchange(plan, stages, pending)
             continue
-        if gone:
-            reason = f"worker(s) {gone} left the cluster during shuffle {plan.id}"
-        else:
-            reason = f"shuffle {plan.id} failed on a peer"
-        survivors = sorted(set(plan.participants) & alive)
-        _abort_on(client, plan, reason, survivors)
-        try:  # let the survivors stop and clean up before the caller retries
-            with client.as_current():
-                wait([stages[w] for w in survivors], timeout=ABORT_GRACE)
-        except TimeoutError:
-            pass
-        if not gone:  # every stage has had its say: name the first cause, not its echoes
-            reason = f"shuffle {plan.id} failed: {_first_cause(stages)}"
+        _end(client, plan, abort=f"shuffle {plan.id} failed on a peer")
+        with client.as_current(), contextlib.suppress(TimeoutError):
+            wait(pending, timeout=ABORT_GRACE)  # let the others stop and clean up
+        cause = _first_cause(stages)
         client.cancel(list(stages.values()))
         raise ShuffleError(
-            f"{reason}; no output was returned. The cluster is still usable: run the shuffle "
-            "again (it will use the workers that remain)."
+            f"shuffle {plan.id} failed: {cause}; no output was returned. The "
+            "cluster is still usable: run the shuffle again (it will use the workers that "
+            "remain)."
         )
 
 

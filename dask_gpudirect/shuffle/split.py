@@ -13,13 +13,31 @@ input order (:func:`assembly_order`) and the same shuffle gives the same partiti
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from dask.dataframe.dispatch import concat
 from dask.dataframe.shuffle import partitioning_index
 
 from .. import targets
+from ..targets import TargetName
+
+
+class Splitter(Protocol):
+    """What the shuffle needs of a way to cut rows: every worker of a shuffle gets the same one.
+
+    ``split`` orders a chunk's rows by output (and within one output by input) and counts them;
+    ``rows`` slices that order; ``join`` concatenates pieces; ``output`` takes output ``j``'s
+    rows out of the joined pieces; ``meta`` is an output with no rows.
+    """
+
+    target: TargetName
+    meta: Any
+
+    def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]: ...
+    def rows(self, part: Any, start: int, stop: int) -> Any: ...
+    def join(self, pieces: list) -> Any: ...
+    def output(self, j: int, joined: Any, positions: np.ndarray) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +50,7 @@ class HashSplit:
 
     on: list
     npartitions: int
-    target: str
+    target: TargetName
     meta: Any  # an empty partition: what an output partition with no rows looks like
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
@@ -65,7 +83,7 @@ class PermutationSplit:
 
     seed: int
     counts: np.ndarray
-    target: str
+    target: TargetName
     meta: Any
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
@@ -90,7 +108,7 @@ class PermutationSplit:
         return targets.module(self.target).permutation(n, int(seed))
 
 
-def _grouped_by_output(counts: np.ndarray, target: str):
+def _grouped_by_output(counts: np.ndarray, target: TargetName):
     """Row positions (on ``target``) that take inputs laid end to end, each already cut into its
     outputs in order (``counts[k, j]`` rows of input ``k`` for output ``j``), to rows grouped by
     output and, within one, by input."""
@@ -101,7 +119,7 @@ def _grouped_by_output(counts: np.ndarray, target: str):
 
 
 def assembly_order(
-    pieces: list[tuple[tuple[int, ...], int, np.ndarray]], outputs: range, target: str
+    pieces: list[tuple[tuple[int, ...], int, np.ndarray]], outputs: range, target: TargetName
 ) -> tuple[Any, np.ndarray]:
     """How the received pieces, joined end to end, become the outputs: the row positions (on
     ``target``) that list each output's rows in input order, one output after another, and the

@@ -1,9 +1,10 @@
 """The worker side of a shuffle: send pieces to their owners, receive, wait for every peer.
 
-A :class:`ShuffleService` lives in each worker's GPUDirectPlugin and serves comm handlers that
-peers call directly (Distributed's comms: UCXX hands device buffers to UCX, TCP stages them
-through host memory). One :class:`ShuffleRun` per shuffle holds the received pieces in a
-:class:`~.buffer.SpillBuffer` and knows which peers have finished sending.
+A :class:`ShuffleService` lives in each worker's :class:`~.plugin.ShuffleWorkerPlugin`, which
+installs its comm handlers; peers call them directly (Distributed's comms: UCXX hands device
+buffers to UCX, TCP stages them through host memory). One :class:`ShuffleRun` per shuffle
+holds the received pieces in a :class:`~.buffer.SpillBuffer` and knows which peers have
+finished sending.
 
 The stage task (:meth:`ShuffleService.stage`) runs in a worker thread: it splits the worker's
 inputs a chunk at a time (on the GPU for cuDF/CuPy; ``gpudirect.shuffle.chunk-size`` bytes of
@@ -39,8 +40,9 @@ from distributed.utils import sync
 from .. import targets
 from ..errors import ShuffleError
 from ..ledger import STAGED_ACROSS_NODES, Ledger
+from ..targets import TargetName
 from .buffer import SpillBuffer
-from .split import assembly_order
+from .split import Splitter, assembly_order
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,8 @@ class Exchange:
     id: str
     participants: tuple[str, ...]
     owners: tuple[str, ...]  # owners[j]: the worker that builds output j; contiguous runs of j
-    splitter: Any  # split(), rows(), join(), output(): see split.HashSplit
-    target: str  # "device" or "host": where the pieces live
+    splitter: Splitter
+    target: TargetName  # where the pieces live
 
     def outputs_of(self, worker: str) -> range:
         """The output partitions ``worker`` builds: one contiguous run."""
@@ -64,7 +66,7 @@ class Exchange:
         return range(mine[0], mine[-1] + 1) if mine else range(0)
 
 
-def transfer_path(target: str, source: str, dest: str) -> tuple[str, int]:
+def transfer_path(target: TargetName, source: str, dest: str) -> tuple[str, int]:
     """The ledger path of a piece sent from ``source`` to ``dest``, and the copies it costs."""
     ucx = dest.startswith("ucx")
     if target == "host":
@@ -272,14 +274,19 @@ class ShuffleService:
         self.built: dict[str, dict[int, Any]] = {}
         # shuffle id -> why it ended, to refuse late pieces; the oldest are forgotten
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
-        worker.handlers["gpudirect_shuffle_receive"] = self.receive
-        worker.handlers["gpudirect_shuffle_finished"] = self.peer_finished
+
+    def handlers(self) -> dict[str, Any]:
+        """The comm handlers peers call."""
+        return {
+            "gpudirect_shuffle_receive": self.receive,
+            "gpudirect_shuffle_finished": self.peer_finished,
+        }
 
     # --- handlers (event loop) ---------------------------------------------------------------
     def receive(
         self,
         shuffle_id: str,
-        target: str,
+        target: TargetName,
         inputs: tuple[int, ...],
         first: int,
         counts: np.ndarray,
@@ -287,19 +294,21 @@ class ShuffleService:
     ) -> None:
         self.run(shuffle_id, target).put(inputs, first, counts, piece)
 
-    def peer_finished(self, shuffle_id: str, target: str, source: str) -> None:
+    def peer_finished(self, shuffle_id: str, target: TargetName, source: str) -> None:
         run = self.run(shuffle_id, target)
         run.finished.add(source)
         run.changed.set()
 
-    def abort(self, shuffle_id: str, reason: str) -> None:
+    def abort(self, shuffle_id: str, reason: str, secondary: bool = True) -> None:
         """Fail the run (waking its stage task), drop what it built, and refuse any piece that
-        still arrives."""
+        still arrives. ``secondary``: the reason is an echo of a failure seen elsewhere (the
+        client's abort); a worker lost mid-shuffle is a cause of its own."""
         self.built.pop(shuffle_id, None)
         self._remember_closed(shuffle_id, reason)
         run = self.runs.get(shuffle_id)
         if run is not None:
-            run.fail(ShuffleError(f"shuffle {shuffle_id} was aborted: {reason}", secondary=True))
+            message = reason if not secondary else f"shuffle {shuffle_id} was aborted: {reason}"
+            run.fail(ShuffleError(message, secondary=secondary))
 
     def publish(self, shuffle_id: str, keys: list) -> dict:
         """Put the outputs this worker built into its memory under their keys (output ``j``
@@ -317,7 +326,7 @@ class ShuffleService:
         self.built.clear()
 
     # --- run lifecycle (event loop) ----------------------------------------------------------
-    def run(self, shuffle_id: str, target: str) -> ShuffleRun:
+    def run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
         """The run of ``shuffle_id``, made when its first message or its stage task arrives."""
         if shuffle_id in self.closed:
             raise ShuffleError(
@@ -339,7 +348,7 @@ class ShuffleService:
         while len(self.closed) > MAX_CLOSED:
             self.closed.popitem(last=False)
 
-    def limits(self, target: str) -> dict[str, int]:
+    def limits(self, target: TargetName) -> dict[str, int]:
         """Bytes of received pieces this worker keeps on the GPU, in host memory and on disk."""
         os.makedirs(self.worker.local_directory, exist_ok=True)
         disk = dask.config.get("gpudirect.shuffle.disk-limit")
@@ -353,7 +362,7 @@ class ShuffleService:
             else shutil.disk_usage(self.worker.local_directory).free,
         }
 
-    def _buffer(self, shuffle_id: str, target: str) -> SpillBuffer:
+    def _buffer(self, shuffle_id: str, target: TargetName) -> SpillBuffer:
         limits = self.limits(target)
         return SpillBuffer(
             directory=os.path.join(self.worker.local_directory, f"gpudirect-shuffle-{shuffle_id}"),

@@ -11,13 +11,16 @@ from __future__ import annotations
 import importlib
 import time
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from .. import stamps
 from ..access import Opened, opened
 from ..errors import InputError
 from ..ledger import Ledger
 from ..shards import Shard
+
+#: Where bytes land: the GPU (cuDF, CuPy) or host memory (pandas, NumPy).
+TargetName = Literal["device", "host"]
 
 #: target name -> module holding its ``Target`` class and client-side ``empty_*`` helpers.
 MODULES = {"host": "dask_gpudirect.targets.host", "device": "dask_gpudirect.targets.device"}
@@ -35,7 +38,7 @@ def module(name: str) -> ModuleType:
         ) from exc
 
 
-def holding(obj: Any) -> str:
+def holding(obj: Any) -> TargetName:
     """The target an object lives on: ``device`` for cuDF and CuPy objects, else ``host``."""
     return "device" if type(obj).__module__.partition(".")[0] in ("cudf", "cupy") else "host"
 

@@ -1,0 +1,116 @@
+"""The shuffle as an extension of its own, as Distributed's ``distributed/shuffle/`` is.
+
+:class:`ShuffleWorkerPlugin` gives each worker a :class:`~.worker.ShuffleService` and its comm
+handlers, and ends every run (removing its spill files) when it is removed. It is apart from
+GPUDirectPlugin, so re-registering the readers (the documented way to change their options)
+leaves a running shuffle alone.
+
+:class:`ShuffleSchedulerPlugin` knows the shuffles in flight. When a participant leaves the
+cluster (``remove_worker``) it fails the shuffle at once: the survivors' runs end with an error
+naming the lost worker, and the client's future of the lost worker's stage, which would
+otherwise wait in ``no-worker`` for a worker that never comes back, gets that error too. The
+client also asks it to abort a shuffle: messages on the scheduler's streams, which never wait
+on a worker that stopped answering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from distributed import Scheduler, SchedulerPlugin, Worker, WorkerPlugin
+from distributed.protocol.pickle import dumps
+from distributed.worker import get_worker
+
+from .. import ledger
+from ..errors import ShuffleError
+from .worker import ShuffleService
+
+logger = logging.getLogger(__name__)
+
+#: The worker's stream op that ends a run: ``shuffle_id``, ``reason``, ``secondary``.
+FAIL = "gpudirect-shuffle-fail"
+
+
+class ShuffleWorkerPlugin(WorkerPlugin):
+    """Each worker's shuffle runs and the handlers its peers and the scheduler call."""
+
+    name = "gpudirect-shuffle"
+    idempotent = True  # registered before every shuffle: never replace a service mid-run
+
+    def setup(self, worker: Worker) -> None:
+        self.service = ShuffleService(worker, ledger.of(worker))
+        worker.handlers.update(self.service.handlers())
+        worker.stream_handlers[FAIL] = self.service.abort
+
+    def teardown(self, worker: Worker) -> None:
+        self.service.teardown()
+        for name in self.service.handlers():
+            worker.handlers.pop(name, None)
+        worker.stream_handlers.pop(FAIL, None)
+
+
+def service(worker: Worker | None = None) -> ShuffleService:
+    """The shuffle service of ``worker`` (default: the one running this task)."""
+    worker = worker or get_worker()
+    plugin = worker.plugins.get(ShuffleWorkerPlugin.name)
+    if plugin is None:
+        raise ShuffleError(f"worker {worker.address} has no ShuffleWorkerPlugin")
+    return plugin.service
+
+
+@dataclasses.dataclass
+class _Active:
+    client: str
+    participants: set[str]
+    stages: dict[str, str]  # worker -> the key of its stage task
+
+
+class ShuffleSchedulerPlugin(SchedulerPlugin):
+    """The shuffles in flight, failed at once when a participant leaves the cluster."""
+
+    name = "gpudirect-shuffle"
+    idempotent = True
+
+    def __init__(self):
+        self.active: dict[str, _Active] = {}
+
+    async def start(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers["gpudirect_shuffle_start"] = self.shuffle_started
+        scheduler.handlers["gpudirect_shuffle_end"] = self.shuffle_ended
+
+    def shuffle_started(
+        self, shuffle_id: str, client: str, participants: list[str], stages: dict[str, str]
+    ) -> list[str]:
+        """Watch a shuffle whose stages were just submitted; the participants already gone
+        (its stages are then failed, as if they had left during it)."""
+        self.active[shuffle_id] = _Active(client, set(participants), stages)
+        gone = sorted(set(participants) - set(self.scheduler.workers))
+        for worker in gone:
+            self._lost(shuffle_id, worker)
+        return gone
+
+    def shuffle_ended(self, shuffle_id: str, reason: str | None = None) -> None:
+        """Forget a shuffle; with a ``reason``, first end its run on every participant."""
+        shuffle = self.active.pop(shuffle_id, None)
+        if shuffle is not None and reason is not None:
+            self._tell(shuffle, shuffle_id, reason, secondary=True)
+
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs) -> None:
+        for shuffle_id, shuffle in list(self.active.items()):
+            if worker in shuffle.participants:
+                self._lost(shuffle_id, worker)
+
+    def _lost(self, shuffle_id: str, worker: str) -> None:
+        shuffle = self.active.pop(shuffle_id)
+        error = ShuffleError(f"worker {worker} left the cluster during shuffle {shuffle_id}")
+        logger.warning("%s", error)
+        self._tell(shuffle, shuffle_id, str(error), secondary=False)
+        message = {"op": "task-erred", "key": shuffle.stages[worker], "exception": dumps(error)}
+        self.scheduler.send_all({shuffle.client: [message]}, {})
+
+    def _tell(self, shuffle: _Active, shuffle_id: str, reason: str, secondary: bool) -> None:
+        message = {"op": FAIL, "shuffle_id": shuffle_id, "reason": reason, "secondary": secondary}
+        alive = shuffle.participants & set(self.scheduler.workers)
+        self.scheduler.send_all({}, {worker: [message] for worker in alive})
