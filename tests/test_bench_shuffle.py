@@ -112,3 +112,46 @@ def test_targets_apply_only_where_gpus_exchange():
         ("raw", 0.03, None),
     ]
     assert {c["result"] for c in one} == {judge(1.0, None)}
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_bench_shuffle_sweeps_partition_counts(tmp_path):
+    """``--partitions 2,16``: the same frame at each count, each method at each, one table of
+    how the time grows, and the check of dg.shuffle's growth against the host bound."""
+    pytest.importorskip("matplotlib")
+    out = {ext: tmp_path / f"sweep.{ext}" for ext in ("json", "md", "png")}
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "shuffle", "--target", "host"]
+    cmd += ["--gib", str(4 / 1024), "--partitions", "16,2", "--methods", "gpudirect,tasks"]
+    cmd += ["--repeat", "1", "--json", str(out["json"]), "--markdown", str(out["md"])]
+    cmd += ["--plot", str(out["png"]), "--no-progress"]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert "bench shuffle by partition count" in proc.stdout
+
+    result = json.loads(out["json"].read_text())
+    assert [s["partitions"] for s in result["sweep"]] == [2, 16]
+    (rows,) = {s["data"]["rows"] for s in result["sweep"]}  # the same frame at each count
+    assert rows == (4 << 20) // 32
+    by = {(r["key"], r["partitions"]): r for r in result["records"]}
+    assert sorted(by) == [("gpudirect", 2), ("gpudirect", 16), ("tasks", 2), ("tasks", 16)]
+    assert all(r["status"] == "ok" for r in by.values()), result["records"]
+
+    (check,) = result["checks"]
+    growth = by["gpudirect", 16]["seconds"] / by["gpudirect", 2]["seconds"]
+    assert check["ratio"] == pytest.approx(growth)
+    assert check["target"] == 4.0 and check["result"] == ("pass" if growth <= 4 else "miss")
+    markdown = out["md"].read_text()
+    assert "| partitions | dg.shuffle(df, 'key') |" in markdown
+    assert markdown.count("\n| 2 | ") == 1 and markdown.count("\n| 16 | ") == 1
+    assert out["png"].stat().st_size > 0
+
+
+@pytest.mark.parametrize("value", ["0,8", "8,8", "eight", ""])
+def test_bench_shuffle_refuses_bad_partition_counts(value):
+    from click.testing import CliRunner
+
+    from dask_gpudirect.bench.shuffle import shuffle
+
+    result = CliRunner().invoke(shuffle, ["--partitions", value])
+    assert result.exit_code == 2 and "--partitions" in result.output, result.output

@@ -4,7 +4,8 @@ Drawn from the result a benchmark writes as JSON, so that a committed result can
 One bar per path on a log scale (the paths span three orders of magnitude), each labelled with
 its GB/s and its share of the ceiling; the ceilings hatched, with a dashed line across; the
 issue's targets (device target only) as red marks on the bar of the path they apply to.
-``bench scale`` draws lines instead: GB/s against the GPU count, its ceilings dashed.
+``bench scale`` draws lines instead: GB/s against the GPU count, its ceilings dashed; a
+``bench shuffle`` sweep of partition counts, each method's seconds against the count.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def draw(result: dict, path: str) -> None:
         fig = Figure(figsize=(14, 5), layout="constrained")
         for ax, panel in zip(fig.subplots(1, 2), scale_panels(result), strict=True):
             _draw_lines(ax, panel)
+    elif "sweep" in result:
+        fig = Figure(figsize=(7.5, 5), layout="constrained")
+        _draw_lines(fig.subplots(), sweep_panel(result))
     else:
         read = result["benchmark"] == "read"
         panels = _read_panels(result) if read else _shuffle_panels(result)
@@ -205,8 +209,31 @@ def _draw_panel(ax, panel: dict) -> None:
     ax.grid(axis="x", which="major", alpha=0.3)
 
 
+def sweep_panel(result: dict) -> dict:
+    """``bench shuffle --partitions 8,64,...``: each method's seconds against the count."""
+    from .shuffle_report import METHODS, counts_of, label_of
+
+    records = result["records"]
+    lines = []
+    for key in METHODS:
+        mine = [r for r in records if r["key"] == key]
+        if mine:
+            points = [(r["partitions"], r["seconds"]) for r in mine if r["status"] == "ok"]
+            lines.append({"label": label_of(key, result["target"]), "style": "-", "points": points})
+    return {
+        "title": "shuffle of the same bytes by partition count",
+        "lines": lines,
+        "counts": counts_of(records),
+        "xlabel": "input partitions, log scale",
+        "ylabel": "seconds (median warm run)",
+        "xlog": True,
+    }
+
+
 def _draw_lines(ax, panel: dict) -> None:
     ax.set_yscale("log")
+    if panel.get("xlog"):
+        ax.set_xscale("log")
     for line in panel["lines"]:
         if not line["points"]:
             ax.plot([], [], label=f"{line['label']}: not measured")
@@ -218,7 +245,7 @@ def _draw_lines(ax, panel: dict) -> None:
         ax.plot(xs, ys, marker="o", label=line["label"], **style)
         for x, y in line["points"]:
             ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xticks(panel["counts"])
+    ax.set_xticks(panel["counts"], [str(c) for c in panel["counts"]])
     ax.set_xlabel(panel["xlabel"])
     ax.set_ylabel(f"{panel['ylabel']}, log scale")
     ax.set_title(panel["title"])

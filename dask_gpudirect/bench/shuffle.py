@@ -301,8 +301,29 @@ def _ledger(client) -> list[dict]:
     return report[report["op"].isin(["shuffle", "spill"])].to_dict(orient="records")
 
 
-def _run(result: dict, opts: dict, target: str) -> None:
-    recs = result["records"]
+def _sweep(result: dict, opts: dict, target: str) -> None:
+    """Each partition count in turn, each in a fresh cluster; with ``--time-limit`` the counts
+    share it, a later one getting what the earlier ones left."""
+    counts = opts["partitions"]
+    start = time.monotonic()
+    for i, n in enumerate(counts):
+        limit = opts["time_limit"]
+        if limit is not None:
+            limit = (limit - (time.monotonic() - start)) / (len(counts) - i)
+        into = result if len(counts) == 1 else {"partitions": n}
+        if into is not result:
+            result["sweep"].append(into)
+        _run(result, {**opts, "partitions": n, "time_limit": limit}, target, into)
+
+
+def _run(result: dict, opts: dict, target: str, into: dict) -> None:
+    """Measure every method on ``opts["partitions"]`` partitions in a cluster of its own: the
+    records into ``result["records"]`` (each with its partition count), the frame and the ledger
+    into ``into``."""
+
+    def add(record: dict) -> None:
+        result["records"].append({**record, "partitions": opts["partitions"]})
+
     methods = [m for m in RUN_ORDER if m in opts["methods"]]
     workers = opts["workers"]
     deadline = time.monotonic() + opts["time_limit"] - RESERVE_S if opts["time_limit"] else None
@@ -342,18 +363,18 @@ def _run(result: dict, opts: dict, target: str) -> None:
         frame = _Frame(client, target, opts["gib"], opts["partitions"])
         for method in methods:
             if deadline is not None and deadline - time.monotonic() < MIN_BUDGET_S:
-                recs.append(_record(method, "not run", note="--time-limit reached"))
+                add(_record(method, "not run", note="--time-limit reached"))
                 continue
             try:
-                rec, timed_out = _one_method(client, method, frame, addresses, opts, budget, result)
+                rec, timed_out = _one_method(client, method, frame, addresses, opts, budget, into)
             except _Interrupted as stop:
-                recs.append(stop.record)
+                add(stop.record)
                 raise
             except Exception as exc:  # one failed method is reported; the others still run
                 why = f"{type(exc).__name__}: {exc}"
                 _log(f"{method} failed: {why}")
                 rec, timed_out = _record(method, "error", note=why), False
-            recs.append(rec)
+            add(rec)
             if (timed_out or rec["status"] == "error") and method != methods[-1]:
                 # abandoned or failed work (a shuffle mid-way, memory held) must not slow the rest
                 _log(f"restarting the cluster after {method} ({rec['status']})")
@@ -368,7 +389,7 @@ def _run(result: dict, opts: dict, target: str) -> None:
 
 
 def _one_method(
-    client, method: str, frame: _Frame, addresses: list[str], opts: dict, budget, result: dict
+    client, method: str, frame: _Frame, addresses: list[str], opts: dict, budget, into: dict
 ) -> tuple[dict, bool]:
     """Measure ``method`` within ``budget()`` seconds; (record, whether a run timed out)."""
     if method == "raw":
@@ -381,15 +402,28 @@ def _one_method(
         return _measure("raw", run, nbytes, 1, opts["repeat"], budget(), after)
     if frame.df is None:
         _log(f"making the frame ({frame.rows} rows, {frame.partitions} partitions)")
-        result["data"] = frame.make()
+        into["data"] = frame.make()
         _log(f"frame: {frame.nbytes / 1e9:.3f} GB")
     _log(f"measuring {method}: budget {budget():.0f} s")
     run = _shuffle_run(client, frame, method)
     after = partial(wait_released, client, frame.held)
     out = _measure(method, run, frame.nbytes, opts["workers"], opts["repeat"], budget(), after)
     if method == "gpudirect" and out[0]["status"] == "ok" and not out[1]:
-        result["ledger"] = _ledger(client)
+        into["ledger"] = _ledger(client)
     return out
+
+
+def _counts_option(value: str | None) -> list[int] | None:
+    """``--partitions``: one count or a comma-separated list of them, each at least 1."""
+    if value is None:
+        return None
+    try:
+        counts = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise click.BadParameter(f"{value!r}: use a count (>= 1) or distinct counts like 8,64,256")
+    return sorted(counts)
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -419,8 +453,9 @@ def _one_method(
 @click.option(
     "--partitions",
     default=None,
-    type=click.IntRange(1),
-    help="input partitions; default max(32, 4 per worker, 4 per GiB)",
+    callback=lambda ctx, param, value: _counts_option(value),
+    help="input partitions, or a comma-separated sweep of counts (8,64,256,1024: the same bytes "
+    "at each, each in a fresh cluster); default max(32, 4 per worker, 4 per GiB)",
 )
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(0), help="warm runs")
 @click.option(
@@ -493,7 +528,7 @@ def shuffle(
         "threads_per_worker": threads_per_worker,
         "protocol": protocol,
         "ucx_transports": ucx_transports,
-        "partitions": partitions or max(32, 4 * workers, math.ceil(4 * gib)),
+        "partitions": partitions or [max(32, 4 * workers, math.ceil(4 * gib))],
         "repeat": repeat,
         "rmm_pool_size": rmm_pool_size,
         "methods": chosen,
@@ -512,21 +547,24 @@ def shuffle(
         "device_names": names,
         "gpudirect_config": dask.config.get("gpudirect.shuffle", default={}),
         "records": [],
+        **({"sweep": []} if len(opts["partitions"]) > 1 else {}),
     }
     try:
-        with progress_bar("shuffle", result["records"], len(chosen), progress):
-            _run(result, opts, target)
+        total = len(chosen) * len(opts["partitions"])
+        with progress_bar("shuffle", result["records"], total, progress):
+            _sweep(result, opts, target)
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True
         _log("interrupted: writing what was measured so far")
     except Exception as exc:  # the cluster did not start, say: still report what ran
         result["error"] = f"{type(exc).__name__}: {exc}"
         _log(f"stopped: {result['error']}")
-    done = {r["key"] for r in result["records"]}
+    done = {(r["key"], r["partitions"]) for r in result["records"]}
     why = "interrupted" if result.get("interrupted") else result.get("error", "not reached")
-    for key in opts["methods"]:
-        if key not in done:
-            result["records"].append(_record(key, "not run", note=why))
-    result["records"].sort(key=lambda r: METHODS.index(r["key"]))
+    for n in opts["partitions"]:
+        for key in opts["methods"]:
+            if (key, n) not in done:
+                result["records"].append({**_record(key, "not run", note=why), "partitions": n})
+    result["records"].sort(key=lambda r: (r["partitions"], METHODS.index(r["key"])))
     result["checks"] = checks_of(result["records"], target, workers)
     finish(result, target, print_result, (json_path, md_path, markdown, plot_path))

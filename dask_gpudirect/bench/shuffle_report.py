@@ -31,7 +31,49 @@ TARGET_VS_RAW = 0.5
 LEDGER_TITLE = "dg's ledger of the last dg.shuffle run, summed over the workers"
 
 
+#: The most dg.shuffle's time may grow from the fewest partitions of a sweep to the most (the
+#: same bytes): 1.5x on GPUs that exchange (8 -> 1024), 4x on the host target (8 -> 512).
+SCALING_BOUND = {"device": 1.5, "host": 4.0}
+
+
+def counts_of(records: list[dict]) -> list[int]:
+    """The partition counts measured, fewest first."""
+    return sorted({r["partitions"] for r in records if "partitions" in r})
+
+
 def checks_of(records: list[dict], target: str, workers: int) -> list[dict]:
+    """Against the baselines for one partition count; for a sweep of counts, how dg.shuffle's
+    time grows with them."""
+    if len(counts_of(records)) > 1:
+        return _scaling_checks(records, target, workers)
+    return _baseline_checks(records, target, workers)
+
+
+def _scaling_checks(records: list[dict], target: str, workers: int) -> list[dict]:
+    counts = counts_of(records)
+    dg = {r["partitions"]: r for r in records if r["key"] == "gpudirect"}
+    fewest, most = dg.get(counts[0]), dg.get(counts[-1])
+    ratio = None
+    if fewest and most and fewest["status"] == most["status"] == "ok":
+        ratio = most["seconds"] / fewest["seconds"]
+    want = SCALING_BOUND[target] if target == "host" or workers > 1 else None
+    verdict = "-" if want is None else "not run" if ratio is None else "pass"
+    if want is not None and ratio is not None and ratio > want:
+        verdict = "miss"
+    return [
+        {
+            "check": f"dg.shuffle's time at {counts[-1]} partitions over its time at {counts[0]}",
+            "path": "gpudirect",
+            "baseline": f"{counts[0]} partitions",
+            "ratio": ratio,
+            "target": want,
+            "at_most": True,
+            "result": verdict,
+        }
+    ]
+
+
+def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dict]:
     """dg.shuffle against Dask's shuffles and the raw transfer; targets apply to GPUs that
     exchange (with one worker every row stays where it is)."""
     by = {r["key"]: r for r in records}
@@ -114,7 +156,8 @@ def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows = []
     for c in result["checks"]:
         ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
-        want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
+        bound = "<=" if c.get("at_most") else ">="
+        want = f"{bound} {c['target']:.2f}x" if c["target"] is not None else "-"
         rows.append((f"{c['check']} ({c['baseline']})", ratio, want, c["result"]))
     return rows
 
@@ -167,7 +210,65 @@ def _device_line(result: dict) -> str:
     return f"{result['gpus']} x {result['device']} (target `device`)"
 
 
+SCALING_NOTE = (
+    "Seconds: the median warm run, the whole call until every output partition is in memory; "
+    "GB/s per GPU (per worker on the host target): frame bytes / seconds / workers; x: the time "
+    "over the method's own time at the fewest partitions. The same bytes at every count, each "
+    "count in a fresh cluster."
+)
+
+
+def _scaling_rows(result: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """One row per partition count, one cell per method: seconds, GB/s, growth."""
+    records = result["records"]
+    methods = [m for m in METHODS if any(r["key"] == m for r in records)]
+    by = {(r["key"], r["partitions"]): r for r in records}
+    header = ("partitions", *(label_of(m, result["target"]) for m in methods))
+    rows, first = [], {}
+    for n in counts_of(records):
+        cells = [str(n)]
+        for m in methods:
+            rec = by.get((m, n))
+            if rec is None or rec["status"] != "ok":
+                cells.append(rec["status"] if rec else "not run")
+                continue
+            first.setdefault(m, rec["seconds"])
+            cells.append(
+                f"{rec['seconds']:.2f} s, {rec['gbps_per_gpu']:.2f} GB/s, "
+                f"{rec['seconds'] / first[m]:.1f}x"
+            )
+        rows.append(tuple(cells))
+    return header, rows
+
+
+def _sweep_markdown(result: dict) -> str:
+    header, rows = _scaling_rows(result)
+    counts = ", ".join(map(str, counts_of(result["records"])))
+    made = [s["data"]["bytes"] for s in result.get("sweep", []) if s.get("data")]
+    data = made[0] if made else None
+    lines = [
+        f"# dask-gpudirect shuffle scaling: {result['device']}",
+        "",
+        f"- date: {result['date']}",
+        f"- device: {_device_line(result)}",
+        f"- cluster: {_setup_line(result)}",
+        f"- command: `{result['command']}`",
+        f"- data: the same {data / 1e9:.3f} GB frame cut into {counts} partitions"
+        if data
+        else f"- data: not made ({counts} partitions asked for)",
+        "",
+        *markdown_table(header, rows),
+        "",
+        *markdown_table(CHECK_HEADER, _check_rows(result)),
+        "",
+        SCALING_NOTE,
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def markdown(result: dict) -> str:
+    if len(counts_of(result["records"])) > 1:
+        return _sweep_markdown(result)
     rows, notes = _rows(result)
     lines = [
         f"# dask-gpudirect shuffle benchmark: {result['device']}",
@@ -206,6 +307,12 @@ def markdown(result: dict) -> str:
 
 
 def print_result(result: dict) -> None:
+    if len(counts_of(result["records"])) > 1:
+        header, rows = _scaling_rows(result)
+        title = f"bench shuffle by partition count: {_device_line(result)}, {_setup_line(result)}"
+        print_table(title, header, rows, [SCALING_NOTE], right=header[1:])
+        print_table("targets", CHECK_HEADER, _check_rows(result), [], right=("ratio",))
+        return
     rows, notes = _rows(result)
     title = f"bench shuffle: {_device_line(result)}, {_setup_line(result)}"
     header = _header(result)
