@@ -115,6 +115,18 @@ def restore_receive(dask_worker) -> None:
     dask_worker.handlers[RECEIVE] = shuffle_service(dask_worker).receive
 
 
+def has_shuffle_plugin(dask_worker) -> bool:
+    return ShuffleWorkerPlugin.name in dask_worker.plugins
+
+
+def hold_thread(started: str, release: str) -> None:
+    """Hold this worker's thread (touching ``started``) until the test makes ``release``."""
+    open(started, "w").close()
+    deadline = time.monotonic() + HANG_GUARD
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def reader_threads(dask_worker) -> int:
     return dask_worker.plugins["gpudirect"].options["threads"]
 
@@ -383,6 +395,36 @@ def test_stopped_peer_fails_the_shuffle_within_the_timeout(cluster):
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
+def test_a_run_whose_stage_never_started_is_freed_when_the_shuffle_fails(cluster, tmp_path):
+    """A worker gets a peer's pieces while its one thread is busy, so its stage has not started
+    when the shuffle fails (the peer's wait runs out): the abort frees the run those pieces
+    made, spill directory included, without waiting for the thread."""
+    busy, peer = sorted(cluster.nthreads())
+    halves = [
+        cluster.persist(dd.from_pandas(half, npartitions=2), workers=[w])
+        for half, w in ((frame(1000, keys=97, seed=12), busy), (frame(1000, 97, 13), peer))
+    ]
+    df = cluster.persist(dd.concat(halves))  # its own futures: the shuffle runs no task first
+    wait(df)
+    assert {w for ws in cluster.who_has(futures_of(df)).values() for w in ws} == {busy, peer}
+    started, release = tmp_path / "started", tmp_path / "release"
+    blocker = cluster.submit(hold_thread, str(started), str(release), workers=[busy], pure=False)
+    deadline = time.monotonic() + HANG_GUARD
+    while not started.exists():
+        assert time.monotonic() < deadline, "the blocking task never started"
+        time.sleep(0.05)
+    try:
+        with worker_config(cluster, {"gpudirect.shuffle.timeout": "2s"}):
+            with pytest.raises(dg.ShuffleError, match="gpudirect.shuffle.timeout"):
+                dg.shuffle(df, "k", client=cluster)
+        assert cluster.run(shuffle_state, workers=[busy])[busy]["closed"]  # pieces came, then
+        wait_until_clean(cluster)  # freed while the thread is still held
+        assert not blocker.done()
+    finally:
+        release.touch()
+    blocker.result(timeout=HANG_GUARD)
+
+
 def test_registering_the_readers_again_mid_shuffle_leaves_it_alone(cluster):
     """``register_plugin(GPUDirectPlugin(...))``, the documented way to change reader options,
     while a shuffle is in flight: the shuffle finishes right (its service is a plugin of its
@@ -451,7 +493,10 @@ def test_worker_killed_mid_shuffle(cluster):
     out = dg.shuffle(df, "k", client=cluster)
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
     # the nanny's new worker joins with the plugin and the limits, and takes part in a shuffle
-    cluster.wait_for_workers(2, timeout=30)
+    deadline = time.monotonic() + HANG_GUARD
+    while not all(cluster.run(has_shuffle_plugin).values()) or len(cluster.nthreads()) < 2:
+        assert time.monotonic() < deadline, "the nanny never brought a worker back"
+        time.sleep(0.1)  # the scheduler may know the new worker before its plugins are set up
     (new,) = set(cluster.nthreads()) - {survivor}
     assert new != victim
     assert cluster.run(shuffle_limits, workers=[new])[new]["host"] == 1024

@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from dask.dataframe.shuffle import partitioning_index
-from distributed import LocalCluster
+from distributed import LocalCluster, Nanny
 from pandas.testing import assert_frame_equal
 
 import dask_gpudirect as dg
@@ -132,6 +132,18 @@ def ucx_environment() -> None:
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
 
+class PatientNanny(Nanny):
+    """A Nanny that gives its worker process 30 s to stop when the cluster closes, not 5.
+
+    ``Nanny.close`` waits 4 s for the worker to stop, kills it, and leaves what is left of the
+    5 s to reap it: on a loaded machine ``cluster.close()`` then raises TimeoutError after the
+    test itself has passed. Only that deadline differs from a user's cluster.
+    """
+
+    async def close(self, timeout: float = 30, reason: str = "nanny-close") -> str:
+        return await super().close(timeout=timeout, reason=reason)
+
+
 def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2, **kwargs) -> LocalCluster:
     """A LocalCluster with worker processes over ``protocol`` (dashboard on a free port).
 
@@ -148,6 +160,7 @@ def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2, **kwargs)
         processes=True,
         dashboard_address=":0",
         host="127.0.0.1",
+        worker_class=PatientNanny,
         **kwargs,
     )
 

@@ -91,6 +91,7 @@ class ShuffleRun:
         self.failed = asyncio.Event()
         self.error: ShuffleError | None = None
         self.sends: set[asyncio.Task] = set()
+        self.staged = False  # a stage task runs this run (and closes it when it ends)
         self.limiter = ResourceLimiter(
             parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
         )
@@ -309,6 +310,8 @@ class ShuffleService:
         if run is not None:
             message = reason if not secondary else f"shuffle {shuffle_id} was aborted: {reason}"
             run.fail(ShuffleError(message, secondary=secondary))
+            if not run.staged:  # made by a peer's piece; no stage will come to close it
+                self.close(shuffle_id, reason)
 
     def publish(self, shuffle_id: str, keys: list) -> dict:
         """Put the outputs this worker built into its memory under their keys (output ``j``
@@ -336,6 +339,11 @@ class ShuffleService:
             buffer = self._buffer(shuffle_id, target)
             self.runs[shuffle_id] = ShuffleRun(self, shuffle_id, buffer)
         return self.runs[shuffle_id]
+
+    def _stage_run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
+        run = self.run(shuffle_id, target)
+        run.staged = True
+        return run
 
     def close(self, shuffle_id: str, reason: str) -> None:
         self._remember_closed(shuffle_id, reason)
@@ -384,7 +392,7 @@ class ShuffleService:
         secede()
         clock = _Phases()
         runs = {w: exchange.outputs_of(w) for w in exchange.participants}
-        run = self._on_loop(self.run, exchange.id, exchange.target)
+        run = self._on_loop(self._stage_run, exchange.id, exchange.target)
         chunk_bytes = parse_bytes(dask.config.get("gpudirect.shuffle.chunk-size"))
         try:
             for chunk in _chunks(inputs, chunk_bytes):
