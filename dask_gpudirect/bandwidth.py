@@ -10,7 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from bokeh.core.properties import without_property_validation
-from bokeh.models import ColumnDataSource, DataRange1d, FactorRange, HoverTool, NumeralTickFormatter
+from bokeh.models import (
+    ColumnDataSource,
+    DataRange1d,
+    FactorRange,
+    HoverTool,
+    NumeralTickFormatter,
+    Title,
+)
 from bokeh.palettes import Category10
 from bokeh.plotting import figure
 from dask.utils import format_bytes
@@ -53,7 +60,9 @@ class PathBandwidth(DashboardComponent):
             {"y": [], "rate": [], "bytes": [], "worker": [], "path": [], "color": []}
         )
         self.root = figure(
-            title="GPUDirect bytes/s per path",
+            # A Title, not a str: bokeh turns a str into one only while property validation is
+            # on, and the scheduler's dashboard callbacks turn it off process-wide meanwhile.
+            title=Title(text="GPUDirect bytes/s per path"),
             y_range=FactorRange(),
             x_range=DataRange1d(start=0),
             tools="",
