@@ -118,8 +118,9 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
     try:
         _watch(client, plan, stages, shown)
         return _publish_outputs(client, plan, list(keys))
-    finally:
-        _end(client, plan)  # forgotten by the scheduler (a no-op where an abort did it)
+    finally:  # forgotten by the scheduler (a no-op where an abort did it)
+        with contextlib.suppress(OSError):  # a lost scheduler must not hide the first error
+            _end(client, plan)
 
 
 def _publish_outputs(client: Client, plan: Exchange, keys: list[Key]) -> list[Future]:

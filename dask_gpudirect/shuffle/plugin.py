@@ -87,8 +87,8 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         (its stages are then failed, as if they had left during it)."""
         self.active[shuffle_id] = _Active(client, set(participants), stages)
         gone = sorted(set(participants) - set(self.scheduler.workers))
-        for worker in gone:
-            self._lost(shuffle_id, worker)
+        if gone:  # one is enough: the shuffle fails, and the client cancels every stage
+            self._lost(shuffle_id, gone[0])
         return gone
 
     def shuffle_ended(self, shuffle_id: str, reason: str | None = None) -> None:
