@@ -36,7 +36,7 @@ COLORS: dict[str, str] = dict(zip(COPIES, Category10[10], strict=True))
 def rates(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, float]:
     """Bytes/s per path between two heartbeat samples of one worker; 0 with no earlier sample.
 
-    A total that shrank (the plugin was registered again, its ledger started over) counts as 0.
+    A total that shrank (the worker restarted, its ledger started over) counts as 0.
     """
     if before is None:
         return dict.fromkeys(after["bytes"], 0.0)

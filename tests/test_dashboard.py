@@ -65,7 +65,7 @@ def test_rates_between_two_heartbeats():
     assert rates(None, first) == {"gds": 0.0}
     later = {"time": 12.0, "bytes": {"gds": 500, "ucx-device": 60}}
     assert rates(first, later) == {"gds": 200.0, "ucx-device": 30.0}
-    restarted = {"time": 13.0, "bytes": {"gds": 50}}  # the plugin registered again
+    restarted = {"time": 13.0, "bytes": {"gds": 50}}  # the worker restarted
     assert rates(later, restarted) == {"gds": 0.0}
 
 

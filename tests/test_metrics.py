@@ -127,7 +127,8 @@ def record_a_read(dask_worker) -> None:
 
 def test_two_workers_in_one_process_and_registering_again():
     """One registry per process: one collector serves both workers, labelled apart, and
-    registering the plugin again (a new ledger) neither raises nor doubles a series."""
+    registering the plugin again neither raises, nor doubles a series, nor resets a count
+    (the ledger is the worker's, not the plugin's)."""
     with (
         LocalCluster(
             n_workers=2,
@@ -140,6 +141,7 @@ def test_two_workers_in_one_process_and_registering_again():
         Client(cluster, set_as_default=False) as client,
     ):
         client.register_plugin(dg.GPUDirectPlugin())
+        client.run(record_a_read)
         client.register_plugin(dg.GPUDirectPlugin(threads=2))  # replaces the first
         client.run(record_a_read)
         workers = set(client.scheduler_info()["workers"])
@@ -147,7 +149,7 @@ def test_two_workers_in_one_process_and_registering_again():
             url = f"http://127.0.0.1:{info['services']['dashboard']}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
                 got = parse(response.read().decode())
-            assert got["dask_gpudirect_bytes"] == {(w, "read", "gds"): len(w) for w in workers}
+            assert got["dask_gpudirect_bytes"] == {(w, "read", "gds"): 2 * len(w) for w in workers}
         client.unregister_worker_plugin("gpudirect")
         url = f"http://127.0.0.1:{info['services']['dashboard']}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
