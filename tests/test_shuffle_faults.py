@@ -531,7 +531,7 @@ def test_worker_lost_after_the_shuffle_fails_what_needs_its_outputs():
         with pytest.raises(dg.ShuffleError, match="lost with worker") as info:
             client.compute(out.k.sum()).result(timeout=HANG_GUARD)
         assert victim in str(info.value)
-        got = client.gather(client.compute([out.partitions[j] for j in kept]))
+        got = client.gather([f for f in futures_of(out) if f.key[1] in kept])  # still held
         expected = pdf[np.isin(owner_of_rows(pdf, "k", 4), kept)].index
         assert sorted(pd.concat(got).index) == sorted(expected)
 
