@@ -334,10 +334,11 @@ def footnote(notes: list[str], note: str) -> int:
     return notes.index(note) + 1
 
 
-def judge(ratio: float | None, want: float | None) -> str:
-    """A target's verdict: ``-`` without a target, ``not run`` without a ratio, else pass/miss."""
+def judge(ratio: float | None, want: float | None, at_most: bool = False) -> str:
+    """A target's verdict: ``-`` without a target, ``not run`` without a ratio, else pass/miss
+    (``ratio >= want``, or ``ratio <= want`` for a bound ``at_most``)."""
     if want is None:
         return "-"
     if ratio is None:
         return "not run"
-    return "pass" if ratio >= want else "miss"
+    return "pass" if (ratio <= want if at_most else ratio >= want) else "miss"

@@ -35,11 +35,13 @@ def draw(result: dict, path: str) -> None:
     check_matplotlib()
     from matplotlib.figure import Figure  # Agg without pyplot: no global backend switched
 
+    from .shuffle_report import is_sweep
+
     if result["benchmark"] == "scale":
         fig = Figure(figsize=(14, 5), layout="constrained")
         for ax, panel in zip(fig.subplots(1, 2), scale_panels(result), strict=True):
             _draw_lines(ax, panel)
-    elif "sweep" in result:
+    elif is_sweep(result["records"]):
         fig = Figure(figsize=(7.5, 5), layout="constrained")
         _draw_lines(fig.subplots(), sweep_panel(result))
     else:

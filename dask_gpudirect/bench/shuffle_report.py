@@ -41,10 +41,15 @@ def counts_of(records: list[dict]) -> list[int]:
     return sorted({r["partitions"] for r in records if "partitions" in r})
 
 
+def is_sweep(records: list[dict]) -> bool:
+    """Whether ``records`` hold more than one partition count (``--partitions 8,64,...``)."""
+    return len(counts_of(records)) > 1
+
+
 def checks_of(records: list[dict], target: str, workers: int) -> list[dict]:
     """Against the baselines for one partition count; for a sweep of counts, how dg.shuffle's
     time grows with them."""
-    if len(counts_of(records)) > 1:
+    if is_sweep(records):
         return _scaling_checks(records, target, workers)
     return _baseline_checks(records, target, workers)
 
@@ -57,9 +62,6 @@ def _scaling_checks(records: list[dict], target: str, workers: int) -> list[dict
     if fewest and most and fewest["status"] == most["status"] == "ok":
         ratio = most["seconds"] / fewest["seconds"]
     want = SCALING_BOUND[target] if target == "host" or workers > 1 else None
-    verdict = "-" if want is None else "not run" if ratio is None else "pass"
-    if want is not None and ratio is not None and ratio > want:
-        verdict = "miss"
     return [
         {
             "check": f"dg.shuffle's time at {counts[-1]} partitions over its time at {counts[0]}",
@@ -68,7 +70,7 @@ def _scaling_checks(records: list[dict], target: str, workers: int) -> list[dict
             "ratio": ratio,
             "target": want,
             "at_most": True,
-            "result": verdict,
+            "result": judge(ratio, want, at_most=True),
         }
     ]
 
@@ -269,7 +271,7 @@ def _sweep_markdown(result: dict) -> str:
 
 
 def markdown(result: dict) -> str:
-    if len(counts_of(result["records"])) > 1:
+    if is_sweep(result["records"]):
         return _sweep_markdown(result)
     rows, notes = _rows(result)
     lines = [
@@ -309,7 +311,7 @@ def markdown(result: dict) -> str:
 
 
 def print_result(result: dict) -> None:
-    if len(counts_of(result["records"])) > 1:
+    if is_sweep(result["records"]):
         header, rows = _scaling_rows(result)
         title = f"bench shuffle by partition count: {_device_line(result)}, {_setup_line(result)}"
         print_table(title, header, rows, [SCALING_NOTE], right=header[1:])

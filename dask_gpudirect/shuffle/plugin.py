@@ -82,14 +82,13 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
 
     def shuffle_started(
         self, shuffle_id: str, client: str, participants: list[str], stages: dict[str, str]
-    ) -> list[str]:
-        """Watch a shuffle whose stages were just submitted; the participants already gone
-        (its stages are then failed, as if they had left during it)."""
+    ) -> None:
+        """Watch a shuffle whose stages were just submitted; one with a participant already gone
+        fails at once, as if it had left during it."""
         self.active[shuffle_id] = _Active(client, set(participants), stages)
         gone = sorted(set(participants) - set(self.scheduler.workers))
         if gone:  # one is enough: the shuffle fails, and the client cancels every stage
             self._lost(shuffle_id, gone[0])
-        return gone
 
     def shuffle_ended(self, shuffle_id: str, reason: str | None = None) -> None:
         """Forget a shuffle; with a ``reason``, first end its run on every participant."""
