@@ -36,7 +36,7 @@ import netns
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import wait
+from distributed import futures_of, wait
 from util import (
     assert_hash_partitions,
     clear_ledgers,
@@ -163,7 +163,9 @@ def frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:
 
 def spread(client, pdf: pd.DataFrame, workers: list[str]):
     """``pdf`` as a Dask DataFrame with one persisted partition on each of ``workers`` (any
-    other worker may recompute a lost one)."""
+    other worker may recompute a lost one). Made of the placed futures themselves: a concat
+    would add a task per partition, which the scheduler may run elsewhere (on a loaded
+    machine it did), and then a worker could end up with no input and no part in the shuffle."""
     chunks = np.array_split(np.arange(len(pdf)), len(workers))
     parts = [
         client.persist(
@@ -171,12 +173,19 @@ def spread(client, pdf: pd.DataFrame, workers: list[str]):
         )
         for rows, w in zip(chunks, workers, strict=True)
     ]
-    wait(parts)
-    placed = [list(h) for part in parts for h in client.who_has(part).values()]
+    futures = [future for part in parts for future in futures_of(part)]
+    wait(futures)
+    who_has = client.who_has(futures)
+    placed = [sorted(who_has[f.key]) for f in futures]
     assert placed == [[w] for w in workers], placed  # no input was moved
-    df = dd.concat(parts)
-    wait(client.persist(df))
-    return df
+    keys = [f.key for f in futures]
+    return dd.from_graph(
+        dict(zip(keys, futures, strict=True)),
+        pdf.iloc[:0],
+        (None,) * (len(keys) + 1),
+        keys,
+        "spread",
+    )
 
 
 def moved(cluster, client) -> pd.DataFrame:
