@@ -1,11 +1,12 @@
 """The client side of a shuffle: place outputs, check memory, start the stages, watch them.
 
 One stage task per worker that holds input, pinned to that worker, so the inputs never move
-before they are split; the stages meet through the shuffle plugin's comm handlers, not through
-the scheduler. The scheduler plugin watches the participants: a worker that leaves fails the
-shuffle at once (its stage's future gets the error). When a stage fails, the client has the
-others aborted through the scheduler and raises, so nothing waits for a peer that will never
-answer and no partial output is returned.
+before they are split. It gets its inputs' keys, not the inputs: a task's dependencies stay in
+memory until it ends, and a stage takes its inputs a chunk at a time. The stages meet through
+the shuffle plugin's comm handlers, not through the scheduler. The scheduler plugin watches the
+participants: a worker that leaves fails the shuffle at once (its stage's future gets the
+error). When a stage fails, the client has the others aborted through the scheduler and
+raises, so nothing waits for a peer that will never answer and no partial output is returned.
 """
 
 from __future__ import annotations
@@ -36,16 +37,17 @@ WATCH_INTERVAL = 0.5
 ABORT_GRACE = 10
 
 
-def _stage(exchange: Exchange, inputs: dict[int, Any]) -> int:
+def _stage(exchange: Exchange, inputs: dict[int, tuple[Key, int]]) -> int:
     return service().stage(exchange, inputs)
 
 
-def _limits(dask_worker, target: TargetName) -> dict[str, int]:
-    return service(dask_worker).limits(target)
+def _limits(dask_worker, target: TargetName) -> dict[str, Any]:
+    worker = service(dask_worker)
+    return {"room": worker.limits(target), "chunk": worker.batches(target)["chunk"]}
 
 
-def _publish(dask_worker, shuffle_id: str, keys: list) -> dict:
-    return service(dask_worker).publish(shuffle_id, keys)
+def _publish(dask_worker, shuffle_id: str) -> dict:
+    return service(dask_worker).publish(shuffle_id)
 
 
 def _end(client: Client, plan: Exchange, abort: str | None = None) -> None:
@@ -87,8 +89,16 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
     participants = tuple(sorted(on_worker))
     # Contiguous runs: the rows one worker sends another are then one slice of each input.
     owners = tuple(participants[j * len(participants) // npartitions] for j in range(npartitions))
-    plan = Exchange(uuid.uuid4().hex[:12], participants, owners, splitter, target)
-    _check_memory(client, plan, client.nbytes([f.key for f in inputs], summary=False))
+    nbytes = client.nbytes([f.key for f in inputs], summary=False)
+    total = sum(nbytes.values())
+    limits = client.run(_limits, target=target, workers=list(participants))
+    # Outputs built at once: about a chunk's bytes, so no worker holds more of them in hand.
+    chunk = min(limit["chunk"] for limit in limits.values())
+    group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
+    plan = Exchange(
+        uuid.uuid4().hex[:12], participants, owners, splitter, target, tuple(keys), group
+    )
+    _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
     logger.info(
         "shuffle %s: %d partitions -> %d over %d workers",
         plan.id,
@@ -100,7 +110,7 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
         w: client.submit(
             _stage,
             plan,
-            parts,
+            {i: (future.key, nbytes[future.key]) for i, future in parts.items()},
             workers=[w],
             allow_other_workers=False,
             pure=False,
@@ -117,19 +127,18 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
     )
     try:
         _watch(client, plan, stages, shown)
-        return _publish_outputs(client, plan, list(keys))
+        return _publish_outputs(client, plan)
     finally:  # forgotten by the scheduler (a no-op where an abort did it)
         with contextlib.suppress(OSError):  # a lost scheduler must not hide the first error
             _end(client, plan)
 
 
-def _publish_outputs(client: Client, plan: Exchange, keys: list[Key]) -> list[Future]:
-    """The outputs, kept by the workers that built them under ``keys``, as futures: the
+def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
+    """The outputs, kept by the workers that built them under the plan's keys, as futures: the
     scheduler learns where each is, as after ``client.scatter``, with no task per output."""
+    keys = list(plan.keys)
     try:
-        nbytes = client.run(
-            _publish, shuffle_id=plan.id, keys=keys, workers=list(plan.participants)
-        )
+        nbytes = client.run(_publish, shuffle_id=plan.id, workers=list(plan.participants))
     except Exception as exc:  # a participant left after its stage finished
         gone = sorted(set(plan.participants) - set(client.nthreads()))
         _end(client, plan, abort="lost")
@@ -172,10 +181,8 @@ def _lost_output(shuffle_id: str, worker: str):
     )
 
 
-def _check_memory(client: Client, plan: Exchange, nbytes: dict[str, int]) -> None:
+def _check_memory(plan: Exchange, total: int, limits: dict[str, dict[str, int]]) -> None:
     """Fail before any byte moves when a worker cannot hold its share even on disk."""
-    total = sum(nbytes.values())
-    limits = client.run(_limits, target=plan.target, workers=list(plan.participants))
     for worker, limit in limits.items():
         share = total * plan.owners.count(worker) // len(plan.owners)
         room = sum(limit.values())

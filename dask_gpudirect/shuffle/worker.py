@@ -8,10 +8,16 @@ finished sending.
 
 The stage task (:meth:`ShuffleService.stage`) runs in a worker thread: it splits the worker's
 inputs a chunk at a time (on the GPU for cuDF/CuPy; ``gpudirect.shuffle.chunk-size`` bytes of
-consecutive inputs), sends each destination one slice per chunk, and builds its outputs in one
-pass over what arrived, so its work grows with the bytes and the partition count, not with their
-product. Sends go to the event loop, the stage blocking while the bytes in flight are at
-``gpudirect.shuffle.max-in-flight``; every handler and all run state live on the loop.
+consecutive inputs), sends each destination one message per chunk, and builds its outputs a
+group at a time from what arrived, so its work grows with the bytes and the partition count, not
+with their product. Sends go to the event loop, the stage blocking while the bytes in flight are
+at ``gpudirect.shuffle.max-in-flight``; every handler and all run state live on the loop.
+
+Memory stays bounded, as in Distributed's P2P shuffle: an input is let go once it is split (so
+the worker may spill it), received pieces spill past ``gpudirect.shuffle.host-limit``, and the
+outputs are built ``Exchange.group`` at a time (senders cut their pieces by the receiver's
+groups) and handed to the worker's own memory as they are made, which spills them like any
+result. Chunks and in-flight bytes are capped by the target's memory as well as by the config.
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ from typing import Any
 import dask.config
 import numpy as np
 from dask.sizeof import sizeof
+from dask.typing import Key
 from dask.utils import parse_bytes, parse_timedelta
-from distributed import secede
+from distributed import Future, get_client, secede
 from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
 from distributed.shuffle._limiter import ResourceLimiter
 from distributed.utils import sync
+from distributed.worker_state_machine import FreeKeysEvent
 
 from .. import targets
 from ..errors import ShuffleError
@@ -48,6 +56,15 @@ logger = logging.getLogger(__name__)
 
 #: Ended shuffles a worker remembers, so that a late piece of one is refused, not kept.
 MAX_CLOSED = 1000
+#: A chunk (and a group of outputs) is at most this share of the target's memory: a split holds
+#: about three copies of it, and the worker its inputs and outputs besides.
+CHUNK_SHARE = 16
+
+#: Bytes on the wire from one worker are at most this share of the target's memory.
+IN_FLIGHT_SHARE = 8
+
+#: What a message carries per group of the receiver's outputs: ``(group, first, counts, rows)``.
+Piece = tuple[int, int, np.ndarray, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +76,18 @@ class Exchange:
     owners: tuple[str, ...]  # owners[j]: the worker that builds output j; contiguous runs of j
     splitter: Splitter
     target: TargetName  # where the pieces live
+    keys: tuple  # output ``j`` is kept under ``keys[j]``
+    group: int  # outputs a worker builds at once; each piece sent is cut at their edges
 
     def outputs_of(self, worker: str) -> range:
         """The output partitions ``worker`` builds: one contiguous run."""
         mine = [j for j, owner in enumerate(self.owners) if owner == worker]
         return range(mine[0], mine[-1] + 1) if mine else range(0)
+
+    def groups_of(self, worker: str) -> list[range]:
+        """``worker``'s outputs in runs of ``group``: what it builds, and receives, at once."""
+        mine = self.outputs_of(worker)
+        return [range(j, min(j + self.group, mine.stop)) for j in mine[:: self.group]]
 
 
 def transfer_path(target: TargetName, source: str, dest: str) -> tuple[str, int]:
@@ -80,51 +104,61 @@ def transfer_path(target: TargetName, source: str, dest: str) -> tuple[str, int]
 class ShuffleRun:
     """One shuffle on one worker: its received pieces, its sends and its peers' progress."""
 
-    def __init__(self, service: ShuffleService, shuffle_id: str, buffer: SpillBuffer):
+    def __init__(
+        self, service: ShuffleService, shuffle_id: str, buffer: SpillBuffer, in_flight: int
+    ):
         self.service = service
         self.id = shuffle_id
         self.buffer = buffer
-        # first input of a received chunk -> (its inputs, first output j, counts[k, j - first])
-        self.received: dict[int, tuple[tuple[int, ...], int, np.ndarray]] = {}
+        # group -> first input of a received chunk -> (its inputs, first output j of the piece,
+        # counts[k, j - first])
+        self.received: dict[int, dict[int, tuple[tuple[int, ...], int, np.ndarray]]] = (
+            collections.defaultdict(dict)
+        )
         self.finished: set[str] = set()
         self.changed = asyncio.Event()  # a peer finished, or the run failed
         self.failed = asyncio.Event()
         self.error: ShuffleError | None = None
         self.sends: set[asyncio.Task] = set()
         self.staged = False  # a stage task runs this run (and closes it when it ends)
-        self.limiter = ResourceLimiter(
-            parse_bytes(dask.config.get("gpudirect.shuffle.max-in-flight"))
-        )
+        self.limiter = ResourceLimiter(in_flight)
         # How long any one wait on a peer may take: a send, the last word, its pieces (room on
         # the wire follows: every send in flight ends within it).
         self.timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
 
-    def put(self, inputs: tuple[int, ...], first: int, counts: np.ndarray, piece: Any) -> None:
-        """Keep the rows of a chunk of ``inputs`` for outputs ``first, first + 1, ...``:
+    def put(self, inputs: tuple[int, ...], pieces: list[Piece]) -> None:
+        """Keep the rows of a chunk of ``inputs``: each piece ``(group, first, counts, rows)``
+        holds, for outputs ``first, first + 1, ...`` of one of our groups,
         ``counts[k, j - first]`` rows of ``inputs[k]`` for output ``j``, grouped by output."""
         self.raise_if_failed()
-        try:
-            self.buffer[str(inputs[0])] = piece
-        except ShuffleError as exc:  # a limit reached here: this run fails, and says so itself
-            self.fail(exc)
-            raise
-        self.received[inputs[0]] = (tuple(inputs), first, np.asarray(counts))
+        for group, first, counts, rows in pieces:
+            try:
+                self.buffer[f"{group}-{inputs[0]}"] = rows
+            except ShuffleError as exc:  # a limit reached here: this run fails, and says so
+                self.fail(exc)
+                raise
+            self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
-    def outputs(self, exchange: Exchange, mine: range) -> dict[int, Any]:
-        """Build the outputs ``mine`` from the pieces that arrived: one join, then one gather
-        per output that takes its rows in input order (so the same shuffle gives the same
-        partitions) into memory of its own. Its cost follows the bytes, not the partitions."""
+    def outputs(self, exchange: Exchange, groups: list[range]) -> Iterator[dict[int, Any]]:
+        """Build our outputs, ``groups`` of them at a time, from the pieces that arrived for it: one
+        join, then one gather per output that takes its rows in input order (so the same
+        shuffle gives the same partitions) into memory of its own. Its cost follows the bytes,
+        not the partitions; only one group's pieces and outputs are in hand at once."""
         splitter = exchange.splitter
-        if not self.received:
-            return {j: splitter.meta for j in mine}
-        keys = sorted(self.received)
-        joined = splitter.join([self.buffer.pop(str(key)) for key in keys])
-        order, sizes = assembly_order([self.received.pop(k) for k in keys], mine, exchange.target)
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        return {
-            j: splitter.output(j, joined, order[offsets[k] : offsets[k + 1]])
-            for k, j in enumerate(mine)
-        }
+        for group, outputs in enumerate(groups):
+            received = self.received.pop(group, {})
+            if not received:
+                yield {j: splitter.meta for j in outputs}
+                continue
+            firsts = sorted(received)
+            joined = splitter.join([self.buffer.pop(f"{group}-{i}") for i in firsts])
+            order, sizes = assembly_order([received[i] for i in firsts], outputs, exchange.target)
+            offsets = np.concatenate([[0], np.cumsum(sizes)])
+            yield {
+                j: splitter.output(j, joined, order[offsets[k] : offsets[k + 1]])
+                for k, j in enumerate(outputs)
+            }
+            joined = order = None  # let this group's rows go before the next one's
 
     def fail(self, error: ShuffleError) -> None:
         """Record the first error, stop our sends, and wake whatever the stage waits on."""
@@ -154,10 +188,10 @@ class ShuffleRun:
         return task.result()
 
     async def send(self, exchange: Exchange, dest: str, message: tuple) -> None:
-        """Start sending ``(inputs, first, counts, piece)`` to ``dest``; wait first while too
+        """Start sending ``(inputs, pieces)`` to ``dest`` (see :meth:`put`); wait first while too
         many bytes are in flight."""
         self.raise_if_failed()
-        nbytes = sizeof(message[-1])
+        nbytes = _nbytes(message)
         await self._unless_failed(self.limiter.wait_for_available())
         self.limiter.increase(nbytes)
         task = asyncio.create_task(self._send(exchange, dest, message, nbytes))
@@ -166,16 +200,18 @@ class ShuffleRun:
 
     async def _send(self, exchange: Exchange, dest: str, message: tuple, nbytes: int) -> None:
         worker = self.service.worker
-        inputs, first, counts, piece = message
+        inputs, pieces = message
         start = time.perf_counter()
+        groups, firsts, counts, rows = zip(*pieces, strict=True)
         call = asyncio.ensure_future(
             worker.rpc(dest).gpudirect_shuffle_receive(
                 shuffle_id=self.id,
                 target=exchange.target,
                 inputs=inputs,
-                first=first,
-                counts=to_serialize(counts),
-                piece=to_serialize(piece),
+                groups=groups,
+                firsts=firsts,
+                counts=to_serialize(list(counts)),
+                rows=to_serialize(list(rows)),
             )
         )
         try:
@@ -270,9 +306,9 @@ class ShuffleService:
         self.worker = worker
         self.ledger = ledger
         self.runs: dict[str, ShuffleRun] = {}
-        # shuffle id -> the outputs its finished stage built here, until the client publishes
-        # them under their keys (or the shuffle fails)
-        self.built: dict[str, dict[int, Any]] = {}
+        # shuffle id -> key -> bytes of the outputs its stage built and keeps here, until the
+        # client publishes them (or the shuffle fails and they are let go)
+        self.built: dict[str, dict[Key, int]] = {}
         # shuffle id -> why it ended, to refuse late pieces; the oldest are forgotten
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
 
@@ -289,11 +325,13 @@ class ShuffleService:
         shuffle_id: str,
         target: TargetName,
         inputs: tuple[int, ...],
-        first: int,
-        counts: np.ndarray,
-        piece: Any,
+        groups: list[int],
+        firsts: list[int],
+        counts: list[np.ndarray],
+        rows: list,
     ) -> None:
-        self.run(shuffle_id, target).put(inputs, first, counts, piece)
+        pieces = list(zip(groups, firsts, counts, rows, strict=True))
+        self.run(shuffle_id, target).put(inputs, pieces)
 
     def peer_finished(self, shuffle_id: str, target: TargetName, source: str) -> None:
         run = self.run(shuffle_id, target)
@@ -304,7 +342,7 @@ class ShuffleService:
         """Fail the run (waking its stage task), drop what it built, and refuse any piece that
         still arrives. ``secondary``: the reason is an echo of a failure seen elsewhere (the
         client's abort); a worker lost mid-shuffle is a cause of its own."""
-        self.built.pop(shuffle_id, None)
+        self._drop_built(shuffle_id)
         self._remember_closed(shuffle_id, reason)
         run = self.runs.get(shuffle_id)
         if run is not None:
@@ -313,20 +351,32 @@ class ShuffleService:
             if not run.staged:  # made by a peer's piece; no stage will come to close it
                 self.close(shuffle_id, reason)
 
-    def publish(self, shuffle_id: str, keys: list) -> dict:
-        """Put the outputs this worker built into its memory under their keys (output ``j``
-        under ``keys[j]``), as ``client.scatter`` does: no task per output partition. The
-        client then tells the scheduler where they are."""
-        outputs = self.built.pop(shuffle_id)
-        data = {keys[j]: part for j, part in outputs.items()}
-        return self.worker.update_data(data)["nbytes"]
+    def keep(self, shuffle_id: str, outputs: dict[Key, Any]) -> None:
+        """Put outputs this worker built into its memory under their keys, as
+        ``client.scatter`` does (no task per output partition), where the worker spills them
+        like any result; the scheduler learns of them at :meth:`publish`."""
+        nbytes = self.worker.update_data(outputs)["nbytes"]
+        self.built.setdefault(shuffle_id, {}).update(nbytes)
+
+    def publish(self, shuffle_id: str) -> dict[Key, int]:
+        """The outputs this worker keeps for ``shuffle_id`` and their sizes, now the client's
+        to tell the scheduler about."""
+        return self.built.pop(shuffle_id, {})
+
+    def _drop_built(self, shuffle_id: str) -> None:
+        """Let go of the outputs kept for a shuffle that failed: the scheduler never knew them."""
+        keys = list(self.built.pop(shuffle_id, {}))
+        if keys:
+            stimulus_id = f"gpudirect-shuffle-{shuffle_id}-failed-{time.time()}"
+            self.worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=stimulus_id))
 
     def teardown(self) -> None:
         """End every run (removing its spill files) and drop unpublished outputs."""
         for shuffle_id in list(self.runs):
             self.abort(shuffle_id, "the plugin was removed")
             self.close(shuffle_id, "the plugin was removed")
-        self.built.clear()
+        for shuffle_id in list(self.built):
+            self._drop_built(shuffle_id)
 
     # --- run lifecycle (event loop) ----------------------------------------------------------
     def run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
@@ -337,7 +387,8 @@ class ShuffleService:
             )
         if shuffle_id not in self.runs:
             buffer = self._buffer(shuffle_id, target)
-            self.runs[shuffle_id] = ShuffleRun(self, shuffle_id, buffer)
+            in_flight = self.batches(target)["in-flight"]
+            self.runs[shuffle_id] = ShuffleRun(self, shuffle_id, buffer, in_flight)
         return self.runs[shuffle_id]
 
     def _stage_run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
@@ -355,6 +406,15 @@ class ShuffleService:
         self.closed.setdefault(shuffle_id, reason)
         while len(self.closed) > MAX_CLOSED:
             self.closed.popitem(last=False)
+
+    def batches(self, target: TargetName) -> dict[str, int]:
+        """Bytes this worker splits, and builds, at once (``chunk``) and has on the wire at
+        once (``in-flight``): the config's, capped by a share of the target's memory."""
+        memory = targets.module(target).memory_bytes(self.worker)
+        return {
+            "chunk": _capped("chunk-size", memory // CHUNK_SHARE),
+            "in-flight": _capped("max-in-flight", memory // IN_FLIGHT_SHARE),
+        }
 
     def limits(self, target: TargetName) -> dict[str, int]:
         """Bytes of received pieces this worker keeps on the GPU, in host memory and on disk."""
@@ -383,52 +443,70 @@ class ShuffleService:
         )
 
     # --- the stage task (worker thread) -------------------------------------------------------
-    def stage(self, exchange: Exchange, inputs: dict[int, Any]) -> int:
-        """Split and send this worker's inputs, then build the output partitions it owns and
-        keep them for :meth:`publish`; the number of outputs built."""
+    def stage(self, exchange: Exchange, inputs: dict[int, tuple[Key, int]]) -> int:
+        """Split and send this worker's inputs (input ``i``: its key and bytes), then build the
+        output partitions it owns and keep them for :meth:`publish`; the number of outputs
+        built. The inputs are not the task's dependencies, which the worker would hold in
+        memory until the task ends: each chunk's are taken from the worker's memory (or its
+        spill) when it is split, and let go after."""
         me = self.worker.address
         # Out of the worker's thread count while it waits on peers: two shuffles at once on
         # one-thread workers would otherwise each hold a worker the other needs.
         secede()
         clock = _Phases()
-        runs = {w: exchange.outputs_of(w) for w in exchange.participants}
+        groups = {w: exchange.groups_of(w) for w in exchange.participants}
         run = self._on_loop(self._stage_run, exchange.id, exchange.target)
-        chunk_bytes = parse_bytes(dask.config.get("gpudirect.shuffle.chunk-size"))
         try:
-            for chunk in _chunks(inputs, chunk_bytes):
+            sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
+            for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
                 with clock("split"):
-                    indices = tuple(chunk)
-                    ordered, counts = exchange.splitter.split(list(indices), list(chunk.values()))
+                    parts = [self._input(inputs[i][0]) for i in indices]
+                    ordered, counts = exchange.splitter.split(list(indices), parts)
                     offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+                    parts = None  # our hold on these inputs: the worker may now spill them
                 with clock("send"):  # waits while max-in-flight bytes are on the wire
-                    for dest, js in runs.items():
-                        start, stop = offsets[js.start], offsets[js.stop]
-                        if stop == start:
+                    for dest, runs in groups.items():
+                        pieces = [
+                            (g, js.start, counts[:, js.start : js.stop], rows)
+                            for g, js in enumerate(runs)
+                            if (rows := _rows(exchange.splitter, ordered, offsets, js)) is not None
+                        ]
+                        if not pieces:
                             continue
-                        piece = exchange.splitter.rows(ordered, start, stop)
-                        message = (indices, js.start, counts[:, js.start : js.stop], piece)
                         if dest == me:
-                            self._keep(exchange, run, message)
+                            self._keep_own(exchange, run, (indices, pieces))
                         else:
-                            self._on_loop(run.send, exchange, dest, message)
-                chunk = ordered = piece = None  # let the joined copy go before the next split
+                            self._on_loop(run.send, exchange, dest, (indices, pieces))
+                ordered = pieces = None  # let the joined copy go before the next split
             with clock("wait for peers"):
                 self._on_loop(run.finish, exchange)
+            built = 0
             with clock("combine"):
-                outputs = run.outputs(exchange, runs[me])
-            self._on_loop(self.built.__setitem__, exchange.id, outputs)
-            return len(outputs)
+                for outputs in run.outputs(exchange, groups[me]):
+                    keep = {exchange.keys[j]: part for j, part in outputs.items()}
+                    self._on_loop(self.keep, exchange.id, keep)
+                    built += len(keep)
+            return built
         finally:
             self._on_loop(self.close, exchange.id, "finished")
             logger.info("shuffle %s on %s: %s", exchange.id, me, clock)
 
-    def _keep(self, exchange: Exchange, run: ShuffleRun, message: tuple) -> None:
+    def _input(self, key: Key) -> Any:
+        """An input from this worker's data, read on the loop as Distributed reads it; from the
+        cluster where it is no longer here (Distributed may drop one of two copies)."""
+        try:
+            return self._on_loop(self.worker.data.__getitem__, key)
+        except KeyError:
+            client = get_client()
+            return client.gather(Future(key, client))
+
+    def _keep_own(self, exchange: Exchange, run: ShuffleRun, message: tuple) -> None:
         """Rows whose outputs this worker owns: into its own buffer, recorded as not moved."""
         self._on_loop(run.put, *message)
         self.ledger.add(
             op="shuffle",
             path="local",
-            nbytes=sizeof(message[-1]),
+            nbytes=_nbytes(message),
             seconds=0.0,
             shard=exchange.id,
             peer=self.worker.address,
@@ -444,20 +522,30 @@ class ShuffleService:
         return sync(self.worker.loop, call)
 
 
-def _chunks(inputs: dict[int, Any], chunk_bytes: int) -> Iterator[dict[int, Any]]:
-    """``inputs`` in order, as runs of consecutive inputs of about ``chunk_bytes`` each (an input
-    larger than that is a run of its own)."""
-    chunk: dict[int, Any] = {}
+def _rows(splitter: Splitter, ordered: Any, offsets: np.ndarray, outputs: range) -> Any:
+    """The rows of a split chunk bound for ``outputs`` (one slice), or None where there are none."""
+    start, stop = offsets[outputs.start], offsets[outputs.stop]
+    return splitter.rows(ordered, start, stop) if stop > start else None
+
+
+def _nbytes(message: tuple) -> int:
+    """Bytes of the rows in a message ``(inputs, pieces)``."""
+    return sum(sizeof(rows) for *_, rows in message[1])
+
+
+def _chunks(sizes: dict[int, int], chunk_bytes: int) -> Iterator[tuple[int, ...]]:
+    """The inputs (index: bytes) in order, as runs of consecutive inputs of about
+    ``chunk_bytes`` each (an input larger than that is a run of its own)."""
+    chunk: list[int] = []
     nbytes = 0
-    for i, part in sorted(inputs.items()):
-        size = sizeof(part)
+    for i, size in sorted(sizes.items()):
         if chunk and nbytes + size > chunk_bytes:
-            yield chunk
-            chunk, nbytes = {}, 0
-        chunk[i] = part
+            yield tuple(chunk)
+            chunk, nbytes = [], 0
+        chunk.append(i)
         nbytes += size
     if chunk:
-        yield chunk
+        yield tuple(chunk)
 
 
 class _Phases:
@@ -476,6 +564,11 @@ class _Phases:
 
     def __str__(self) -> str:
         return ", ".join(f"{phase} {s:.3f} s" for phase, s in self.seconds.items())
+
+
+def _capped(key: str, cap: int) -> int:
+    """``gpudirect.shuffle.<key>`` in bytes, at most ``cap``."""
+    return max(min(parse_bytes(dask.config.get(f"gpudirect.shuffle.{key}")), cap), 1)
 
 
 def _limit(key: str, whole: int) -> int:

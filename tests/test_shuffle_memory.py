@@ -1,0 +1,85 @@
+"""A shuffle of more than the workers can hold in memory with its copies, where Distributed's
+P2P shuffle also succeeds: 3 workers with 2 GiB each shuffle a 1.5 GB frame made on the
+workers (half a GB each, and the shuffle holds inputs, pieces and outputs at once). Ours must
+finish with every row in its partition and no worker killed by its nanny: inputs let go once
+split, received pieces spilled past ``host-limit``, outputs built a group at a time into the
+worker's own memory, which spills them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from dask.dataframe.shuffle import partitioning_index
+from distributed import Client, wait
+from util import start_cluster
+
+import dask_gpudirect as dg
+from dask_gpudirect.cluster import ensure_plugins
+
+WORKERS = 3
+MEMORY = "2GiB"  # per worker
+PARTS = 30
+ROWS = 2_000_000  # per input partition: 24 bytes a row (index, k, v), 48 MB
+KEYS = 100_000
+
+
+def part(i: int) -> pd.DataFrame:
+    rng = np.random.default_rng(i)
+    return pd.DataFrame(
+        {"k": rng.integers(0, KEYS, ROWS), "v": rng.random(ROWS)},
+        index=np.arange(i * ROWS, (i + 1) * ROWS),
+    )
+
+
+def check(p: pd.DataFrame, npartitions: int, partition_info=None) -> pd.DataFrame:
+    """One row per output: its length, the sum of ``v``, and whether every key hashes to it."""
+    where = partitioning_index(p[["k"]], npartitions)
+    home = bool((where == partition_info["number"]).all())
+    return pd.DataFrame({"rows": [len(p)], "v": [p["v"].sum()], "home": [home]})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with (
+        start_cluster("tcp", n_workers=WORKERS, threads=2, memory_limit=MEMORY) as lc,
+        Client(lc, set_as_default=False) as client,
+    ):
+        ensure_plugins(client)
+        yield client
+
+
+def frame(client) -> dd.DataFrame:
+    """The frame, persisted: half a GB on each worker before the shuffle starts."""
+    df = client.persist(dd.from_map(part, range(PARTS)))
+    with client.as_current():
+        wait(df)
+    return df
+
+
+def test_p2p_passes_here(cluster):
+    """The bar: Distributed's P2P shuffle of the same frame on the same cluster."""
+    pids = cluster.run(os.getpid)
+    out = frame(cluster).shuffle("k", npartitions=PARTS, shuffle_method="p2p")
+    got = cluster.compute(
+        out.map_partitions(check, PARTS, meta=check(part(0)[:0], 1, {"number": 0}))
+    )
+    assert got.result()["rows"].sum() == PARTS * ROWS
+    assert cluster.run(os.getpid) == pids
+
+
+def test_ours_passes_where_p2p_does(cluster):
+    pids = cluster.run(os.getpid)
+    expected = sum(part(i)["v"].sum() for i in range(PARTS))
+    out = dg.shuffle(frame(cluster), "k", npartitions=PARTS, client=cluster)
+    meta = check(part(0)[:0], 1, {"number": 0})
+    got = cluster.compute(out.map_partitions(check, PARTS, meta=meta)).result()
+    assert got["home"].all()
+    assert got["rows"].sum() == PARTS * ROWS
+    assert got["v"].sum() == pytest.approx(expected)
+    assert cluster.run(os.getpid) == pids, "a worker was restarted: its nanny killed it"
+    del out
