@@ -8,7 +8,7 @@ from typing import Any
 
 from distributed import Client, WorkerPlugin
 
-from . import discovery
+from . import discovery, targets
 from .cuda import gpu_count
 from .dashboard import DashboardPlugin
 from .errors import ClusterError
@@ -66,7 +66,9 @@ async def _describe(dask_worker, entries: list[str]) -> dict:
     plugin = dask_worker.plugins[GPUDirectPlugin.name]
     # listing a large directory off the event loop: the worker keeps answering meanwhile
     views = await asyncio.to_thread(discovery.views, entries)
-    return {**plugin.describe(), "views": views}
+    names = ("host", "device") if plugin.gpus else ("host",)
+    memory = {name: targets.module(name).memory_bytes(dask_worker) for name in names}
+    return {**plugin.describe(), "views": views, "memory": memory}
 
 
 def ensure_plugins(client: Client) -> None:

@@ -26,15 +26,28 @@ from .cluster import survey
 from .connection import connected
 from .errors import InputError
 from .formats import binary, parquet
-from .placement import assign, planners
-from .shards import combine, load
+from .placement import assign, join_small, planners
+from .shards import combine, load, load_joined
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 
-def _blocksize(value: Any, key: str) -> int:
+#: ``blocksize="auto"``: the device target's is this share of the smallest worker's GPU memory.
+AUTO_SHARE = 128
+#: ``blocksize="auto"`` on the host target: Dask's own ``read_parquet`` default.
+AUTO_HOST = 256 * 2**20
+
+
+def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> int:
+    """Bytes per shard and partition: given, or the config's; ``"auto"`` is a share of the
+    smallest worker's memory for the target (on an H200, about 1.1 GB, as dask_cudf's
+    partitions; 256 MiB on the host target, as Dask's)."""
     value = dask.config.get(key) if value is None else value
+    if value == "auto":
+        if target == "host":
+            return AUTO_HOST
+        return min(info["memory"][target] for info in workers.values()) // AUTO_SHARE
     try:
         nbytes = parse_bytes(value)
     except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes([1]): AttributeError
@@ -59,13 +72,26 @@ def _resolve_target(target: str | None, workers: dict[str, dict]) -> str:
     return target
 
 
-def _prepare(client: Client | None, paths, target) -> tuple[Client, discovery.Found, str]:
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    """What a read learns before planning: the files, who can read them, the target."""
+
+    client: Client
+    found: discovery.Found
+    target: str
+    workers: dict[str, dict]  # what each worker told the survey
+
+    def blocksize(self, value: Any, key: str) -> int:
+        return _blocksize(value, key, self.target, self.workers)
+
+
+def _prepare(client: Client | None, paths, target) -> _Setting:
     """The client, the files and who can read them, and the chosen target."""
     client = connected(client)
     entries = discovery.absolute(paths)
     workers = survey(client, entries)
     found = discovery.merge(entries, {w: info["views"] for w, info in workers.items()})
-    return client, found, _resolve_target(target, workers)
+    return _Setting(client, found, _resolve_target(target, workers), workers)
 
 
 def _plan_each(files: list[str], planner, args: tuple) -> list:
@@ -124,23 +150,28 @@ def read_parquet(
         whole gives one empty partition, whose task checks that the file is still the one
         planned (its footer, size and modification time).
     blocksize
-        Target bytes per partition (a run of row groups); default ``gpudirect.parquet.blocksize``.
+        Target bytes per partition: a large file is cut into runs of row groups of about this
+        many projected bytes, and consecutive small files and runs are joined up to it (as
+        Dask and dask_cudf join them), in file order. Default ``gpudirect.parquet.blocksize``
+        (``"auto"``: 1/128 of the smallest worker's GPU memory on the device target, 256 MiB
+        on the host target).
     target
         ``"device"``, ``"host"``, or None for device when every worker has a GPU.
     client
         The Dask client (default: the current one).
     """
-    blocksize = _blocksize(blocksize, "gpudirect.parquet.blocksize")
-    client, found, target = _prepare(client, paths, target)
+    setting = _prepare(client, paths, target)
+    client, found, target = setting.client, setting.found, setting.target
+    blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target)
     meta = plan.meta(targets.module(target))
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with dask.config.set({"dataframe.convert-string": False}):
-        shards = assign(plan.shards, found.readable)
+        partitions = assign(join_small(plan.shards, blocksize, found.readable), found.readable)
         return dd.from_map(
-            load,
-            shards,
+            load_joined,
+            partitions,
             meta=meta,
             label="gpudirect-read-parquet",
             enforce_metadata=False,
@@ -171,14 +202,15 @@ def read_binary(
     blocksize
         Target bytes per chunk; default ``gpudirect.binary.blocksize``.
     """
-    blocksize = _blocksize(blocksize, "gpudirect.binary.blocksize")
-    client, found, target = _prepare(client, paths, target)
+    setting = _prepare(client, paths, target)
+    client, found, target = setting.client, setting.found, setting.target
+    blocksize = setting.blocksize(blocksize, "gpudirect.binary.blocksize")
     plan = _plan(client, found, binary.plan, dtype, shape, blocksize, target)
     module = targets.module(target)
     problem = module.unsupported(plan.dtype)
     if problem:
         raise InputError(plan.first, f"cannot load to target={target!r}: {problem}")
-    shards = assign(plan.shards, found.readable)
+    shards = [shard for (shard,) in assign([(s,) for s in plan.shards], found.readable)]
     name = "gpudirect-read-binary-" + tokenize(shards)
     trailing = (0,) * len(plan.record_shape)
     graph = {

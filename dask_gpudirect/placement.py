@@ -17,15 +17,16 @@ from dask.task_spec import DataNode, Task
 from distributed import SchedulerPlugin
 
 from .errors import InputError
-from .shards import Shard, load
+from .shards import Shard, load, load_joined
 
 
-def _least_loaded(path: str, load: dict[str, int], readable: dict[str, set[str]]) -> str:
-    """The worker of ``load`` that can read ``path`` and has least load (ties: by name)."""
-    able = [w for w in load if path in readable[w]]
+def _least_loaded(paths: list[str], load: dict[str, int], readable: dict[str, set[str]]) -> str:
+    """The worker of ``load`` that can read all ``paths`` and has least load (ties: by name)."""
+    able = [w for w in load if all(path in readable[w] for path in paths)]
     if not able:
+        unread = next(p for p in paths if not any(p in readable[w] for w in load))
         raise InputError(
-            path,
+            unread,
             "no worker can read this file (checked every worker: it must exist there and lie "
             "inside gpudirect.allowed-roots where that is set)",
         )
@@ -38,32 +39,58 @@ def planners(files: list[str], readable: dict[str, set[str]]) -> dict[str, list[
     count = {worker: 0 for worker in sorted(readable)}
     groups: dict[str, list[str]] = {}
     for path in files:
-        worker = _least_loaded(path, count, readable)
+        worker = _least_loaded([path], count, readable)
         count[worker] += 1
         groups.setdefault(worker, []).append(path)
     return groups
 
 
-def assign(shards: list[Shard], readable: dict[str, set[str]]) -> list[Shard]:
-    """``shards`` with ``worker`` set: largest first, onto the least-loaded able worker."""
+def join_small(
+    shards: list[Shard], blocksize: int, readable: dict[str, set[str]]
+) -> list[tuple[Shard, ...]]:
+    """Partitions of consecutive shards of up to ``blocksize`` bytes, as Dask's and dask_cudf's
+    ``read_parquet`` join small files and row groups: fewer, larger partitions, in file order.
+    A shard joins the partition before it only where some worker can read both files."""
+    partitions: list[list[Shard]] = []
+    nbytes = 0
+    for shard in shards:
+        last = partitions[-1] if partitions else None
+        if (
+            last
+            and nbytes + shard.nbytes <= blocksize
+            and any(shard.path in seen and last[0].path in seen for seen in readable.values())
+        ):
+            last.append(shard)
+            nbytes += shard.nbytes
+        else:
+            partitions.append([shard])
+            nbytes = shard.nbytes
+    return [tuple(p) for p in partitions]
+
+
+def assign(
+    partitions: list[tuple[Shard, ...]], readable: dict[str, set[str]]
+) -> list[tuple[Shard, ...]]:
+    """``partitions`` (shards read by one task) with each shard's ``worker`` set: largest
+    first, onto the least-loaded worker that can read all their files."""
     load_bytes = {worker: 0 for worker in sorted(readable)}
-    placed: dict[int, Shard] = {}
-    order = sorted(range(len(shards)), key=lambda i: (-shards[i].nbytes, i))
-    for i in order:
-        shard = shards[i]
-        worker = _least_loaded(shard.path, load_bytes, readable)
-        load_bytes[worker] += shard.nbytes
-        placed[i] = dataclasses.replace(shard, worker=worker)
-    return [placed[i] for i in range(len(shards))]
+    placed: dict[int, tuple[Shard, ...]] = {}
+    sizes = [sum(s.nbytes for s in p) for p in partitions]
+    for i in sorted(range(len(partitions)), key=lambda i: (-sizes[i], i)):
+        worker = _least_loaded(sorted({s.path for s in partitions[i]}), load_bytes, readable)
+        load_bytes[worker] += sizes[i]
+        placed[i] = tuple(dataclasses.replace(s, worker=worker) for s in partitions[i])
+    return [placed[i] for i in range(len(partitions))]
 
 
 def _shard_of(node: Any) -> Shard | None:
-    """The shard a task loads, looking inside fused tasks; None for other tasks."""
+    """The (first) shard a task loads, looking inside fused tasks; None for other tasks."""
     if not isinstance(node, Task):
         return None
-    if node.func is load and node.args:
+    if node.func in (load, load_joined) and node.args:
         arg = node.args[0]
         arg = arg.value if isinstance(arg, DataNode) else arg
+        arg = arg[0] if isinstance(arg, tuple) and arg else arg
         return arg if isinstance(arg, Shard) else None
     if node.has_subgraph():
         for inner in node.args[0].values():

@@ -76,6 +76,16 @@ def load(shard: Shard) -> Any:
         ) from exc
 
 
+def load_joined(shards: tuple[Shard, ...]) -> Any:
+    """Task body of a partition of several shards (small files joined): each loaded, then put
+    end to end on the target, with a fresh index as one shard's frame has."""
+    if len(shards) == 1:
+        return load(shards[0])
+    from dask.dataframe.dispatch import concat
+
+    return concat([load(shard) for shard in shards], ignore_index=True)
+
+
 def _elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
     """``exc``, saying why the shard was read here when placement chose a worker now gone."""
     if shard.worker in (None, here):

@@ -294,13 +294,16 @@ def test_paths_file_list_directory_glob(client, dataset):
 
 
 def test_blocksize_partitions(client, dataset):
-    """Partitions are runs of row groups of one file: never across files."""
+    """Partitions are runs of row groups, small files and runs joined up to the blocksize, in
+    file order (as Dask's read_parquet joins them)."""
     root, files = dataset
-    assert dg.read_parquet(root, client=client).npartitions == 3  # default 256MiB
+    whole = dg.read_parquet(root, client=client)  # default 256MiB on the host: all joined
+    assert whole.npartitions == 1
+    assert_same_frame(compute(client, whole), expected_parquet(files))
     assert dg.read_parquet(root, blocksize=1, client=client).npartitions == 15
     rg_bytes = pq.ParquetFile(files[0]).metadata.row_group(0).total_byte_size
     df = dg.read_parquet(root, blocksize=2 * rg_bytes, client=client)
-    assert 3 < df.npartitions < 15
+    assert 1 < df.npartitions < 15
     parts = partitions(client, df)
     assert all(isinstance(p, pd.DataFrame) for p in parts)
     assert all(len(p) > 0 for p in parts)

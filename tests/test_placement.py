@@ -14,12 +14,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from distributed import wait
-from util import compute, expected_parquet, shards_of
+from util import assert_same_frame, compute, expected_parquet, shards_of
 
 import dask_gpudirect as dg
 from dask_gpudirect.errors import InputError
 from dask_gpudirect.formats import binary, parquet
-from dask_gpudirect.placement import assign
+from dask_gpudirect.placement import assign, join_small
 from dask_gpudirect.shards import Shard
 
 
@@ -58,12 +58,14 @@ def test_parquet_partitions_live_where_placed(client, parquet_dir):
 def test_parquet_placement_matches_replanning(tcp, parquet_dir):
     """The collection's shards are exactly plan + assign over the workers."""
     files = sorted(os.fspath(p) for p in parquet_dir.iterdir())
-    df = dg.read_parquet(parquet_dir, blocksize="64KiB", client=tcp)
-    planned = parquet.plan(files, None, None, 64 * 1024, "host").shards
+    df = dg.read_parquet(parquet_dir, blocksize="1MiB", client=tcp)
+    planned = parquet.plan(files, None, None, 2**20, "host").shards
     readable = {w: set(files) for w in workers_of(tcp)}
-    expected = assign(planned, readable)
+    expected = assign(join_small(planned, 2**20, readable), readable)
     got = shards_of(df)
-    assert [got[i] for i in range(len(expected))] == expected
+    assert [got[i] for i in range(len(expected))] == [p[0] for p in expected]
+    assert df.npartitions == len(expected) < len(planned)  # small files were joined
+    assert_same_frame(compute(tcp, df), expected_parquet(files))
 
 
 def test_parquet_placement_is_stable(tcp, parquet_dir):
@@ -105,7 +107,7 @@ def test_binary_chunks_live_where_placed(client, tmp_path):
 
     planned = binary.plan(files, None, None, 32 * 250, "host").shards
     readable = {w: set(files) for w in workers_of(client)}
-    assert [shards[i] for i in range(len(planned))] == assign(planned, readable)
+    assert [shards[i] for i in range(len(planned))] == place(planned, readable)
 
 
 # --- placement.assign as a unit -------------------------------------------------------
@@ -115,10 +117,15 @@ def shard(path: str, nbytes: int) -> Shard:
     return Shard(path=path, ranges=((0, nbytes),), base=0, size=nbytes, part=None)
 
 
+def place(shards: list[Shard], readable) -> list[Shard]:
+    """``assign`` of one shard per partition, as read_binary places its chunks."""
+    return [s for (s,) in assign([(s,) for s in shards], readable)]
+
+
 def test_assign_only_to_workers_that_can_read():
     shards = [shard("/a/x", 10), shard("/b/y", 10), shard("/a/z", 5), shard("/b/w", 7)]
     readable = {"w1": {"/a/x", "/a/z"}, "w2": {"/a/x", "/a/z", "/b/y", "/b/w"}}
-    placed = assign(shards, readable)
+    placed = place(shards, readable)
     assert [s.worker for s in placed] == ["w1", "w2", "w1", "w2"]
     assert [dataclasses.replace(s, worker=None) for s in placed] == shards
 
@@ -126,8 +133,8 @@ def test_assign_only_to_workers_that_can_read():
 def test_assign_balances_and_is_deterministic():
     shards = [shard(f"/d/f{i}", n) for i, n in enumerate([9, 1, 8, 2, 7, 3, 6, 4, 5, 5])]
     readable = {w: {s.path for s in shards} for w in ("w3", "w1", "w2")}
-    placed = assign(shards, readable)
-    assert placed == assign(list(shards), dict(reversed(readable.items())))
+    placed = place(shards, readable)
+    assert placed == place(list(shards), dict(reversed(readable.items())))
     load = {w: sum(s.nbytes for s in placed if s.worker == w) for w in readable}
     assert max(load.values()) - min(load.values()) <= 9
     assert sum(load.values()) == 50
@@ -136,6 +143,32 @@ def test_assign_balances_and_is_deterministic():
 def test_assign_no_worker_can_read():
     shards = [shard("/a/x", 10), shard("/hidden/y", 10)]
     with pytest.raises(InputError, match="/hidden/y.*no worker can read"):
-        assign(shards, {"w1": {"/a/x"}, "w2": {"/a/x", "/b/y"}})
+        place(shards, {"w1": {"/a/x"}, "w2": {"/a/x", "/b/y"}})
     with pytest.raises(InputError, match="/a/x.*no worker can read"):
-        assign(shards[:1], {"w1": set()})
+        place(shards[:1], {"w1": set()})
+
+
+def test_small_shards_are_joined_in_order_up_to_the_blocksize():
+    shards = [shard(f"/d/f{i}", n) for i, n in enumerate([4, 3, 3, 9, 2, 2, 11, 1])]
+    readable = {"w1": {s.path for s in shards}}
+    joined = join_small(shards, 10, readable)
+    assert [[s.path[-1] for s in p] for p in joined] == [
+        ["0", "1", "2"],
+        ["3"],
+        ["4", "5"],
+        ["6"],
+        ["7"],
+    ]
+    assert [s for p in joined for s in p] == shards  # every shard once, in file order
+    assert join_small(shards, 1, readable) == [(s,) for s in shards]
+
+
+def test_a_partition_joins_only_files_one_worker_can_read():
+    """Node-local files: a partition never needs two hosts' disks."""
+    shards = [shard("/a/x", 1), shard("/a/y", 1), shard("/b/z", 1), shard("/b/w", 1)]
+    readable = {"w1": {"/a/x", "/a/y"}, "w2": {"/b/z", "/b/w"}}
+    joined = assign(join_small(shards, 100, readable), readable)
+    assert [[(s.path, s.worker) for s in p] for p in joined] == [
+        [("/a/x", "w1"), ("/a/y", "w1")],
+        [("/b/z", "w2"), ("/b/w", "w2")],
+    ]
