@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 AUTO_SHARE = 128
 #: ``blocksize="auto"`` on the host target: Dask's own ``read_parquet`` default.
 AUTO_HOST = 256 * 2**20
+#: ``blocksize="auto"`` joins small files into no fewer partitions than this per worker, so
+#: every worker reads (and a shuffle after it starts from every worker).
+AUTO_PER_WORKER = 2
 
 
 def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> int:
@@ -154,7 +157,8 @@ def read_parquet(
         many projected bytes, and consecutive small files and runs are joined up to it (as
         Dask and dask_cudf join them), in file order. Default ``gpudirect.parquet.blocksize``
         (``"auto"``: 1/128 of the smallest worker's GPU memory on the device target, 256 MiB
-        on the host target).
+        on the host target, and small files joined into no fewer than two partitions per
+        worker).
     target
         ``"device"``, ``"host"``, or None for device when every worker has a GPU.
     client
@@ -162,9 +166,13 @@ def read_parquet(
     """
     setting = _prepare(client, paths, target)
     client, found, target = setting.client, setting.found, setting.target
+    auto = (blocksize or dask.config.get("gpudirect.parquet.blocksize")) == "auto"
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target)
     meta = plan.meta(targets.module(target))
+    if auto:  # never so few partitions that a worker has none to read
+        total = sum(shard.nbytes for shard in plan.shards)
+        blocksize = max(1, min(blocksize, total // (AUTO_PER_WORKER * len(setting.workers))))
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with dask.config.set({"dataframe.convert-string": False}):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import os
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -17,6 +18,7 @@ from util import (
     compute,
     expected_parquet,
     partitions,
+    shards_of,
 )
 
 import dask_gpudirect as dg
@@ -293,13 +295,28 @@ def test_paths_file_list_directory_glob(client, dataset):
     )
 
 
+def test_auto_blocksize_joins_small_files_and_leaves_every_worker_some(client, tmp_path):
+    """Twelve small files on two workers: joined about three by three, in file order, into no
+    fewer than two partitions per worker, each worker reading at least two."""
+    for k in range(12):
+        pq.write_table(pa.table({"id": np.arange(100) + 100 * k}), tmp_path / f"p{k:02d}.parquet")
+    df = dg.read_parquet(tmp_path, client=client)
+    assert 4 <= df.npartitions < 12
+    got = compute(client, df)
+    np.testing.assert_array_equal(got["id"].to_numpy(), np.arange(1200))
+    per_worker = Counter(s.worker for s in shards_of(df).values())
+    assert len(per_worker) == 2 and min(per_worker.values()) >= 2
+
+
 def test_blocksize_partitions(client, dataset):
     """Partitions are runs of row groups, small files and runs joined up to the blocksize, in
     file order (as Dask's read_parquet joins them)."""
     root, files = dataset
-    whole = dg.read_parquet(root, client=client)  # default 256MiB on the host: all joined
+    whole = dg.read_parquet(root, blocksize="256MiB", client=client)  # all joined, in order
     assert whole.npartitions == 1
     assert_same_frame(compute(client, whole), expected_parquet(files))
+    # "auto" (the default) joins no further than two partitions per worker: here, none
+    assert dg.read_parquet(root, client=client).npartitions == 3
     assert dg.read_parquet(root, blocksize=1, client=client).npartitions == 15
     rg_bytes = pq.ParquetFile(files[0]).metadata.row_group(0).total_byte_size
     df = dg.read_parquet(root, blocksize=2 * rg_bytes, client=client)

@@ -53,9 +53,8 @@ def test_target_none_is_device(cuda_tcp, parquet_dir, tmp_path):
 
 def test_parquet_all_columns(cuda_tcp, parquet_dir):
     directory, paths = parquet_dir
-    ddf = dg.read_parquet(directory, target="device", client=cuda_tcp)
-    # blocksize "auto" (1/128 of the GPU's memory): the small files joined on the device, in order
-    assert ddf.npartitions == 1 < len(paths)
+    ddf = dg.read_parquet(directory, blocksize="1GiB", target="device", client=cuda_tcp)
+    assert ddf.npartitions == 1 < len(paths)  # the small files joined on the device, in order
     got = compute(cuda_tcp, ddf)
     assert type(got).__module__.startswith("cudf")
     h.assert_same_table(h.cudf_to_arrow(got), h.expected_parquet(paths))
