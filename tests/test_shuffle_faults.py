@@ -131,6 +131,10 @@ def reader_threads(dask_worker) -> int:
     return dask_worker.plugins["gpudirect"].options["threads"]
 
 
+async def heartbeat(dask_worker) -> None:
+    await dask_worker.heartbeat()
+
+
 def stall_outputs(dask_worker, flag: str) -> None:
     """Make this worker's stages, once every peer has finished, touch ``flag`` and stall before
     building their outputs (test instrumentation: only a kill ends them)."""
@@ -529,8 +533,12 @@ def test_worker_lost_after_the_shuffle_fails_what_needs_its_outputs():
         os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
 
         with pytest.raises(dg.ShuffleError, match="lost with worker") as info:
-            client.compute(out.k.sum()).result(timeout=HANG_GUARD)
+            client.compute(out.k.sum(), workers=[survivor]).result(timeout=HANG_GUARD)
         assert victim in str(info.value)
+        # The worker that raised the error sends its metrics with its next heartbeat: were the
+        # lost output's task of no span, the scheduler would reject them and the worker close.
+        client.run(heartbeat, workers=[survivor], on_error="return")
+        assert survivor in client.nthreads()
         got = client.gather([f for f in futures_of(out) if f.key[1] in kept])  # still held
         expected = pdf[np.isin(owner_of_rows(pdf, "k", 4), kept)].index
         assert sorted(pd.concat(got).index) == sorted(expected)

@@ -168,10 +168,13 @@ def _keep_outputs(
     from dask._task_spec import Task
 
     dask_scheduler.update_data(who_has=who_has, nbytes=nbytes, client=client_id)
-    for order, (key, (worker,)) in enumerate(who_has.items()):
-        ts = dask_scheduler.tasks[key]
-        ts.run_spec = Task(key, _lost_output, shuffle_id, worker)
+    tasks = [dask_scheduler.tasks[key] for key in who_has]
+    for order, (ts, (worker,)) in enumerate(zip(tasks, who_has.values(), strict=True)):
+        ts.run_spec = Task(ts.key, _lost_output, shuffle_id, worker)
         ts.priority = (0, dask_scheduler.generation, order)  # as update_graph gives a task
+    # ... and a span, as update_graph gives: a worker that runs a task of no span sends
+    # metrics the scheduler rejects in the worker's heartbeat, and the worker then closes.
+    dask_scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
 
 
 def _lost_output(shuffle_id: str, worker: str):
