@@ -154,7 +154,7 @@ def read_parquet(
         planned (its footer, size and modification time).
     blocksize
         Target bytes per partition: a large file is cut into runs of row groups of about this
-        many projected bytes, and consecutive small files and runs are joined up to it (as
+        many projected bytes, and consecutive small files and runs are joined to about it (as
         Dask and dask_cudf join them), in file order. Default ``gpudirect.parquet.blocksize``
         (``"auto"``: 1/128 of the smallest worker's GPU memory on the device target, 256 MiB
         on the host target, and small files joined into no fewer than two partitions per
@@ -170,13 +170,13 @@ def read_parquet(
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target)
     meta = plan.meta(targets.module(target))
-    if auto:  # never so few partitions that a worker has none to read
-        total = sum(shard.nbytes for shard in plan.shards)
-        blocksize = max(1, min(blocksize, total // (AUTO_PER_WORKER * len(setting.workers))))
+    # "auto" never makes so few partitions that a worker has none to read
+    at_least = AUTO_PER_WORKER * len(setting.workers) if auto else 1
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with dask.config.set({"dataframe.convert-string": False}):
-        partitions = assign(join_small(plan.shards, blocksize, found.readable), found.readable)
+        joined = join_small(plan.shards, blocksize, found.readable, at_least)
+        partitions = assign(joined, found.readable)
         return dd.from_map(
             load_joined,
             partitions,

@@ -11,6 +11,7 @@ to its worker. Restrictions are loose: if that worker is gone, any worker may ru
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from dask.task_spec import DataNode, Task
@@ -46,25 +47,38 @@ def planners(files: list[str], readable: dict[str, set[str]]) -> dict[str, list[
 
 
 def join_small(
-    shards: list[Shard], blocksize: int, readable: dict[str, set[str]]
+    shards: list[Shard], blocksize: int, readable: dict[str, set[str]], at_least: int = 1
 ) -> list[tuple[Shard, ...]]:
-    """Partitions of consecutive shards of up to ``blocksize`` bytes, as Dask's and dask_cudf's
-    ``read_parquet`` join small files and row groups: fewer, larger partitions, in file order.
-    A shard joins the partition before it only where some worker can read both files."""
+    """Consecutive shards joined into partitions of about ``blocksize`` bytes, as Dask's and
+    dask_cudf's ``read_parquet`` join small files and row groups: fewer, larger partitions, in
+    file order.
+
+    The bytes are cut into equal spans, as many as ``blocksize`` needs and at least
+    ``at_least`` where there are shards enough, and each shard goes with the span its middle
+    falls in: files of about one size make partitions of about one size, and a partition passes
+    ``blocksize`` by less than a shard. A shard joins the one before it only where some worker
+    can read both files.
+    """
+    total = sum(shard.nbytes for shard in shards)
+    count = min(len(shards), max(at_least, math.ceil(total / blocksize)))
+    if count == len(shards):
+        return [(shard,) for shard in shards]
+    span = total / count
     partitions: list[list[Shard]] = []
-    nbytes = 0
+    start, previous = 0, -1
     for shard in shards:
+        index = min(int((start + shard.nbytes / 2) // span), count - 1)
+        start += shard.nbytes
         last = partitions[-1] if partitions else None
         if (
             last
-            and nbytes + shard.nbytes <= blocksize
+            and index == previous
             and any(shard.path in seen and last[0].path in seen for seen in readable.values())
         ):
             last.append(shard)
-            nbytes += shard.nbytes
         else:
             partitions.append([shard])
-            nbytes = shard.nbytes
+        previous = index
     return [tuple(p) for p in partitions]
 
 

@@ -148,19 +148,28 @@ def test_assign_no_worker_can_read():
         place(shards[:1], {"w1": set()})
 
 
-def test_small_shards_are_joined_in_order_up_to_the_blocksize():
+def test_small_shards_are_joined_in_order_to_about_the_blocksize():
     shards = [shard(f"/d/f{i}", n) for i, n in enumerate([4, 3, 3, 9, 2, 2, 11, 1])]
     readable = {"w1": {s.path for s in shards}}
-    joined = join_small(shards, 10, readable)
+    joined = join_small(shards, 10, readable)  # 35 bytes: four spans of 8.75
     assert [[s.path[-1] for s in p] for p in joined] == [
         ["0", "1", "2"],
         ["3"],
         ["4", "5"],
-        ["6"],
-        ["7"],
+        ["6", "7"],
     ]
     assert [s for p in joined for s in p] == shards  # every shard once, in file order
     assert join_small(shards, 1, readable) == [(s,) for s in shards]
+    # at least six partitions (as "auto" asks for two per worker of three)
+    assert len(join_small(shards, 100, readable, at_least=6)) >= 5
+
+
+def test_files_of_about_one_size_make_partitions_of_about_one_size():
+    """Eight files of 100 +- 1 bytes into four partitions of two, not three, two, two, one."""
+    sizes = [100, 101, 100, 99, 101, 100, 99, 100]
+    shards = [shard(f"/d/f{i}", n) for i, n in enumerate(sizes)]
+    joined = join_small(shards, 1000, {"w1": {s.path for s in shards}}, at_least=4)
+    assert [len(p) for p in joined] == [2, 2, 2, 2]
 
 
 def test_a_partition_joins_only_files_one_worker_can_read():
