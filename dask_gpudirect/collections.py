@@ -166,7 +166,9 @@ def read_parquet(
     """
     setting = _prepare(client, paths, target)
     client, found, target = setting.client, setting.found, setting.target
-    auto = (blocksize or dask.config.get("gpudirect.parquet.blocksize")) == "auto"
+    auto = (
+        dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
+    ) == "auto"
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target)
     meta = plan.meta(targets.module(target))

@@ -25,7 +25,7 @@ def _least_loaded(paths: list[str], load: dict[str, int], readable: dict[str, se
     """The worker of ``load`` that can read all ``paths`` and has least load (ties: by name)."""
     able = [w for w in load if all(path in readable[w] for path in paths)]
     if not able:
-        unread = next(p for p in paths if not any(p in readable[w] for w in load))
+        unread = next((p for p in paths if not any(p in readable[w] for w in load)), paths[0])
         raise InputError(
             unread,
             "no worker can read this file (checked every worker: it must exist there and lie "
@@ -65,19 +65,18 @@ def join_small(
         return [(shard,) for shard in shards]
     span = total / count
     partitions: list[list[Shard]] = []
+    able: set[str] = set()  # the workers that can read every file of the last partition
     start, previous = 0, -1
     for shard in shards:
         index = min(int((start + shard.nbytes / 2) // span), count - 1)
         start += shard.nbytes
-        last = partitions[-1] if partitions else None
-        if (
-            last
-            and index == previous
-            and any(shard.path in seen and last[0].path in seen for seen in readable.values())
-        ):
-            last.append(shard)
+        readers = {w for w, seen in readable.items() if shard.path in seen}
+        if partitions and index == previous and able & readers:
+            partitions[-1].append(shard)
+            able &= readers
         else:
             partitions.append([shard])
+            able = readers
         previous = index
     return [tuple(p) for p in partitions]
 

@@ -181,3 +181,7 @@ def test_a_partition_joins_only_files_one_worker_can_read():
         [("/a/x", "w1"), ("/a/y", "w1")],
         [("/b/z", "w2"), ("/b/w", "w2")],
     ]
+    # each file readable with the first by some worker, but no worker reads all three
+    chain = [shard("/x", 1), shard("/y", 1), shard("/z", 1)]
+    overlap = {"w1": {"/x", "/y"}, "w2": {"/x", "/z"}}
+    assert [len(p) for p in assign(join_small(chain, 100, overlap), overlap)] == [2, 1]
