@@ -140,8 +140,8 @@ class ShuffleRun:
             self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
     def outputs(self, exchange: Exchange, groups: list[range]) -> Iterator[dict[int, Any]]:
-        """Build our outputs, ``groups`` of them at a time, from the pieces that arrived for it: one
-        join, then one gather per output that takes its rows in input order (so the same
+        """Build our outputs one of ``groups`` at a time, from the pieces that arrived for it:
+        one join, then one gather per output that takes its rows in input order (so the same
         shuffle gives the same partitions) into memory of its own. Its cost follows the bytes,
         not the partitions; only one group's pieces and outputs are in hand at once."""
         splitter = exchange.splitter
