@@ -38,6 +38,7 @@ import pandas as pd
 import pytest
 from distributed import futures_of, wait
 from util import (
+    UCX_CPU_ENV,
     assert_hash_partitions,
     clear_ledgers,
     compute,
@@ -82,7 +83,7 @@ def start(protocol: str, data: dict[str, list[str]]):
     common = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "10s"}
     if protocol == "ucxx":
         pytest.importorskip("distributed_ucxx")
-        common.update(UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")  # as util.ucx_environment
+        common.update(UCX_CPU_ENV)
     roots = {
         host: {"DASK_GPUDIRECT__ALLOWED_ROOTS": json.dumps([os.path.dirname(files[0])])}
         for host, files in data.items()
@@ -161,7 +162,7 @@ def frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:
     )
 
 
-def spread(client, pdf: pd.DataFrame, workers: list[str]):
+def spread(cluster, client, pdf: pd.DataFrame, workers: list[str]):
     """``pdf`` as a Dask DataFrame with one persisted partition on each of ``workers`` (any
     other worker may recompute a lost one). Made of the placed futures themselves: a concat
     would add a task per partition, which the scheduler may run elsewhere (on a loaded
@@ -177,7 +178,8 @@ def spread(client, pdf: pd.DataFrame, workers: list[str]):
     wait(futures)
     who_has = client.who_has(futures)
     placed = [sorted(who_has[f.key]) for f in futures]
-    assert placed == [[w] for w in workers], placed  # no input was moved
+    # no input was moved; if one was, the scheduler's log says which worker left and why
+    assert placed == [[w] for w in workers], (placed, cluster.log("sched")[-4000:])
     keys = [f.key for f in futures]
     return dd.from_graph(
         dict(zip(keys, futures, strict=True)),
@@ -230,7 +232,7 @@ def test_shuffle_across_hosts(protocol, request):
     workers = sorted(client.nthreads())
     assert all(w.startswith(f"{protocol}://") for w in workers)
     pdf = frame(4000, keys=97, seed=1)
-    df = spread(client, pdf, workers)
+    df = spread(cluster, client, pdf, workers)
     clear_ledgers(client)
     out = dg.shuffle(df, "k", npartitions=8, client=client)
     assert_hash_partitions(partitions(client, out), pdf, "k", 8)
@@ -257,7 +259,7 @@ def test_host_cut_off_mid_shuffle(protocol, request, data):
     hosts = workers_by_host(cluster, client)
     victims, survivors = hosts["a"], hosts["b"] + hosts["c"]
     pdf = frame(4000, keys=97, seed=2)
-    df = spread(client, pdf, sorted(client.nthreads()))
+    df = spread(cluster, client, pdf, sorted(client.nthreads()))
     client.run(delay_receive, seconds=60, workers=victims)  # keep the exchange in flight
 
     def shuffle():

@@ -117,19 +117,33 @@ def shards_of(collection) -> dict:
     return found
 
 
+# UCX on this CPU-only machine: the variables every ucxx process of the tests starts with.
+UCX_CPU_ENV = {
+    "UCX_TLS": "tcp",
+    "UCX_WARN_UNUSED_ENV_VARS": "n",
+    "UCXPY_PROGRESS_MODE": "thread",
+    "UCXPY_ENABLE_PYTHON_FUTURE": "1",
+}
+
+
 def ucx_environment() -> None:
-    """Environment UCX needs on this CPU-only machine, set before ucxx is first imported.
+    """Set :data:`UCX_CPU_ENV` (where not set already) before ucxx is first imported.
 
     ``UCX_TLS=tcp`` keeps UCX on TCP sockets. The cluster also starts without it (UCX then
     picks shared memory/CMA as well), but those depend on the container (ptrace rules, /dev/shm
     size); TCP works anywhere and is what a CPU-only run should exercise. Worker processes
-    inherit the variable, so client, scheduler and workers agree on one transport.
+    inherit the variables, so client, scheduler and workers agree on one transport.
     ``UCX_WARN_UNUSED_ENV_VARS=n`` silences UCX's warning about ``UCX_MEMTYPE_CACHE``, which
     distributed-ucxx sets and this UCX no longer reads.
-    Nothing else is needed: ``distributed-ucxx`` registers the ``ucxx://`` comm itself.
+    The progress mode: distributed-ucxx's default, ``blocking``, spins on UCX's TCP event fd, so
+    every idle ucxx process takes a whole core (measured: scheduler and one idle worker, 100 %
+    each). On 2 cores that starves the other processes until heartbeats miss and the scheduler
+    drops workers. ``thread`` progress with Python futures completes requests from UCXX's
+    notifier thread instead of polling them, and an idle process stays near 0 %. See
+    docs/troubleshooting.md.
     """
-    os.environ.setdefault("UCX_TLS", "tcp")
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    for name, value in UCX_CPU_ENV.items():
+        os.environ.setdefault(name, value)
 
 
 class PatientNanny(Nanny):
