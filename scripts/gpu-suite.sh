@@ -5,13 +5,14 @@
 #
 # (after the chunk calls of ../shared/gpu/README.md have installed the stack into /tmp/site).
 # Writes into $OUT: env.txt, gpu-tests.log, gpu-junit.xml, bench-read.log, read.json, read.md,
-# bench-shuffle.log, shuffle.json, shuffle.md, and prints the short tables last. Each part has its
-# own time limit and a failing part does not stop the next; the whole run stays under 9.5 minutes
-# (the shuffle benchmark gets what the parts before it leave). Exit status: 0 only if every part
-# that ran passed. Skip parts with SKIP_TESTS=1, SKIP_READ=1, SKIP_SHUFFLE=1; for example the
-# shuffle benchmark alone, with all the time there is, on nvidia-h200-x2:
+# bench-shuffle.log, shuffle.json, shuffle.md, bench-etl.log, etl.json, etl.md, and prints the
+# short tables last. Each part has its own time limit and a failing part does not stop the next;
+# the whole run stays under 9.5 minutes (the shuffle benchmark, then the ETL one, get what the
+# parts before them leave). Exit status: 0 only if every part that ran passed. Skip parts with
+# SKIP_TESTS=1, SKIP_READ=1, SKIP_SHUFFLE=1, SKIP_ETL=1; for example the shuffle benchmark alone,
+# with all the time there is, on nvidia-h200-x2:
 #
-#     SKIP_TESTS=1 SKIP_READ=1 bash scripts/gpu-suite.sh
+#     SKIP_TESTS=1 SKIP_READ=1 SKIP_ETL=1 bash scripts/gpu-suite.sh
 set -uo pipefail
 
 OUT=${OUT:-$PWD/gpu-out}
@@ -36,6 +37,10 @@ SHUFFLE_RMM_POOL=${SHUFFLE_RMM_POOL:-40GB}               # per worker, as in FAC
 SKIP_TESTS=${SKIP_TESTS:-0}
 SKIP_READ=${SKIP_READ:-0}
 SKIP_SHUFFLE=${SKIP_SHUFFLE:-0}
+SKIP_ETL=${SKIP_ETL:-0}
+ETL_GIB=${ETL_GIB:-8}                                     # in memory; 256 files, as issue 14 asks
+ETL_FILES=${ETL_FILES:-256}
+# ETL_ARGS: more options for `bench etl`, e.g. "--keys 65536 --repeat 1"
 start=$SECONDS
 
 # --- the machine -----------------------------------------------------------------------------
@@ -130,6 +135,28 @@ if [[ $SKIP_SHUFFLE != 1 ]]; then
   fi
 fi
 
+# --- 4. the ETL benchmark: Parquet -> shuffle -> group-by, dg against dask_cudf ----------------
+etl_rc=skipped
+if [[ $SKIP_ETL != 1 ]]; then
+  limit=$((SUITE_LIMIT - (SECONDS - start) - 15))
+  if (( limit < 60 )); then
+    echo "== bench etl: not run, ${limit}s left; run it alone: SKIP_TESTS=1 SKIP_READ=1 SKIP_SHUFFLE=1 =="
+    etl_rc="not run (${limit}s left)"
+  else
+    echo "== bench etl: ${ETL_GIB} GiB in ${ETL_FILES} files, ${SHUFFLE_WORKERS} worker(s) (limit ${limit}s) =="
+    rmm=()
+    [[ $BENCH_TARGET == device ]] && rmm=(--rmm-pool-size "$SHUFFLE_RMM_POOL")
+    timeout -s INT -k 10 "$limit" \
+      python3 -m dask_gpudirect.bench etl --target "$BENCH_TARGET" --dir "$BENCH_DIR/etl" \
+        --gib "$ETL_GIB" --files "$ETL_FILES" --workers "$SHUFFLE_WORKERS" \
+        --protocol "$SHUFFLE_PROTOCOL" ${rmm[@]+"${rmm[@]}"} --no-progress \
+        --json "$OUT/etl.json" --markdown "$OUT/etl.md" ${ETL_ARGS:-} \
+      > "$OUT/bench-etl.log" 2>&1
+    etl_rc=$?
+    echo "== bench etl: exit $etl_rc after $((SECONDS - start))s (log: bench-etl.log) =="
+  fi
+fi
+
 # --- the short tables, last ------------------------------------------------------------------
 echo
 if [[ $tests_rc == skipped ]]; then
@@ -137,7 +164,8 @@ if [[ $tests_rc == skipped ]]; then
 else
   echo "GPU tests: exit $tests_rc: $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
 fi
-echo "bench read: exit $bench_rc; bench shuffle: exit $shuffle_rc; total $((SECONDS - start))s"
+echo "bench read: exit $bench_rc; bench shuffle: exit $shuffle_rc; bench etl: exit $etl_rc;" \
+  "total $((SECONDS - start))s"
 show() {  # the Markdown a benchmark wrote, else the end of its log
   if [[ -s $OUT/$1.md ]]; then
     cat "$OUT/$1.md"
@@ -148,5 +176,6 @@ show() {  # the Markdown a benchmark wrote, else the end of its log
 }
 [[ $bench_rc == skipped ]] || show read
 [[ $shuffle_rc == skipped || $shuffle_rc == "not run"* ]] || show shuffle
+[[ $etl_rc == skipped || $etl_rc == "not run"* ]] || show etl
 ok() { [[ $1 == 0 || $1 == skipped || $1 == "not run"* ]]; }
-ok "$tests_rc" && ok "$bench_rc" && ok "$shuffle_rc"
+ok "$tests_rc" && ok "$bench_rc" && ok "$shuffle_rc" && ok "$etl_rc"

@@ -1,8 +1,8 @@
 """Benchmarks that print ratios against baselines measured in the same run.
 
-Run them as ``dask-gpudirect bench read`` (or ``shuffle``), or ``python -m dask_gpudirect.bench
-read``; ``bench scale`` runs both on 1, 2, ... GPUs into one table; ``bench plot results.json
-out.png`` draws a result again.
+Run them as ``dask-gpudirect bench read`` (or ``shuffle``, ``etl``), or ``python -m
+dask_gpudirect.bench read``; ``bench scale`` runs read and shuffle on 1, 2, ... GPUs into one
+table; ``bench plot results.json out.png`` draws a result again.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ def bench() -> None:
 
 
 def _register() -> None:
+    from .etl import etl
     from .plot import plot
     from .read import read
     from .scale import scale
@@ -24,6 +25,7 @@ def _register() -> None:
     bench.add_command(read)
     bench.add_command(shuffle)
     bench.add_command(scale)
+    bench.add_command(etl)
     bench.add_command(plot)
 
 

@@ -188,6 +188,23 @@ def visible_devices() -> list[str]:
     return [d.strip() for d in listed.split(",") if d.strip()][: gpu_count()]
 
 
+def device_names() -> list[str]:
+    """Names of the visible GPUs, from ``nvidia-smi`` (no CUDA context in this process)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = (line.split(", ", 1) for line in out.splitlines() if ", " in line)
+    names = {index: name.strip() for index, name in rows}
+    # CUDA_VISIBLE_DEVICES by index; by UUID (not matched here): every GPU's name
+    return [names[d] for d in visible_devices() if d in names] or list(names.values())
+
+
 def held_keys(dask_worker) -> int:
     """Keys a worker holds (run on the workers): a measurement waits for zero before the next."""
     try:

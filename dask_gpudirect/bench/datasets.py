@@ -1,4 +1,4 @@
-"""The data ``bench read`` reads: ``.npy`` shards and a snappy Parquet dataset, written once.
+"""The data the benches read: ``.npy`` shards and snappy Parquet datasets, written once.
 
 Kept apart from the measurements so that what is read (its sizes, layout and the manifest that
 lets a later run reuse it) is in one place; nothing here is timed.
@@ -21,6 +21,12 @@ BINARY_DTYPE, BINARY_RECORD = "<f4", (256,)
 #: Parquet: on-disk bytes per row of (int64 id, float64 x, float64 y, int32 k), snappy.
 PARQUET_BYTES_PER_ROW = 24
 PARQUET_ROW_GROUP = 1 << 20
+#: ``bench etl``'s Parquet: bytes per row in memory of (int64 many, int64 unique, float64 x,
+#: float64 y, int64 z).
+ETL_BYTES_PER_ROW = 40
+ETL_COLUMNS = (
+    "many int64 over [0, keys), unique int64 over [0, 2^62), x float64, y float64, z int64"
+)
 DATA_VERSION = 1
 
 
@@ -70,9 +76,41 @@ def _write_parquet(path: str, rows: int, first_id: int, seed: int) -> None:
             writer.write_table(table, row_group_size=PARQUET_ROW_GROUP)
 
 
-def dataset(directory: str, kind: str, gib: float, files: int) -> tuple[list[str], dict]:
-    """Files of one dataset under ``directory``: reused when its manifest matches, else written."""
+def _write_etl_parquet(path: str, rows: int, seed: int, keys: int) -> int:
+    """One file of ``bench etl``: a key of ``keys`` values, a nearly unique key, x, y, z; returns
+    the sum of z, which every query's result must add up to."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    table = pa.table(
+        {
+            "many": rng.integers(0, keys, rows, dtype=np.int64),
+            "unique": rng.integers(0, 1 << 62, rows, dtype=np.int64),
+            "x": rng.random(rows),
+            "y": rng.standard_normal(rows),
+            "z": rng.integers(0, 1000, rows, dtype=np.int64),
+        }
+    )
+    pq.write_table(table, path, compression="snappy", row_group_size=PARQUET_ROW_GROUP)
+    return int(table["z"].to_numpy().sum())
+
+
+def _bench_of(kind: str) -> str:
+    return "etl" if kind == "etl" else "read"
+
+
+def dataset(
+    directory: str, kind: str, gib: float, files: int, keys: int | None = None
+) -> tuple[list[str], dict]:
+    """Files of one dataset under ``directory``: reused when its manifest matches, else written.
+
+    ``kind`` is ``binary``, ``parquet`` (``bench read``) or ``etl`` (``bench etl``, whose first
+    key takes ``keys`` values)."""
     spec = {"version": DATA_VERSION, "kind": kind, "gib": gib, "files": files}
+    if kind == "etl":
+        spec["keys"] = keys
     ext = ".npy" if kind == "binary" else ".parquet"
     paths = [os.path.join(directory, f"part-{i:03d}{ext}") for i in range(files)]
     manifest = os.path.join(directory, "_bench.json")  # '_' files are skipped by every reader
@@ -80,7 +118,7 @@ def dataset(directory: str, kind: str, gib: float, files: int) -> tuple[list[str
         with open(manifest) as f:
             old = json.load(f)
         if old.get("spec") == spec and all(os.path.isfile(p) for p in paths):
-            log("read", f"reusing {kind} data in {directory}")
+            log(_bench_of(kind), f"reusing {kind} data in {directory}")
             return paths, old["info"]
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
@@ -89,14 +127,19 @@ def dataset(directory: str, kind: str, gib: float, files: int) -> tuple[list[str
     with ThreadPoolExecutor(max(1, min(files, os.cpu_count() or 1))) as pool:
         if kind == "binary":
             jobs = [pool.submit(_write_npy, p, target // files, i) for i, p in enumerate(paths)]
+        elif kind == "etl":
+            rows = max(1, target // ETL_BYTES_PER_ROW // files)
+            jobs = [
+                pool.submit(_write_etl_parquet, p, rows, 1000 + i, keys)
+                for i, p in enumerate(paths)
+            ]
         else:
             rows = max(1, target // PARQUET_BYTES_PER_ROW // files)
             jobs = [
                 pool.submit(_write_parquet, p, rows, i * rows, 1000 + i)
                 for i, p in enumerate(paths)
             ]
-        for job in jobs:
-            job.result()
+        written = [job.result() for job in jobs]
     os.sync()  # written back now, so that later drops are quick and warm runs see clean pages
     info = {"bytes": sum(os.path.getsize(p) for p in paths), "files": files}
     if kind == "binary":
@@ -115,13 +158,15 @@ def dataset(directory: str, kind: str, gib: float, files: int) -> tuple[list[str
         info.update(
             rows=sum(m.num_rows for m in metas),
             row_groups=sum(m.num_row_groups for m in metas),
-            columns="id int64, x float64, y float64, k int32",
+            columns=ETL_COLUMNS if kind == "etl" else "id int64, x float64, y float64, k int32",
             compression="snappy",
         )
+        if kind == "etl":
+            info["z_sum"] = sum(written)
     info["write_seconds"] = round(time.perf_counter() - start, 2)
     with open(manifest, "w") as f:
         json.dump({"spec": spec, "info": info}, f)
-    log("read", f"wrote {kind} data: {info['bytes'] / 1e9:.2f} GB in {files} files")
+    log(_bench_of(kind), f"wrote {kind} data: {info['bytes'] / 1e9:.2f} GB in {files} files")
     return paths, info
 
 

@@ -31,7 +31,7 @@ def check_matplotlib() -> None:
 
 
 def draw(result: dict, path: str) -> None:
-    """Draw ``result`` (of ``bench read`` or ``bench shuffle``) to the image file ``path``."""
+    """Draw ``result`` (of ``bench read``, ``shuffle``, ``etl`` or ``scale``) to ``path``."""
     check_matplotlib()
     from matplotlib.figure import Figure  # Agg without pyplot: no global backend switched
 
@@ -45,8 +45,9 @@ def draw(result: dict, path: str) -> None:
         fig = Figure(figsize=(7.5, 5), layout="constrained")
         _draw_lines(fig.subplots(), sweep_panel(result))
     else:
-        read = result["benchmark"] == "read"
-        panels = _read_panels(result) if read else _shuffle_panels(result)
+        panels = {"read": _read_panels, "etl": _etl_panels}.get(
+            result["benchmark"], _shuffle_panels
+        )(result)
         rows = max(len(p["rows"]) for p in panels)
         fig = Figure(figsize=(7.5 * len(panels), 1.6 + 0.42 * rows), layout="constrained")
         axes = fig.subplots(1, len(panels), squeeze=False)[0]
@@ -116,6 +117,32 @@ def _shuffle_panels(result: dict) -> list[dict]:
     ]
     unit = "GB/s per worker" if target == "host" else "GB/s per GPU"
     return [_panel("shuffle", unit, rows, targets)]
+
+
+def _etl_panels(result: dict) -> list[dict]:
+    """One panel per query: each pipeline's Parquet GB/s end to end, dg's target against tasks."""
+    from .etl_report import LABELS, METHODS, QUERIES
+
+    panels = []
+    for query in QUERIES:
+        by = {r["key"]: r for r in result["records"] if r.get("query") == query}
+        rows, index = [], {}
+        for key in METHODS:
+            if key in by:
+                index[key] = len(rows)
+                kind = "dg" if key == "gpudirect" else "baseline"
+                label = LABELS[key][result["target"]]
+                rows.append(_row(label, by[key], by[key].get("gbps"), kind))
+        targets = [
+            (index["gpudirect"], c["target"] * by["tasks"]["gbps"], c)
+            for c in result["checks"]
+            if c["check"].startswith(f"{query}:")
+            and c["baseline"] == "tasks"
+            and "gpudirect" in index
+            and _has_target(c, by["tasks"])
+        ]
+        panels.append(_panel(query, "GB/s (Parquet file bytes, end to end)", rows, targets))
+    return panels
 
 
 #: ``bench scale``'s lines per panel: (figure of a row, label, line style: ceilings black).
@@ -195,7 +222,7 @@ def _draw_panel(ax, panel: dict) -> None:
             edgecolor="black" if ceiling else "none",
             hatch="//" if ceiling else None,
         )
-        text = f"{row['value']:.2f}" + (" (ceiling)" if ceiling else _share(row["value"], roof))
+        text = _figure(row["value"]) + (" (ceiling)" if ceiling else _share(row["value"], roof))
         marks = [(v, t) for i, v, t in panel["targets"] if i == y]
         for value, _ in marks:
             ax.vlines(value, y - 0.4, y + 0.4, color=TARGET_COLOR, linewidth=2.5)
@@ -255,6 +282,11 @@ def _draw_lines(ax, panel: dict) -> None:
     ax.legend(fontsize=8)
 
 
+def _figure(value: float) -> str:
+    """A bar's value: two decimals, or three significant digits below 0.1 (not a bare 0.00)."""
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.3g}"
+
+
 def _share(value: float, roof: float | None) -> str:
     """`` (72% of ceiling)``; two digits below 10%, where a rounded 0% would hide the gap."""
     if not roof:
@@ -270,10 +302,12 @@ def _share(value: float, roof: float | None) -> str:
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 def plot(results: str, out: str) -> None:
-    """Draw a bench result (the JSON of `bench read`, `shuffle` or `scale`) as a chart."""
+    """Draw a bench result (the JSON of `bench read`, `shuffle`, `etl` or `scale`) as a chart."""
     with open(results) as f:
         result = json.load(f)
-    if result.get("benchmark") not in ("read", "shuffle", "scale"):
-        raise click.UsageError(f"{results} is not the JSON of `bench read`, `shuffle` or `scale`")
+    if result.get("benchmark") not in ("read", "shuffle", "etl", "scale"):
+        raise click.UsageError(
+            f"{results} is not the JSON of `bench read`, `shuffle`, `etl` or `scale`"
+        )
     draw(result, out)
     click.echo(f"wrote {out}")

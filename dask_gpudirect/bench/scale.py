@@ -346,9 +346,9 @@ def scale(
         "shuffle_limit": shuffle_limit,
         "time_limit": time_limit,
     }
-    from .shuffle import _device_names
+    from .common import device_names
 
-    names = _device_names() if target == "device" else []
+    names = device_names() if target == "device" else []
     result = {
         **result_head("scale", target, gpus, opts),
         "device": names[0] if names else f"CPU {cpu_name()}",

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from functools import partial
@@ -47,13 +46,13 @@ from ..cuda import gpu_count
 from .common import (
     GIB,
     TARGET_OPTION,
+    device_names,
     finish,
     log,
     output_options,
     progress_bar,
     result_head,
     start_cluster,
-    visible_devices,
     wait_released,
 )
 from .shuffle_report import METHODS, checks_of, markdown, print_result
@@ -272,23 +271,6 @@ def _raw_run(client, a: str, b: str, nbytes: int, target: str) -> Callable[[], d
 
 
 # --- the run --------------------------------------------------------------------------------------
-
-
-def _device_names() -> list[str]:
-    """Names of the visible GPUs, from ``nvidia-smi`` (no CUDA context in this process)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    rows = (line.split(", ", 1) for line in out.splitlines() if ", " in line)
-    names = {index: name.strip() for index, name in rows}
-    # CUDA_VISIBLE_DEVICES by index; by UUID (not matched here): every GPU's name
-    return [names[d] for d in visible_devices() if d in names] or list(names.values())
 
 
 def _ledger(client) -> list[dict]:
@@ -540,7 +522,7 @@ def shuffle(
 
     import dask_gpudirect  # noqa: F401  (loads the gpudirect.* defaults into dask.config)
 
-    names = _device_names() if target == "device" else []
+    names = device_names() if target == "device" else []
     result = {
         **result_head("shuffle", target, gpus, opts),
         "device": names[0] if names else None,

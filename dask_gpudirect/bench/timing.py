@@ -71,12 +71,13 @@ def _measure(
     repeat: int,
     budget: float,
     after: Callable[[], None],
+    bench: str = "shuffle",
 ) -> tuple[dict, bool]:
     """One warm-up and ``repeat`` timed runs of ``run_once`` within ``budget`` seconds.
 
     ``run_once`` returns ``{"seconds": s, "note": ...}`` and may add fields that are kept per
     run; ``after`` runs between runs (release, wait). Returns the record, and whether a run timed
-    out (the caller must then restart the cluster).
+    out (the caller must then restart the cluster). ``bench`` names the progress lines.
     """
     deadline = time.monotonic() + budget
     runs: list[dict] = []
@@ -94,7 +95,7 @@ def _measure(
             stop = f"interrupted during run {i + 1}"
             raise _Interrupted(_summarise(key, runs, nbytes, per, note, stop)) from None
         except _TimedOut as exc:
-            log("shuffle", f"{key} run {i + 1}: timed out ({exc})")
+            log(bench, f"{key} run {i + 1}: timed out ({exc})")
             if not runs:
                 return _record(
                     key,
@@ -110,7 +111,7 @@ def _measure(
         runs.append(out)
         speed = _gbps(nbytes, out["seconds"], per)
         log(
-            "shuffle",
+            bench,
             f"{key} run {i + 1}/{1 + repeat}: {out['seconds']:.3f} s, {speed:.3f} GB/s per GPU",
         )
     return _summarise(key, runs, nbytes, per, note, stop), False

@@ -1,0 +1,306 @@
+"""``dask-gpudirect bench etl``: Parquet -> shuffle on a key -> group-by sum, end to end.
+
+The pipeline users run, from Parquet files this command writes, in one cluster and one run:
+
+- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key)`` -> a group-by sum per partition;
+- Dask: ``dd.read_parquet(...).groupby(key).sum(split_out=N, shuffle_method=...)`` with the task
+  shuffle and (host target) P2P; on the device target ``dd`` reads with the cuDF backend, which
+  is what ``dask_cudf.read_parquet`` does.
+
+Two queries: one key column with about ``--keys`` distinct values (2^24 by default) and one
+nearly unique key. Each pipeline runs once to warm up and ``--repeat`` more times; a run is the
+whole pipeline, graph building included, until every output partition is in memory. After the
+clock stops each result is reduced to a fingerprint (groups, sum of z, a key-weighted sum of z,
+sum of x), and every method of a query must give the same one: rows lost or a key split over two
+output partitions change it.
+
+cudf-polars' ``DaskEngine`` (RapidsMPF) is not measured yet; the result says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+
+import click
+
+from ..cuda import gpu_count
+from .common import (
+    TARGET_OPTION,
+    device_names,
+    finish,
+    log,
+    output_options,
+    progress_bar,
+    result_head,
+    start_cluster,
+    wait_released,
+)
+from .datasets import dataset
+from .etl_report import METHODS, QUERIES, checks_of, markdown, print_result, same
+from .timing import _Interrupted, _measure, _record
+
+#: Measurement order per query: P2P, the slowest, last.
+RUN_ORDER = ("gpudirect", "tasks", "p2p")
+#: The fingerprint's key weight: keys are folded below this prime so the weighted sum fits int64.
+FOLD = 1_000_003
+
+
+def _log(message: str) -> None:
+    log("etl", message)
+
+
+# --- on the workers -----------------------------------------------------------------------------
+
+
+def _sum_by(part, key: str):
+    """One output partition of dg's pipeline: the group-by sum of the rows the shuffle put here."""
+    return part.groupby(key).sum()
+
+
+def _fingerprint(part, key: str) -> dict:
+    """What two correct results of one query share, from one partition of group-by sums."""
+    flat = part.reset_index()
+    return {
+        "groups": int(len(flat)),
+        "z": int(flat["z"].sum()),
+        "kz": int(((flat[key] % FOLD) * (flat["z"] % FOLD)).sum()),
+        "x": float(flat["x"].sum()),
+    }
+
+
+# --- measuring ----------------------------------------------------------------------------------
+
+
+def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, object]:
+    """The read's partition count, and the query's collection, persisted: reads, shuffle and
+    group-by all run from here on. Each library cuts the files into partitions its own way."""
+    import dask_gpudirect as dg
+
+    columns = [key, "x", "y", "z"]
+    if method == "gpudirect":
+        df = dg.read_parquet(paths, columns=columns, client=client)
+        shuffled = dg.shuffle(df, key, client=client)
+        meta = _sum_by(shuffled._meta, key)
+        return df.npartitions, shuffled.map_partitions(_sum_by, key, meta=meta).persist()
+    import dask.dataframe as dd
+
+    df = dd.read_parquet(paths, columns=columns)
+    out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=method)
+    return df.npartitions, out.persist()
+
+
+def _fingerprint_of(client, out, key: str) -> dict:
+    """The fingerprint of a whole result, summed from its partitions' on the workers."""
+    import dask
+
+    parts = client.compute([dask.delayed(_fingerprint)(d, key) for d in out.to_delayed()])
+    total = {"groups": 0, "z": 0, "kz": 0, "x": 0.0}
+    for fp in client.gather(parts):
+        for name in total:
+            total[name] += fp[name]
+    return total
+
+
+def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Callable[[], dict]:
+    """One timed run; its fingerprint goes into ``seen[method]``, checked across methods later."""
+    from distributed import futures_of, wait
+
+    def run() -> dict:
+        start = time.perf_counter()
+        inputs, out = _pipeline(client, method, paths, key)
+        wait(out)
+        seconds = time.perf_counter() - start
+        failed = [f for f in futures_of(out) if f.status != "finished"]
+        if failed:
+            raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")
+        fp = _fingerprint_of(client, out, key)
+        if not same(seen.setdefault(method, fp), fp):
+            raise RuntimeError(f"two runs gave different results: {seen[method]} and {fp}")
+        return {"seconds": seconds, "note": f"{inputs} -> {out.npartitions} partitions", **fp}
+
+    return run
+
+
+def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
+    """Every query by every method in one cluster; records into ``result["records"]``."""
+    workers = opts["workers"]
+    _log(f"starting the cluster ({workers} worker(s), {opts['protocol']}, {target} target)")
+    cluster, client = start_cluster(
+        target, workers, opts["threads_per_worker"], opts["protocol"], opts["rmm_pool_size"]
+    )
+    try:
+        client.wait_for_workers(workers)
+        if target == "device":
+            client.run(_cudf_backend)
+            _cudf_backend()
+        result["cluster"] = {
+            "workers": workers,
+            "threads_per_worker": opts["threads_per_worker"],
+            "protocol": opts["protocol"],
+            "rmm_pool_size": opts["rmm_pool_size"],
+        }
+        for query, key in QUERIES.items():
+            seen: dict[str, dict] = {}
+            for method in [m for m in RUN_ORDER if m in opts["methods"]]:
+                try:
+                    rec = _one(client, method, query, key, paths, nbytes, opts, seen, target)
+                except _Interrupted as stop:  # keep the runs it finished
+                    result["records"].append({**stop.record, "query": query})
+                    raise
+                result["records"].append({**rec, "query": query})
+                if rec["status"] == "timed out":
+                    _log(f"restarting the cluster after {method} timed out")
+                    client.restart()
+            result["fingerprints"][query] = seen
+    finally:
+        client.close()
+        try:
+            cluster.close()
+        except TimeoutError:  # workers slow to stop after the measurements: not a failed run
+            _log("the cluster took too long to close; its worker processes were killed")
+
+
+def _cudf_backend() -> None:
+    """Dask's DataFrame backend set to cuDF (as ``dask_cudf`` does), in this process."""
+    import dask
+    import dask_cudf  # noqa: F401  (registers the backend)
+
+    dask.config.set({"dataframe.backend": "cudf"})
+
+
+def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
+    """One method on one query, or why it was not run."""
+    if method == "p2p" and target == "device":
+        return _record(method, "not run", note="Dask's P2P group-by takes pandas only")
+    _log(f"{query}: measuring {method}")
+    run = _etl_run(client, method, paths, key, seen)
+    after = partial(wait_released, client, 0)
+    try:
+        rec, _ = _measure(
+            method,
+            run,
+            nbytes,
+            opts["workers"],
+            opts["repeat"],
+            opts["method_timeout"],
+            after,
+            bench="etl",
+        )
+    except Exception as exc:  # one failed method is reported; the others still run
+        why = f"{type(exc).__name__}: {exc}"
+        _log(f"{query}: {method} failed: {why}")
+        return _record(method, "error", note=why)
+    return rec
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+@click.command(name="etl")
+@TARGET_OPTION
+@click.option(
+    "--dir",
+    "root",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Data directory: the Parquet files are written here, and reused when they match.",
+)
+@click.option("--gib", default=0.25, show_default=True, type=float, help="data in memory, GiB")
+@click.option(
+    "--files", default=256, show_default=True, type=click.IntRange(1), help="Parquet files"
+)
+@click.option(
+    "--keys",
+    default=1 << 24,
+    show_default=True,
+    type=click.IntRange(1),
+    help="distinct values of the first query's key",
+)
+@click.option(
+    "--workers", default=None, type=click.IntRange(1), help="default: one per GPU; 2 on the host"
+)
+@click.option("--threads-per-worker", default=1, show_default=True, type=click.IntRange(1))
+@click.option(
+    "--protocol",
+    default=None,
+    type=click.Choice(["tcp", "ucxx"]),
+    help="default: ucxx on the device target, tcp on the host target",
+)
+@click.option("--repeat", default=2, show_default=True, type=click.IntRange(0), help="warm runs")
+@click.option(
+    "--rmm-pool-size", default=None, help="RMM pool per worker, e.g. 40GB (default: no pool)"
+)
+@click.option("--methods", default=",".join(METHODS), show_default=True, help="comma-separated")
+@click.option(
+    "--method-timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="seconds each method may take on one query, all its runs together",
+)
+@output_options
+def etl(
+    target,
+    root,
+    gib,
+    files,
+    keys,
+    workers,
+    threads_per_worker,
+    protocol,
+    repeat,
+    rmm_pool_size,
+    methods,
+    method_timeout,
+    json_path,
+    md_path,
+    plot_path,
+    progress,
+):
+    """Parquet -> shuffle -> group-by sum: dg against Dask (dask_cudf on the GPU), end to end."""
+    gpus = gpu_count()
+    if target == "auto":
+        target = "device" if gpus else "host"
+    if target == "device" and not gpus:
+        raise click.UsageError("--target device needs a GPU, and none is visible here")
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(METHODS))
+    if unknown or not chosen:
+        raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    workers = workers or (gpus if target == "device" else 2)
+    if target == "device" and workers > gpus:
+        raise click.UsageError(f"--workers {workers}: LocalCUDACluster has one worker per GPU")
+    opts = {
+        "gib": gib,
+        "files": files,
+        "keys": keys,
+        "workers": workers,
+        "threads_per_worker": threads_per_worker,
+        "protocol": protocol or ("ucxx" if target == "device" else "tcp"),
+        "repeat": repeat,
+        "rmm_pool_size": rmm_pool_size,
+        "methods": chosen,
+        "method_timeout": method_timeout,
+    }
+    paths, data = dataset(root, "etl", gib, files, keys=keys)
+    result = {
+        **result_head("etl", target, gpus, opts),
+        "device": (device_names() or [None])[0] if target == "device" else None,
+        "data": data,
+        "records": [],
+        "fingerprints": {},
+        "not_measured": "cudf-polars DaskEngine (RapidsMPF): not built into this bench yet",
+    }
+    try:
+        with progress_bar("etl", result["records"], len(chosen) * len(QUERIES), progress):
+            _run(result, opts, target, paths, data["bytes"])
+    except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
+        result["interrupted"] = True
+        _log("interrupted: writing what was measured so far")
+    except Exception as exc:  # the cluster did not start, say: still report what ran
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        _log(f"stopped: {result['error']}")
+    result["checks"] = checks_of(result, target, workers)
+    finish(result, target, print_result, (json_path, md_path, markdown, plot_path))

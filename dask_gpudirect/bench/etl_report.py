@@ -1,0 +1,170 @@
+"""What ``bench etl`` makes of its records: results compared, targets judged, tables written.
+
+Apart from the measurements, so that a result's JSON can be judged and rendered without a cluster.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .common import footnote, judge, markdown_table, print_table
+
+#: The methods, in table order.
+METHODS = ("gpudirect", "tasks", "p2p")
+#: Query name -> its key column.
+QUERIES = {"many-keys": "many", "unique-key": "unique"}
+LABELS = {
+    "gpudirect": {
+        "device": "dg.read_parquet -> dg.shuffle -> group-by per partition",
+        "host": "dg.read_parquet -> dg.shuffle -> group-by per partition",
+    },
+    "tasks": {
+        "device": "dask_cudf read_parquet -> groupby(split_out=N, shuffle_method='tasks')",
+        "host": "dd.read_parquet -> groupby(split_out=N, shuffle_method='tasks')",
+    },
+    "p2p": {
+        "device": "dask_cudf read_parquet -> groupby(split_out=N, shuffle_method='p2p')",
+        "host": "dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p')",
+    },
+}
+#: The issue's target on GPUs that exchange: dg's pipeline at least this much faster than
+#: dask_cudf's with the task shuffle.
+TARGET_VS_TASKS = 4.0
+#: Float sums of one result may differ in their last bits with the order rows were added in.
+X_TOLERANCE = 1e-9
+
+
+def same(a: dict, b: dict) -> bool:
+    """Whether two fingerprints are of one result: counts and integer sums equal, x sums close."""
+    exact = all(a[k] == b[k] for k in ("groups", "z", "kz"))
+    return exact and math.isclose(a["x"], b["x"], rel_tol=X_TOLERANCE, abs_tol=X_TOLERANCE)
+
+
+def checks_of(result: dict, target: str, workers: int) -> list[dict]:
+    """Per query: every method's result agrees (and adds up to the data's z), and dg's time
+    against Dask's task shuffle."""
+    checks = []
+    for query in QUERIES:
+        by = {r["key"]: r for r in result["records"] if r.get("query") == query}
+        seen = result.get("fingerprints", {}).get(query, {})
+        checks.append(_agreement(query, seen, result.get("data", {}).get("z_sum")))
+        dg, tasks = by.get("gpudirect"), by.get("tasks")
+        if dg is None or tasks is None:
+            continue
+        ratio = None
+        if dg["status"] == tasks["status"] == "ok":
+            ratio = tasks["seconds"] / dg["seconds"]
+        want = TARGET_VS_TASKS if target == "device" and workers > 1 else None
+        checks.append(
+            {
+                "check": f"{query}: dg's speed-up over Dask's task shuffle",
+                "baseline": "tasks",
+                "ratio": ratio,
+                "target": want,
+                "result": judge(ratio, want),
+            }
+        )
+    return checks
+
+
+def _agreement(query: str, seen: dict, z_sum: int | None) -> dict:
+    methods = sorted(seen)
+    first = seen[methods[0]] if methods else None
+    agree = bool(first) and all(same(first, seen[m]) for m in methods)
+    if agree and z_sum is not None:
+        agree = first["z"] == z_sum
+    verdict = "not run" if not methods else "pass" if agree else "miss"
+    return {
+        "check": f"{query}: {', '.join(methods) or 'no method'} give one result",
+        "baseline": None,
+        "ratio": None,
+        "target": None,
+        "result": verdict,
+        "fingerprints": seen,
+    }
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+HEADER = ("query", "method", "partitions", "seconds", "best", "first run", "GB/s", "runs")
+CHECK_HEADER = ("check", "ratio", "target", "result")
+
+
+def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
+    rows: list[tuple[str, ...]] = []
+    notes: list[str] = []
+    for query in QUERIES:
+        by = {r["key"]: r for r in result["records"] if r.get("query") == query}
+        for key in METHODS:
+            rec = by.get(key)
+            if rec is None:
+                continue
+            label = LABELS[key][result["target"]]
+            if rec["status"] != "ok":
+                why = rec.get("note") or "no reason given"
+                status = f"{rec['status']} [{footnote(notes, why)}]"
+                rows.append((query, label, "", status, *[""] * 4))
+                continue
+            if rec.get("stopped"):
+                label += f" [{footnote(notes, rec['stopped'])}]"
+            rows.append(
+                (
+                    query,
+                    label,
+                    rec["note"],
+                    f"{rec['seconds']:.3f}",
+                    f"{rec['best_seconds']:.3f}",
+                    f"{rec['first_seconds']:.3f}",
+                    f"{rec['gbps']:.3f}",
+                    f"1 + {rec['warm_runs']}",
+                )
+            )
+    return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
+
+
+def _check_rows(result: dict) -> list[tuple[str, ...]]:
+    rows = []
+    for c in result["checks"]:
+        ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
+        want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
+        rows.append((c["check"], ratio, want, c["result"]))
+    return rows
+
+
+def _data_line(result: dict) -> str:
+    d = result.get("data") or {}
+    o = result.get("options") or {}
+    return (
+        f"{d.get('files', '?')} Parquet files, {d.get('bytes', 0) / 1e9:.3f} GB "
+        f"({d.get('compression', '?')}), {d.get('rows', '?')} rows: {d.get('columns', '?')}; "
+        f"keys={o.get('keys', '?')}; {o.get('workers', '?')} worker(s), "
+        f"protocol {o.get('protocol', '?')}. GB/s: Parquet file bytes over the pipeline's time."
+    )
+
+
+def print_result(result: dict) -> None:
+    rows, notes = _rows(result)
+    title = f"bench etl: {result['device']} ({result['target']} target)"
+    print_table(title, HEADER, rows, [_data_line(result), *notes], right=HEADER[3:])
+    print_table("checks", CHECK_HEADER, _check_rows(result), [result["not_measured"]])
+
+
+def markdown(result: dict) -> str:
+    rows, notes = _rows(result)
+    lines = [
+        f"# bench etl: {result['device']} ({result['target']} target)",
+        "",
+        f"{result['date']}, `{result['command']}`",
+        "",
+        _data_line(result),
+        "",
+        *markdown_table(HEADER, rows),
+        "",
+        *notes,
+        "",
+        *markdown_table(CHECK_HEADER, _check_rows(result)),
+        "",
+        f"Not measured: {result['not_measured']}.",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""``dask-gpudirect bench etl`` end to end on the host target, at a tiny size.
+
+Run as a subprocess, as a user would: the command writes its Parquet files, starts and stops its
+own cluster, and must not meet the session clusters of this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from util import HANG_GUARD
+
+from dask_gpudirect.bench.etl import etl
+from dask_gpudirect.bench.etl_report import checks_of
+
+METHODS = ["gpudirect", "tasks", "p2p"]
+QUERIES = ["many-keys", "unique-key"]
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_bench_etl_host(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = {ext: tmp_path / f"etl.{ext}" for ext in ("json", "md", "png")}
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "etl", "--target", "host"]
+    cmd += ["--dir", str(tmp_path / "data"), "--gib", str(4 / 1024), "--files", "8"]
+    cmd += ["--keys", "256", "--repeat", "1", "--no-progress"]
+    cmd += ["--json", str(out["json"]), "--markdown", str(out["md"]), "--plot", str(out["png"])]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert "bench etl" in proc.stdout and "checks" in proc.stdout
+
+    result = json.loads(out["json"].read_text())
+    assert result["benchmark"] == "etl" and result["target"] == "host"
+    data = result["data"]
+    assert data["files"] == 8 and data["rows"] == 8 * ((4 << 20) // 40 // 8)
+    assert sorted(os.listdir(tmp_path / "data")) == ["_bench.json"] + [
+        f"part-{i:03d}.parquet" for i in range(8)
+    ]
+
+    by = {(r["query"], r["key"]): r for r in result["records"]}
+    assert sorted(by) == sorted((q, m) for q in QUERIES for m in METHODS)
+    for rec in by.values():
+        assert rec["status"] == "ok", rec
+        assert len(rec["runs"]) == 2 and rec["seconds"] > 0 and rec["gbps"] > 0, rec
+        assert "->" in rec["note"], rec  # input -> output partitions
+    for query, groups in [("many-keys", 256), ("unique-key", data["rows"])]:
+        fingerprints = result["fingerprints"][query]
+        assert sorted(fingerprints) == sorted(METHODS)
+        for fp in fingerprints.values():  # every row counted once, every key in one partition
+            assert fp["z"] == data["z_sum"] and fp["groups"] == groups, (query, fp)
+
+    checks = {c["check"]: c for c in result["checks"]}
+    for query in QUERIES:
+        assert checks[f"{query}: gpudirect, p2p, tasks give one result"]["result"] == "pass"
+        speedup = checks[f"{query}: dg's speed-up over Dask's task shuffle"]
+        ratio = by[query, "tasks"]["seconds"] / by[query, "gpudirect"]["seconds"]
+        assert speedup["ratio"] == pytest.approx(ratio)
+        assert speedup["target"] is None and speedup["result"] == "-"  # targets: GPUs only
+    markdown = out["md"].read_text()
+    assert "| many-keys | dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p') |" in (
+        markdown
+    )
+    assert "Not measured: cudf-polars DaskEngine" in markdown
+    assert out["png"].stat().st_size > 0
+
+
+def _result(fingerprints: dict, z_sum: int, seconds: dict) -> dict:
+    records = [
+        {"key": key, "query": query, "status": "ok", "seconds": s}
+        for query in QUERIES
+        for key, s in seconds.items()
+    ]
+    return {
+        "records": records,
+        "fingerprints": {query: fingerprints for query in QUERIES},
+        "data": {"z_sum": z_sum},
+    }
+
+
+def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
+    good = {"groups": 10, "z": 500, "kz": 7000, "x": 1.5}
+    split = {**good, "groups": 11}  # one key in two output partitions
+    rounding = {**good, "x": 1.5 * (1 + 1e-12)}  # float sums added in another order
+    seconds = {"gpudirect": 1.0, "tasks": 5.0}
+
+    ok = checks_of(_result({"gpudirect": good, "tasks": rounding}, 500, seconds), "device", 2)
+    assert [(c["result"], c["target"]) for c in ok] == [("pass", None), ("pass", 4.0)] * 2
+    assert ok[1]["ratio"] == pytest.approx(5.0)
+
+    wrong = checks_of(_result({"gpudirect": split, "tasks": good}, 500, seconds), "device", 2)
+    assert wrong[0]["result"] == "miss"
+    lost = checks_of(_result({"gpudirect": good, "tasks": good}, 501, seconds), "device", 2)
+    assert lost[0]["result"] == "miss"  # both agree, but not with the data written
+    slow = checks_of(
+        _result({"gpudirect": good}, 500, {"gpudirect": 2.0, "tasks": 5.0}), "device", 2
+    )
+    assert slow[1]["result"] == "miss"
+    one_gpu = checks_of(_result({"gpudirect": good}, 500, seconds), "device", 1)
+    assert one_gpu[1]["target"] is None and one_gpu[1]["result"] == "-"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--methods", "gpudirect,spark"], "--methods: unknown ['spark']"),
+        (["--target", "device"], "needs a GPU"),
+        (["--files", "0"], "--files"),
+    ],
+)
+def test_bad_options_are_named(tmp_path, args, message):
+    """Refused before any file is written or cluster started."""
+    from dask_gpudirect.cuda import gpu_count
+
+    if gpu_count() and "device" in args:
+        pytest.skip("a GPU is visible here")
+    result = CliRunner().invoke(etl, ["--dir", str(tmp_path / "data"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "data").exists()
