@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from util import HANG_GUARD, UCX_CPU_ENV
+from util import HANG_GUARD, UCX_CPU_ENV, UCX_PROGRESS_ENV
 
 METHODS = ["gpudirect", "tasks", "p2p", "raw"]
 #: The ledger path of a host transfer between the two workers, by protocol.
@@ -47,7 +47,7 @@ def test_bench_shuffle_host(tmp_path, protocol):
         "--markdown",
         str(out_md),
     ]
-    env = {**os.environ, "COLUMNS": "160", **UCX_CPU_ENV}  # the workers inherit it
+    env = {**os.environ, "COLUMNS": "160", **UCX_CPU_ENV, **UCX_PROGRESS_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     assert "dg.shuffle(df, 'key')" in proc.stdout

@@ -39,6 +39,7 @@ import pytest
 from distributed import futures_of, wait
 from util import (
     UCX_CPU_ENV,
+    UCX_PROGRESS_ENV,
     assert_hash_partitions,
     clear_ledgers,
     compute,
@@ -83,7 +84,7 @@ def start(protocol: str, data: dict[str, list[str]]):
     common = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "10s"}
     if protocol == "ucxx":
         pytest.importorskip("distributed_ucxx")
-        common.update(UCX_CPU_ENV)
+        common.update(UCX_CPU_ENV, **UCX_PROGRESS_ENV)
     roots = {
         host: {"DASK_GPUDIRECT__ALLOWED_ROOTS": json.dumps([os.path.dirname(files[0])])}
         for host, files in data.items()

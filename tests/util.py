@@ -117,13 +117,12 @@ def shards_of(collection) -> dict:
     return found
 
 
-# UCX on this CPU-only machine: the variables every ucxx process of the tests starts with.
-UCX_CPU_ENV = {
-    "UCX_TLS": "tcp",
-    "UCX_WARN_UNUSED_ENV_VARS": "n",
-    "UCXPY_PROGRESS_MODE": "thread",
-    "UCXPY_ENABLE_PYTHON_FUTURE": "1",
-}
+#: UCX on this CPU-only machine, in every process of the tests: set in this one by
+#: :func:`ucx_environment`, inherited by the processes it starts.
+UCX_CPU_ENV = {"UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+#: How UCXX makes progress in the processes the tests start (workers, schedulers, bench
+#: commands); see :func:`ucx_environment` for why, and why not in this process.
+UCX_PROGRESS_ENV = {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
 
 
 def ucx_environment() -> None:
@@ -135,12 +134,16 @@ def ucx_environment() -> None:
     inherit the variables, so client, scheduler and workers agree on one transport.
     ``UCX_WARN_UNUSED_ENV_VARS=n`` silences UCX's warning about ``UCX_MEMTYPE_CACHE``, which
     distributed-ucxx sets and this UCX no longer reads.
-    The progress mode: distributed-ucxx's default, ``blocking``, spins on UCX's TCP event fd, so
-    every idle ucxx process takes a whole core (measured: scheduler and one idle worker, 100 %
-    each). On 2 cores that starves the other processes until heartbeats miss and the scheduler
-    drops workers. ``thread`` progress with Python futures completes requests from UCXX's
-    notifier thread instead of polling them, and an idle process stays near 0 %. See
-    docs/troubleshooting.md.
+
+    :data:`UCX_PROGRESS_ENV` goes to the processes the tests start, not to this one.
+    distributed-ucxx's default progress mode, ``blocking``, spins on UCX's event descriptor, so
+    every ucxx process takes a whole core while idle (measured: a scheduler and one idle worker,
+    100 % each); on 2 cores that starved the rest until heartbeats missed and the scheduler
+    dropped a worker. ``thread`` progress with Python futures completes requests from UCXX's
+    notifier thread, and an idle process stays near 0 %. But those futures belong to one event
+    loop, and this process runs UCXX from several (the session clusters' and each synchronous
+    client's): there a request fails with "got Future attached to a different loop". So this
+    process keeps the default, and spins alone. See docs/troubleshooting.md.
     """
     for name, value in UCX_CPU_ENV.items():
         os.environ.setdefault(name, value)
@@ -167,6 +170,7 @@ def start_cluster(protocol: str, n_workers: int = 2, threads: int = 2, **kwargs)
     if protocol == "ucxx":
         pytest.importorskip("distributed_ucxx")
         ucx_environment()
+        kwargs["env"] = {**UCX_PROGRESS_ENV, **kwargs.get("env", {})}
     return LocalCluster(
         protocol=protocol,
         n_workers=n_workers,

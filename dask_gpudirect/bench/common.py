@@ -88,6 +88,58 @@ TARGET_OPTION = click.option(
 )
 
 
+def cluster_options(command):
+    """``--workers``, ``--threads-per-worker``, ``--protocol`` and ``--rmm-pool-size``: the
+    cluster of ``bench shuffle`` and ``bench etl``, resolved by :func:`resolve_run`."""
+    for option in reversed(
+        [
+            click.option(
+                "--workers",
+                default=None,
+                type=click.IntRange(1),
+                help="default: one per GPU; 2 on the host",
+            ),
+            click.option(
+                "--threads-per-worker", default=1, show_default=True, type=click.IntRange(1)
+            ),
+            click.option(
+                "--protocol",
+                default=None,
+                type=click.Choice(["tcp", "ucxx"]),
+                help="default: ucxx on the device target, tcp on the host target",
+            ),
+            click.option(
+                "--rmm-pool-size",
+                default=None,
+                help="RMM pool per worker, e.g. 40GB (default: no pool)",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def resolve_run(
+    target: str, methods: str, known: Sequence[str], workers: int | None, protocol: str | None
+) -> tuple[str, int, list[str], int, str]:
+    """The target, GPU count, methods, workers and protocol a run will use, from its options:
+    ``auto`` made concrete, and a usage error for what cannot run here."""
+    gpus = gpu_count()
+    if target == "auto":
+        target = "device" if gpus else "host"
+    if target == "device" and not gpus:
+        raise click.UsageError("--target device needs a GPU, and none is visible here")
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(known))
+    if unknown or not chosen:
+        raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(known)}")
+    workers = workers or (gpus if target == "device" else 2)
+    if target == "device" and workers > gpus:
+        raise click.UsageError(f"--workers {workers}: LocalCUDACluster has one worker per GPU")
+    protocol = protocol or ("ucxx" if target == "device" else "tcp")
+    return target, gpus, chosen, workers, protocol
+
+
 def output_options(command):
     """``--json``, ``--markdown``, ``--plot`` and ``--progress``: what every benchmark writes
     and shows."""

@@ -25,14 +25,15 @@ from functools import partial
 
 import click
 
-from ..cuda import gpu_count
 from .common import (
     TARGET_OPTION,
+    cluster_options,
     device_names,
     finish,
     log,
     output_options,
     progress_bar,
+    resolve_run,
     result_head,
     start_cluster,
     wait_released,
@@ -218,20 +219,8 @@ def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
     type=click.IntRange(1),
     help="distinct values of the first query's key",
 )
-@click.option(
-    "--workers", default=None, type=click.IntRange(1), help="default: one per GPU; 2 on the host"
-)
-@click.option("--threads-per-worker", default=1, show_default=True, type=click.IntRange(1))
-@click.option(
-    "--protocol",
-    default=None,
-    type=click.Choice(["tcp", "ucxx"]),
-    help="default: ucxx on the device target, tcp on the host target",
-)
+@cluster_options
 @click.option("--repeat", default=2, show_default=True, type=click.IntRange(0), help="warm runs")
-@click.option(
-    "--rmm-pool-size", default=None, help="RMM pool per worker, e.g. 40GB (default: no pool)"
-)
 @click.option("--methods", default=",".join(METHODS), show_default=True, help="comma-separated")
 @click.option(
     "--method-timeout",
@@ -260,25 +249,16 @@ def etl(
     progress,
 ):
     """Parquet -> shuffle -> group-by sum: dg against Dask (dask_cudf on the GPU), end to end."""
-    gpus = gpu_count()
-    if target == "auto":
-        target = "device" if gpus else "host"
-    if target == "device" and not gpus:
-        raise click.UsageError("--target device needs a GPU, and none is visible here")
-    chosen = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = sorted(set(chosen) - set(METHODS))
-    if unknown or not chosen:
-        raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
-    workers = workers or (gpus if target == "device" else 2)
-    if target == "device" and workers > gpus:
-        raise click.UsageError(f"--workers {workers}: LocalCUDACluster has one worker per GPU")
+    target, gpus, chosen, workers, protocol = resolve_run(
+        target, methods, METHODS, workers, protocol
+    )
     opts = {
         "gib": gib,
         "files": files,
         "keys": keys,
         "workers": workers,
         "threads_per_worker": threads_per_worker,
-        "protocol": protocol or ("ucxx" if target == "device" else "tcp"),
+        "protocol": protocol,
         "repeat": repeat,
         "rmm_pool_size": rmm_pool_size,
         "methods": chosen,

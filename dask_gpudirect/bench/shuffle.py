@@ -42,15 +42,16 @@ from functools import partial
 
 import click
 
-from ..cuda import gpu_count
 from .common import (
     GIB,
     TARGET_OPTION,
+    cluster_options,
     device_names,
     finish,
     log,
     output_options,
     progress_bar,
+    resolve_run,
     result_head,
     start_cluster,
     wait_released,
@@ -414,16 +415,7 @@ def _counts_option(value: str | None) -> list[int] | None:
 @click.command(name="shuffle")
 @TARGET_OPTION
 @click.option("--gib", default=0.25, show_default=True, type=float, help="frame size, GiB")
-@click.option(
-    "--workers", default=None, type=click.IntRange(1), help="default: one per GPU; 2 on the host"
-)
-@click.option("--threads-per-worker", default=1, show_default=True, type=click.IntRange(1))
-@click.option(
-    "--protocol",
-    default=None,
-    type=click.Choice(["tcp", "ucxx"]),
-    help="default: ucxx on the device target, tcp on the host target",
-)
+@cluster_options
 @click.option(
     "--ucx-transports",
     default="auto",
@@ -440,9 +432,6 @@ def _counts_option(value: str | None) -> list[int] | None:
     "at each, each in a fresh cluster); default max(32, 4 per worker, 4 per GiB)",
 )
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(0), help="warm runs")
-@click.option(
-    "--rmm-pool-size", default=None, help="RMM pool per worker, e.g. 40GB (default: no pool)"
-)
 @click.option(
     "--methods",
     default=",".join(METHODS),
@@ -489,19 +478,9 @@ def shuffle(
     progress,
 ):
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
-    gpus = gpu_count()
-    if target == "auto":
-        target = "device" if gpus else "host"
-    if target == "device" and not gpus:
-        raise click.UsageError("--target device needs a GPU, and none is visible here")
-    chosen = [m.strip() for m in methods.split(",") if m.strip()]
-    unknown = sorted(set(chosen) - set(METHODS))
-    if unknown or not chosen:
-        raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
-    workers = workers or (gpus if target == "device" else 2)
-    if target == "device" and workers > gpus:
-        raise click.UsageError(f"--workers {workers}: LocalCUDACluster has one worker per GPU")
-    protocol = protocol or ("ucxx" if target == "device" else "tcp")
+    target, gpus, chosen, workers, protocol = resolve_run(
+        target, methods, METHODS, workers, protocol
+    )
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
     opts = {
