@@ -62,10 +62,12 @@ def _has_plugin(dask_worker) -> bool:
     return GPUDirectPlugin.name in dask_worker.plugins
 
 
-async def _describe(dask_worker, entries: list[str]) -> dict:
+async def _describe(
+    dask_worker, entries: list[str], extensions: tuple[str, ...] | None = None
+) -> dict:
     plugin = dask_worker.plugins[GPUDirectPlugin.name]
     # listing a large directory off the event loop: the worker keeps answering meanwhile
-    views = await asyncio.to_thread(discovery.views, entries)
+    views = await asyncio.to_thread(discovery.views, entries, extensions)
     names = ("host", "device") if plugin.gpus else ("host",)
     memory = {name: targets.module(name).memory_bytes(dask_worker) for name in names}
     return {**plugin.describe(), "views": views, "memory": memory}
@@ -93,10 +95,13 @@ def ensure_plugins(client: Client) -> None:
     client.register_plugin(DashboardPlugin())
 
 
-def survey(client: Client, entries: list[str]) -> dict[str, dict]:
-    """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``."""
+def survey(
+    client: Client, entries: list[str], extensions: tuple[str, ...] | None = None
+) -> dict[str, dict]:
+    """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``
+    (directories listed for files ending in ``extensions``, where given)."""
     ensure_plugins(client)
-    workers = client.run(_describe, entries=entries)
+    workers = client.run(_describe, entries=entries, extensions=extensions)
     if not workers:
         raise RuntimeError("the cluster has no workers")
     return workers

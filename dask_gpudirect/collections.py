@@ -21,7 +21,7 @@ from dask.task_spec import Task
 from dask.utils import parse_bytes
 from distributed import Client
 
-from . import discovery, targets
+from . import compat, discovery, targets
 from .cluster import survey
 from .connection import connected
 from .errors import InputError
@@ -88,12 +88,15 @@ class _Setting:
         return _blocksize(value, key, self.target, self.workers)
 
 
-def _prepare(client: Client | None, paths, target) -> _Setting:
+def _prepare(
+    client: Client | None, paths, target, extensions: tuple[str, ...] | None = None
+) -> _Setting:
     """The client, the files and who can read them, and the chosen target."""
     client = connected(client)
     entries = discovery.absolute(paths)
-    workers = survey(client, entries)
-    found = discovery.merge(entries, {w: info["views"] for w, info in workers.items()})
+    workers = survey(client, entries, extensions)
+    seen = {w: info["views"] for w, info in workers.items()}
+    found = discovery.merge(entries, seen, extensions)
     return _Setting(client, found, _resolve_target(target, workers), workers)
 
 
@@ -133,20 +136,27 @@ def _plan(client: Client, found: discovery.Found, planner, *args):
 
 def read_parquet(
     paths: str | os.PathLike | Iterable[str | os.PathLike],
-    columns: list[str] | None = None,
+    columns: str | list[str] | None = None,
     filters: list | None = None,
     blocksize: int | str | None = None,
     target: str | None = None,
     client: Client | None = None,
-) -> dd.DataFrame:
+    *,
+    index: None | bool = None,
+    parquet_file_extension: str | tuple[str, ...] | None = compat.PARQUET_EXTENSIONS,
+    filesystem: Any = None,
+    **kwargs: Any,
+) -> dd.DataFrame | dd.Series:
     """Parquet files as a Dask DataFrame of cuDF (device) or pandas (host) partitions.
 
     Parameters
     ----------
     paths
-        A file, a directory, a glob, or a list of them. All files must share one schema.
+        A file, a directory, a glob, or a list of them (``~`` expanded, ``file://`` URLs
+        taken as paths; other URLs are refused). All files must have the same columns, in
+        any order.
     columns
-        Columns to load (default: all).
+        Columns to load (default: all); one name gives a Series, as in Dask.
     filters
         pyarrow DNF filters, e.g. ``[("x", ">", 3)]``: row groups whose statistics rule them
         out are never read, and the remaining rows are filtered exactly. A file ruled out
@@ -163,8 +173,22 @@ def read_parquet(
         ``"device"``, ``"host"``, or None for device when every worker has a GPU.
     client
         The Dask client (default: the current one).
+    index
+        ``None`` or ``False``: each partition has a fresh RangeIndex (restoring the index
+        stored by pandas is not supported yet).
+    parquet_file_extension
+        The files a directory read takes, as in Dask: those ending in one of these (``None``:
+        every file). Files starting with ``.`` or ``_`` are skipped either way.
+    filesystem
+        ``None``, ``"arrow"`` or a local file system (pyarrow's or fsspec's).
+
+    Other arguments of ``dd.read_parquet`` are refused by name, with the reason.
     """
-    setting = _prepare(client, paths, target)
+    compat.check_kwargs("read_parquet", kwargs)
+    compat.check_index(index)
+    compat.check_filesystem(filesystem)
+    extensions = compat.extensions_of(parquet_file_extension)
+    setting = _prepare(client, paths, target, extensions)
     client, found, target = setting.client, setting.found, setting.target
     auto = (
         dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
@@ -179,13 +203,14 @@ def read_parquet(
     with dask.config.set({"dataframe.convert-string": False}):
         joined = join_small(plan.shards, blocksize, found.readable, at_least)
         partitions = assign(joined, found.readable)
-        return dd.from_map(
+        frame = dd.from_map(
             load_joined,
             partitions,
             meta=meta,
             label="gpudirect-read-parquet",
             enforce_metadata=False,
         )
+    return frame[columns] if isinstance(columns, str) else frame
 
 
 def read_binary(

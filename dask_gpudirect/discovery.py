@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -46,27 +48,50 @@ class Found:
     mtimes: dict[str, set[int]] = field(default_factory=dict)
 
 
+#: A URL's scheme, as in ``s3://bucket/key``.
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _local(path: str | os.PathLike) -> str:
+    """``path`` as an absolute local path: ``~`` expanded, ``file://`` URLs taken as their path,
+    and other URLs refused (they would otherwise become local names like ``/cwd/s3:/...``)."""
+    text = os.fspath(path)
+    url = _SCHEME.match(text)
+    if url:
+        if url.group(1).lower() != "file":
+            raise InputError(
+                text,
+                f"{url.group(1)}:// paths are not supported yet: dask-gpudirect reads local and "
+                "network-mounted files (copy the data to such a path, or mount it)",
+            )
+        text = urllib.parse.unquote(urllib.parse.urlparse(text).path)
+    return os.path.abspath(os.path.expanduser(text))
+
+
 def absolute(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
     """The user's paths as absolute strings (relative ones against the client's directory)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    entries = [os.path.abspath(os.fspath(p)) for p in paths]
+    entries = [_local(p) for p in paths]
     if not entries:
         raise InputError(None, "no paths given")
     return entries
 
 
-def data_files(directory: str) -> list[str]:
+def data_files(directory: str, extensions: tuple[str, ...] | None = None) -> list[str]:
     """The entries a read of ``directory`` takes, sorted: not those starting with ``.`` or ``_``
-    (hidden files, ``_metadata``, ``_SUCCESS``), nor subdirectories."""
+    (hidden files, ``_metadata``, ``_SUCCESS``), nor subdirectories, and with ``extensions``
+    only those ending in one of them (as Dask's ``parquet_file_extension``)."""
     return sorted(
         os.path.join(directory, name)
         for name in os.listdir(directory)
-        if not name.startswith((".", "_")) and not os.path.isdir(os.path.join(directory, name))
+        if not name.startswith((".", "_"))
+        and (extensions is None or name.lower().endswith(extensions))
+        and not os.path.isdir(os.path.join(directory, name))
     )
 
 
-def view(entry: str) -> View:
+def view(entry: str, extensions: tuple[str, ...] | None = None) -> View:
     """``entry`` as this process sees it (run on each worker)."""
     if not access.admits(entry):  # not even listed: the answer is the same whatever is there
         return View(REFUSED)
@@ -74,7 +99,7 @@ def view(entry: str) -> View:
         if glob.has_magic(entry):
             kind, candidates = GLOB, sorted(glob.glob(entry))
         elif os.path.isdir(entry):
-            kind, candidates = DIRECTORY, data_files(entry)
+            kind, candidates = DIRECTORY, data_files(entry, extensions)
         elif os.path.lexists(entry):
             kind, candidates = FILE, [entry]
         else:
@@ -105,12 +130,14 @@ def _size_and_mtime(path: str) -> tuple[int, int]:
     return info.st_size, info.st_mtime_ns
 
 
-def views(entries: list[str]) -> list[View]:
-    """Every entry as this worker sees it."""
-    return [view(entry) for entry in entries]
+def views(entries: list[str], extensions: tuple[str, ...] | None = None) -> list[View]:
+    """Every entry as this worker sees it (``extensions``: see :func:`data_files`)."""
+    return [view(entry, extensions) for entry in entries]
 
 
-def merge(entries: list[str], seen: dict[str, list[View]]) -> Found:
+def merge(
+    entries: list[str], seen: dict[str, list[View]], extensions: tuple[str, ...] | None = None
+) -> Found:
     """The files of ``entries`` over all workers' views ``seen`` (worker -> one view per entry)."""
     found = Found(readable={worker: set() for worker in seen})
     files: dict[str, None] = {}  # an ordered set
@@ -126,7 +153,7 @@ def merge(entries: list[str], seen: dict[str, list[View]]) -> Found:
                 names.add(path)
             names.update(v.refused)
         if not names:
-            raise _nothing_found(entry, {v.kind for v in here.values()})
+            raise _nothing_found(entry, {v.kind for v in here.values()}, extensions)
         files.update(dict.fromkeys(sorted(names)))
     for path in files:
         if path not in sizes:  # only ever refused: inside the roots by name, outside in fact
@@ -143,10 +170,12 @@ def merge(entries: list[str], seen: dict[str, list[View]]) -> Found:
     return found
 
 
-def _nothing_found(entry: str, kinds: set[str]) -> InputError:
+def _nothing_found(entry: str, kinds: set[str], extensions: tuple[str, ...] | None) -> InputError:
     if GLOB in kinds:
         return InputError(entry, "no files match this pattern on any worker")
     if DIRECTORY in kinds:
+        if extensions is not None:
+            return InputError(entry, f"directory holds no files ending in {', '.join(extensions)}")
         return InputError(entry, "directory holds no data files")
     if REFUSED in kinds:
         return access.Refused(entry)

@@ -138,8 +138,20 @@ def _describe(schema: pa.Schema) -> str:
     return schema.to_string(show_schema_metadata=False)
 
 
+def _by_name(schema: pa.Schema) -> dict[str, pa.Field] | None:
+    """The fields by name; None where a name repeats (then only the order can match them)."""
+    fields = {f.name: f.remove_metadata() for f in schema}
+    return fields if len(fields) == len(schema) else None
+
+
 def _check_schema(path: str, schema: pa.Schema, first: str, expected: pa.Schema) -> None:
-    if not schema.equals(expected, check_metadata=False):
+    """The same columns, matched by name (in any order, as Dask matches them), else by place."""
+    mine, theirs = _by_name(schema), _by_name(expected)
+    if mine is not None and theirs is not None:
+        same = mine.keys() == theirs.keys() and all(mine[k].equals(theirs[k]) for k in mine)
+    else:
+        same = schema.equals(expected, check_metadata=False)
+    if not same:
         raise InputError(
             path,
             f"schema differs from {first}:\n{_describe(schema)}"

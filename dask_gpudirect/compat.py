@@ -1,0 +1,80 @@
+"""``dd.read_parquet``'s arguments in ``dg.read_parquet``: accepted with Dask's meaning, or
+refused by name with the reason, so that code written for Dask fails clearly, not with
+``TypeError: unexpected keyword``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InputError
+
+#: Dask's default ``parquet_file_extension``: the files a directory read takes.
+PARQUET_EXTENSIONS = (".parq", ".parquet", ".pq")
+
+#: ``dd.read_parquet`` arguments with no meaning here (yet), and why.
+REFUSED = {
+    "engine": "dask-gpudirect decodes with pyarrow (host target) and libcudf (device target)",
+    "storage_options": "remote storage is not supported yet: local and network-mounted files only",
+    "open_file_options": "dask-gpudirect opens each file itself, to check gpudirect.allowed-roots",
+    "calculate_divisions": "partitions carry no divisions (not supported yet)",
+    "ignore_metadata_file": "a _metadata file is never read: each file's own footer is",
+    "metadata_task_size": "footers are read by the workers that can read the files",
+    "aggregate_files": "small files are always joined up to blocksize, in file order",
+    "categories": "dictionary-encoded columns come back as categories already",
+    "split_row_groups": "partitions follow blocksize (runs of row groups, small files joined); "
+    "set blocksize instead",
+    "dtype_backend": "partitions keep the types pyarrow or libcudf decode to (not supported yet)",
+    "arrow_to_pandas": "the host target converts with pyarrow's defaults",
+    "dataset": "files are planned from their footers, not as a pyarrow dataset",
+    "read": "decoding is done by dask-gpudirect's own reader",
+}
+
+
+def check_kwargs(function: str, kwargs: dict[str, Any]) -> None:
+    """Refuse ``kwargs``: Dask's by name with the reason, others as Python would."""
+    for name in kwargs:
+        if name in REFUSED:
+            raise InputError(None, f"{function}(): {name}= is not supported: {REFUSED[name]}")
+        raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+
+
+def check_index(index: Any) -> None:
+    """Accept ``index=False`` and None (partitions get a fresh RangeIndex); refuse columns."""
+    if index is None or index is False:
+        return
+    raise InputError(
+        None,
+        f"index={index!r} is not supported yet: partitions get a fresh RangeIndex; "
+        "use df.set_index(...) after reading",
+    )
+
+
+def check_filesystem(filesystem: Any) -> None:
+    """Accept what names the local file system (None, ``"arrow"``, pyarrow's or fsspec's local
+    file system); refuse any other with the reason."""
+    if filesystem is None or filesystem == "arrow":
+        return
+    kind = type(filesystem)
+    if (kind.__module__, kind.__name__) in {
+        ("pyarrow._fs", "LocalFileSystem"),
+        ("fsspec.implementations.local", "LocalFileSystem"),
+    }:
+        return
+    raise InputError(
+        None,
+        f"filesystem={filesystem!r} is not supported: dask-gpudirect reads local and "
+        "network-mounted files itself (None, 'arrow' or a local file system only)",
+    )
+
+
+def extensions_of(value: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...] | None:
+    """``parquet_file_extension`` as lower-case suffixes; None or False: every file."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str):
+        value = (value,)
+    suffixes = tuple(str(v).lower() for v in value)
+    if not suffixes or not all(suffixes):
+        raise InputError(None, f"parquet_file_extension={value!r}: give suffixes like '.parquet'")
+    return suffixes
