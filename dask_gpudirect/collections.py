@@ -194,7 +194,7 @@ def read_parquet(
         dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
     ) == "auto"
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
-    plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target)
+    plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target).unified()
     meta = plan.meta(targets.module(target))
     # "auto" never makes so few partitions that a worker has none to read
     at_least = AUTO_PER_WORKER * len(setting.workers) if auto else 1

@@ -126,3 +126,44 @@ def test_dask_arguments_accepted(tcp, tmp_path):
         pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0))
     with pytest.raises(TypeError, match="unexpected keyword argument 'colums'"):
         dg.read_parquet(path, colums=["x"], client=tcp)
+
+
+def dtypes_of(client, df) -> list[dict]:
+    """Each partition's column types, as the workers made them."""
+    parts = client.gather(client.compute(df.to_delayed()))
+    return [p.dtypes.to_dict() for p in parts]
+
+
+def test_one_type_per_column_when_only_some_files_hold_nulls(tcp, tmp_path):
+    """pandas gives an integer column float64 where it holds nulls, int64 where not; every
+    partition, and meta, take the type of the files that hold nulls (booleans: object)."""
+    pq.write_table(pa.table({"n": [1, 2], "b": [True, False], "i": [1, 2]}), tmp_path / "0.parquet")
+    pq.write_table(
+        pa.table({"n": [3, None], "b": [None, True], "i": [3, 4]}), tmp_path / "1.parquet"
+    )
+    df = dg.read_parquet(tmp_path, blocksize=1, client=tcp)  # a partition per file
+    want = {"n": np.dtype("float64"), "b": np.dtype(object), "i": np.dtype("int64")}
+    assert df.npartitions == 2
+    assert df.dtypes.to_dict() == want
+    assert dtypes_of(tcp, df) == [want, want]
+    got = compute(tcp, df).reset_index(drop=True)
+    np.testing.assert_array_equal(got["n"], [1.0, 2.0, 3.0, np.nan])
+    assert list(got["b"]) == [True, False, None, True]
+    # where the filters leave no row group with nulls, the column keeps its type
+    kept = dg.read_parquet(tmp_path, filters=[("i", "<", 3)], blocksize=1, client=tcp)
+    assert kept.dtypes.to_dict()["n"] == np.dtype("int64")
+    assert {d["n"] for d in dtypes_of(tcp, kept)} == {np.dtype("int64")}
+
+
+def test_pandas_nullable_types_in_meta_and_partitions(tcp, tmp_path):
+    """Int32/Int64 columns written by pandas come back as Int32/Int64, in meta as in every
+    partition (meta said int32 and int64 before)."""
+    for i, values in enumerate([[1, None], [3, 4]]):
+        pdf = pd.DataFrame(
+            {"a": pd.array(values, dtype="Int32"), "b": pd.array(values, dtype="Int64")}
+        )
+        pdf.to_parquet(tmp_path / f"{i}.parquet", index=False)
+    df = dg.read_parquet(tmp_path, blocksize=1, client=tcp)
+    want = {"a": pd.Int32Dtype(), "b": pd.Int64Dtype()}
+    assert df.dtypes.to_dict() == want
+    assert dtypes_of(tcp, df) == [want, want]

@@ -33,6 +33,9 @@ class ParquetPart:
     columns: tuple[str, ...]
     filters: Any = None
     categorical: tuple[str, ...] = ()  # dictionary-encoded in the schema
+    # Integer and boolean columns that may hold nulls: in this file's row groups when planned,
+    # in any planned file's once the plan is unified (ParquetPlan.unified)
+    nulls: tuple[str, ...] = ()
     # Set where the filters rule out every row group: the shard reads the footer only, to
     # check the file is still the one planned, and gives no rows of this (output) schema.
     empty: pa.Schema | None = None
@@ -45,14 +48,15 @@ class ParquetPart:
         return f"rg{first}" if first == last else f"rg{first}-{last}"
 
     def decode(self, target, buffer):
-        if self.empty is not None:
-            from ..targets import module
+        from ..targets import module
 
-            frame = module(target.name).empty_frame(self.empty.empty_table())
-            return categorize(frame, self.categorical)
-        frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
-        frame = dnf.apply(frame, self.filters)[list(self.columns)].reset_index(drop=True)
-        return categorize(frame, self.categorical)
+        helpers = module(target.name)
+        if self.empty is not None:
+            frame = helpers.empty_frame(self.empty.empty_table())
+        else:
+            frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
+            frame = dnf.apply(frame, self.filters)[list(self.columns)].reset_index(drop=True)
+        return helpers.with_nulls(categorize(frame, self.categorical), self.nulls)
 
 
 def categorize(frame, columns: tuple[str, ...]):
@@ -70,11 +74,26 @@ class ParquetPlan:
     schema: pa.Schema  # projected to the output columns
     file_schema: pa.Schema  # every planned file's, checked equal
     first: str  # the file the others were checked against
+    nulls: tuple[str, ...] = ()  # columns that may hold nulls in some file (see unified)
 
     def meta(self, target_module) -> Any:
         """An empty partition of the result on the target (the collection's ``meta``)."""
         empty = target_module.empty_frame(self.schema.empty_table())
-        return categorize(empty, _dictionary_columns(self.schema))
+        return target_module.with_nulls(
+            categorize(empty, _dictionary_columns(self.schema)), self.nulls
+        )
+
+    def unified(self) -> ParquetPlan:
+        """The plan with one type per column in every partition: a column that may hold nulls
+        in any file is given as such in all (pandas makes an integer column with nulls
+        float64, one without int64)."""
+        nulls = {c for s in self.shards for c in s.part.nulls}
+        ordered = tuple(c for c in self.schema.names if c in nulls)
+        shards = [
+            dataclasses.replace(s, part=dataclasses.replace(s.part, nulls=ordered))
+            for s in self.shards
+        ]
+        return dataclasses.replace(self, shards=shards, nulls=ordered)
 
     def check_against(self, head: ParquetPlan) -> None:
         _check_schema(self.first, self.file_schema, head.first, head.file_schema)
@@ -209,7 +228,8 @@ def plan(files: list[str], columns, filters, blocksize: int, target: str) -> Par
     filters = dnf.normalize(filters, available, files[0])
     read_columns = columns + [c for c in dnf.columns_of(filters) if c not in columns]
     expression = dnf.to_expression(filters)
-    out_schema = pa.schema([schema.field(c) for c in columns])
+    # with the pandas metadata: columns stored as Int64 and the like come back so in meta too
+    out_schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
     part = dict(  # what every shard's ParquetPart shares; row groups are added per shard
         read_columns=tuple(read_columns),
         columns=tuple(columns),
@@ -234,6 +254,26 @@ def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
     return [path[0] for path in pf.reader.column_paths]
 
 
+def _null_columns(footer: _Footer, row_groups: list[int], columns) -> tuple[str, ...]:
+    """Integer and boolean ``columns`` that may hold a null in ``row_groups``: a column chunk's
+    statistics count one, or it has no null count to say it cannot."""
+    schema = footer.file.schema_arrow
+    candidates = {
+        c
+        for c in columns
+        if pa.types.is_integer(schema.field(c).type) or pa.types.is_boolean(schema.field(c).type)
+    }
+    meta, leaves, found = footer.file.metadata, _top_level_columns(footer.file), set()
+    for i in row_groups:
+        rg = meta.row_group(i)
+        for j in range(rg.num_columns):
+            if leaves[j] in candidates:
+                stats = rg.column(j).statistics
+                if stats is None or not stats.has_null_count or stats.null_count > 0:
+                    found.add(leaves[j])
+    return tuple(c for c in columns if c in found)
+
+
 def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     leaves = _top_level_columns(footer.file)
@@ -256,9 +296,13 @@ def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
         ranges[-1].extend(chunks)
         group_bytes += nbytes
         previous = i
+    nulls = _null_columns(footer, [i for g in groups for i in g], part["columns"])
     if not groups:  # statistics planned from this footer rule it all out: check it is still so
         offset, length = footer.stamp.probe
-        out = pa.schema([footer.file.schema_arrow.field(c) for c in part["columns"]])
+        file_schema = footer.file.schema_arrow
+        out = pa.schema(
+            [file_schema.field(c) for c in part["columns"]], metadata=file_schema.metadata
+        )
         empty = ParquetPart(row_groups=(), empty=out, **part)
         return [Shard(path, ((offset, length),), offset, length, empty, target, stamp=footer.stamp)]
     return [
@@ -267,7 +311,7 @@ def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
             ranges=coalesce(rs + head_tail, gap=MERGE_GAP),
             base=0,
             size=size,
-            part=ParquetPart(row_groups=tuple(g), **part),
+            part=ParquetPart(row_groups=tuple(g), nulls=nulls, **part),
             target=target,
             stamp=footer.stamp,
         )

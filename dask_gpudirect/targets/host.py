@@ -18,6 +18,19 @@ def empty_frame(table: pa.Table):
     return table.to_pandas()
 
 
+def with_nulls(frame, columns: tuple[str, ...]):
+    """``columns`` in the type pandas gives a column holding nulls (integers as float64,
+    booleans as object), so that every partition and ``meta`` agree when only some files
+    hold nulls. Extension types (``Int64``...) hold nulls as they are."""
+    for column in columns:
+        dtype = frame[column].dtype
+        if isinstance(dtype, np.dtype) and dtype.kind in "iu":
+            frame[column] = frame[column].astype("float64")
+        elif isinstance(dtype, np.dtype) and dtype.kind == "b":
+            frame[column] = frame[column].astype(object)
+    return frame
+
+
 def empty_array(dtype, ndim: int):
     return np.empty((0,) * ndim, dtype=dtype)
 
