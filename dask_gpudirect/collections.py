@@ -142,7 +142,7 @@ def read_parquet(
     target: str | None = None,
     client: Client | None = None,
     *,
-    index: None | bool = None,
+    index: str | list[str] | bool | None = None,
     parquet_file_extension: str | tuple[str, ...] | None = compat.PARQUET_EXTENSIONS,
     filesystem: Any = None,
     **kwargs: Any,
@@ -174,8 +174,9 @@ def read_parquet(
     client
         The Dask client (default: the current one).
     index
-        ``None`` or ``False``: each partition has a fresh RangeIndex (restoring the index
-        stored by pandas is not supported yet).
+        As in Dask: ``None`` restores the index pandas stored in the files (one column; not
+        where ``columns`` names it), ``False`` gives a fresh RangeIndex per partition (stored
+        index columns become columns), a column name indexes by that column.
     parquet_file_extension
         The files a directory read takes, as in Dask: those ending in one of these (``None``:
         every file). Files starting with ``.`` or ``_`` are skipped either way.
@@ -185,7 +186,6 @@ def read_parquet(
     Other arguments of ``dd.read_parquet`` are refused by name, with the reason.
     """
     compat.check_kwargs("read_parquet", kwargs)
-    compat.check_index(index)
     compat.check_filesystem(filesystem)
     extensions = compat.extensions_of(parquet_file_extension)
     setting = _prepare(client, paths, target, extensions)
@@ -194,7 +194,8 @@ def read_parquet(
         dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
     ) == "auto"
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
-    plan = _plan(client, found, parquet.plan, columns, filters, blocksize, target).unified()
+    planned = _plan(client, found, parquet.plan, columns, filters, blocksize, target, index)
+    plan = planned.unified()
     meta = plan.meta(targets.module(target))
     # "auto" never makes so few partitions that a worker has none to read
     at_least = AUTO_PER_WORKER * len(setting.workers) if auto else 1

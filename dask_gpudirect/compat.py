@@ -39,17 +39,6 @@ def check_kwargs(function: str, kwargs: dict[str, Any]) -> None:
         raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
-def check_index(index: Any) -> None:
-    """Accept ``index=False`` and None (partitions get a fresh RangeIndex); refuse columns."""
-    if index is None or index is False:
-        return
-    raise InputError(
-        None,
-        f"index={index!r} is not supported yet: partitions get a fresh RangeIndex; "
-        "use df.set_index(...) after reading",
-    )
-
-
 def check_filesystem(filesystem: Any) -> None:
     """Accept what names the local file system (None, ``"arrow"``, pyarrow's or fsspec's local
     file system); refuse any other with the reason."""

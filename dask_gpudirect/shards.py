@@ -78,12 +78,14 @@ def load(shard: Shard) -> Any:
 
 def load_joined(shards: tuple[Shard, ...]) -> Any:
     """Task body of a partition of several shards (small files joined): each loaded, then put
-    end to end on the target, with a fresh index as one shard's frame has."""
+    end to end on the target, with a fresh index as one shard's frame has (or the files' own
+    index, where the reader restores one)."""
     if len(shards) == 1:
         return load(shards[0])
     from dask.dataframe.dispatch import concat
 
-    return concat([load(shard) for shard in shards], ignore_index=True)
+    fresh = not getattr(shards[0].part, "indexed", False)
+    return concat([load(shard) for shard in shards], ignore_index=fresh)
 
 
 def _elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:

@@ -105,7 +105,7 @@ def test_one_column_name_gives_a_series(tcp, tmp_path):
         ({"storage_options": {"anon": True}}, "storage_options= is not supported: remote"),
         ({"calculate_divisions": True}, "calculate_divisions= is not supported"),
         ({"dtype_backend": "pyarrow"}, "dtype_backend= is not supported"),
-        ({"index": "id"}, "index='id' is not supported yet"),
+        ({"index": ["id", "x"]}, "one column only"),
         ({"filesystem": "s3"}, "filesystem='s3' is not supported"),
     ],
 )
@@ -167,3 +167,55 @@ def test_pandas_nullable_types_in_meta_and_partitions(tcp, tmp_path):
     want = {"a": pd.Int32Dtype(), "b": pd.Int64Dtype()}
     assert df.dtypes.to_dict() == want
     assert dtypes_of(tcp, df) == [want, want]
+
+
+def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
+    """``df.set_index("key").to_parquet(...)``: indexed by ``key`` again, as pandas reads it
+    (dd.read_parquet of this Dask names no index and fails to compute it); an unnamed index
+    unnamed; ``index=False`` and ``columns=[...]`` naming it give a column."""
+    rng = np.random.default_rng(0)
+    keys = rng.permutation(1000)[:100]  # no range: pandas stores them as a column
+    for i in range(2):
+        pdf = frame(50 * i).assign(key=keys[50 * i : 50 * (i + 1)])
+        pdf.set_index("key").to_parquet(tmp_path / f"{i}.parquet")
+    want = pd.concat([pd.read_parquet(tmp_path / f"{i}.parquet") for i in range(2)])
+    df = dg.read_parquet(tmp_path, client=tcp)
+    assert df.index.name == "key" and list(df.columns) == ["id", "x", "s"]
+    pd.testing.assert_frame_equal(compute(tcp, df), want)
+
+    flat = compute(tcp, dg.read_parquet(tmp_path, index=False, client=tcp))
+    assert list(flat.columns) == ["id", "x", "s", "key"]
+    keys_written = keys
+    keys = compute(tcp, dg.read_parquet(tmp_path, columns=["key", "x"], client=tcp))
+    assert list(keys.columns) == ["key", "x"] and list(keys["key"]) == list(keys_written)
+    by_x = dg.read_parquet(tmp_path, index="x", client=tcp)
+    assert by_x.index.name == "x" and list(by_x.columns) == ["id", "s", "key"]
+    assert list(compute(tcp, by_x).index) == [k * 0.5 for k in range(100)]
+
+    unnamed = tmp_path / "unnamed"
+    unnamed.mkdir()
+    frame(0).set_index(pd.Index(np.arange(50) ** 2)).to_parquet(unnamed / "0.parquet")
+    got = compute(tcp, dg.read_parquet(unnamed, client=tcp))
+    pd.testing.assert_frame_equal(got, pd.read_parquet(unnamed / "0.parquet"))
+    assert got.index.name is None and list(got.index) == [i**2 for i in range(50)]
+    with pytest.raises(dg.InputError, match="index='nope': no such column"):
+        dg.read_parquet(unnamed, index="nope", client=tcp)
+
+
+def test_a_range_index_pandas_stored_as_metadata_comes_back(tcp, tmp_path):
+    """pandas 3 keeps ``set_index("key")`` of evenly spaced keys as a RangeIndex in the
+    metadata, with no column: each file's labels are rebuilt, per row group, before filters."""
+    for i in range(2):
+        pdf = frame(50 * i).rename(columns={"id": "key"}).set_index("key")
+        assert isinstance(pdf.index, pd.RangeIndex)
+        pq.write_table(pa.Table.from_pandas(pdf), tmp_path / f"{i}.parquet", row_group_size=10)
+    want = pd.concat([pd.read_parquet(tmp_path / f"{i}.parquet") for i in range(2)])
+    for blocksize in [1, "1GiB"]:  # a shard per row group; each file's joined into one
+        df = dg.read_parquet(tmp_path, blocksize=blocksize, client=tcp)
+        assert df.index.name == "key" and list(df.columns) == ["x", "s"]
+        pd.testing.assert_frame_equal(compute(tcp, df), want, check_index_type=False)
+    kept = dg.read_parquet(tmp_path, filters=[("x", ">=", 20)], blocksize=1, client=tcp)
+    got = compute(tcp, kept)
+    assert list(got.index) == list(range(40, 100)) and got.index.name == "key"
+    plain = compute(tcp, dg.read_parquet(tmp_path, index=False, blocksize="1GiB", client=tcp))
+    assert plain.index.name is None and list(plain.columns) == ["x", "s"]

@@ -39,6 +39,15 @@ class ParquetPart:
     # Set where the filters rule out every row group: the shard reads the footer only, to
     # check the file is still the one planned, and gives no rows of this (output) schema.
     empty: pa.Schema | None = None
+    index: str | None = None  # the column (one of ``columns``) every partition is indexed by
+    # (first value, step, name) of the RangeIndex pandas stored as metadata, at the first row
+    # of these row groups: the index is rebuilt before filtering, so kept rows keep their labels
+    range_index: tuple[int, int, str | None] | None = None
+
+    @property
+    def indexed(self) -> bool:
+        """Whether partitions carry an index of the data (joined ones keep it)."""
+        return self.index is not None or self.range_index is not None
 
     def label(self) -> str:
         """The row groups: every Parquet shard's first byte range is the file's header."""
@@ -55,8 +64,25 @@ class ParquetPart:
             frame = helpers.empty_frame(self.empty.empty_table())
         else:
             frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
-            frame = dnf.apply(frame, self.filters)[list(self.columns)].reset_index(drop=True)
-        return helpers.with_nulls(categorize(frame, self.categorical), self.nulls)
+            if self.range_index is not None:
+                frame = helpers.with_range_index(frame, *self.range_index)
+            frame = dnf.apply(frame, self.filters)[list(self.columns)]
+            if self.range_index is None:
+                frame = frame.reset_index(drop=True)
+        frame = helpers.with_nulls(categorize(frame, self.categorical), self.nulls)
+        if self.range_index is not None:
+            frame.index.name = self.range_index[2]
+        return indexed(frame, self.index)
+
+
+def indexed(frame, index: str | None):
+    """``frame`` indexed by the column ``index`` (pandas' ``__index_level_0__`` unnamed)."""
+    if index is None:
+        return frame
+    frame = frame.set_index(index)
+    if index.startswith("__index_level_"):
+        frame.index.name = None
+    return frame
 
 
 def categorize(frame, columns: tuple[str, ...]):
@@ -75,13 +101,17 @@ class ParquetPlan:
     file_schema: pa.Schema  # every planned file's, checked equal
     first: str  # the file the others were checked against
     nulls: tuple[str, ...] = ()  # columns that may hold nulls in some file (see unified)
+    index: str | None = None  # the column the partitions are indexed by (one of ``schema``'s)
+    range_name: str | None = None  # the name of a RangeIndex pandas stored as metadata
 
     def meta(self, target_module) -> Any:
         """An empty partition of the result on the target (the collection's ``meta``)."""
         empty = target_module.empty_frame(self.schema.empty_table())
-        return target_module.with_nulls(
-            categorize(empty, _dictionary_columns(self.schema)), self.nulls
-        )
+        empty = categorize(empty, _dictionary_columns(self.schema))
+        empty = indexed(target_module.with_nulls(empty, self.nulls), self.index)
+        if self.range_name is not None:
+            empty.index.name = self.range_name
+        return empty
 
     def unified(self) -> ParquetPlan:
         """The plan with one type per column in every partition: a column that may hold nulls
@@ -145,12 +175,38 @@ def _open(path: str) -> _Footer:
         raise _corrupt(path, str(exc)) from None
 
 
-def _data_columns(schema: pa.Schema) -> list[str]:
-    """Column names, less index columns that pandas stored (each frame gets a fresh index)."""
-    index = {
+def _stored_index(schema: pa.Schema) -> list[str]:
+    """The columns pandas stored its index in (none for a RangeIndex, kept as metadata)."""
+    return [
         c for c in (schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)
-    }
-    return [name for name in schema.names if name not in index]
+    ]
+
+
+def _stored_range(schema: pa.Schema) -> dict | None:
+    """The RangeIndex pandas stored as metadata alone (``{"start", "step", "name"...}``)."""
+    stored = (schema.pandas_metadata or {}).get("index_columns", [])
+    if len(stored) == 1 and isinstance(stored[0], dict) and stored[0].get("kind") == "range":
+        return stored[0]
+    return None
+
+
+def _choose_index(path: str, schema: pa.Schema, index, columns) -> str | None:
+    """The column to index every partition by, as ``dd.read_parquet`` chooses it: ``None``
+    takes the index pandas stored (one column; not where ``columns`` asks for it as a
+    column), ``False`` none, a name that column."""
+    if index is False:
+        return None
+    if index is None:
+        stored = _stored_index(schema)
+        if len(stored) != 1 or (columns is not None and stored[0] in columns):
+            return None  # none stored, or a MultiIndex: its levels stay columns
+        return stored[0]
+    names = [index] if isinstance(index, str) else list(index)
+    if len(names) != 1:
+        raise InputError(None, f"index={index!r}: one column only (Dask has no MultiIndex)")
+    if names[0] not in schema.names:
+        raise InputError(path, f"index={names[0]!r}: no such column; columns are {schema.names}")
+    return names[0]
 
 
 def _describe(schema: pa.Schema) -> str:
@@ -211,38 +267,53 @@ def _tail_start(meta: pq.FileMetaData) -> int:
     return end
 
 
-def plan(files: list[str], columns, filters, blocksize: int, target: str) -> ParquetPlan:
-    """Shards of ``files`` (footers only, no data read) and the schema of the result."""
+def plan(
+    files: list[str], columns, filters, blocksize: int, target: str, index=None
+) -> ParquetPlan:
+    """Shards of ``files`` (footers only, no data read) and the schema of the result (its
+    columns, the index column last)."""
     first = _open(files[0])
     schema = first.file.schema_arrow
-    available = _data_columns(schema)
+    if isinstance(columns, str):
+        columns = [columns]
+    key = _choose_index(files[0], schema, index, columns)
+    available = [name for name in schema.names if name != key]
     if columns is None:
         columns = available
     else:
-        if isinstance(columns, str):
-            columns = [columns]
-        columns = list(columns)
+        columns = [c for c in columns if c != key]
         unknown = [c for c in columns if c not in available]
         if unknown:
             raise InputError(files[0], f"unknown column(s) {unknown}; columns are {available}")
-    filters = dnf.normalize(filters, available, files[0])
-    read_columns = columns + [c for c in dnf.columns_of(filters) if c not in columns]
+    kept = columns + ([key] if key else [])
+    filters = dnf.normalize(filters, schema.names, files[0])
+    read_columns = kept + [c for c in dnf.columns_of(filters) if c not in kept]
     expression = dnf.to_expression(filters)
     # with the pandas metadata: columns stored as Int64 and the like come back so in meta too
-    out_schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+    out_schema = pa.schema([schema.field(c) for c in kept], metadata=schema.metadata)
     part = dict(  # what every shard's ParquetPart shares; row groups are added per shard
         read_columns=tuple(read_columns),
-        columns=tuple(columns),
+        columns=tuple(kept),
         filters=filters,
         categorical=_dictionary_columns(out_schema),
+        index=key,
     )
+    # a RangeIndex pandas kept as metadata: rebuilt per shard from each file's own (as pandas)
+    ranged = _stored_range(schema) if index is None else None
 
     shards: list[Shard] = []
     for path in files:
         footer = first if path == files[0] else _open(path)
         _check_schema(path, footer.file.schema_arrow, files[0], schema)
-        shards.extend(_file_shards(footer, part, expression, blocksize, target))
-    return ParquetPlan(shards=shards, schema=out_schema, file_schema=schema, first=files[0])
+        shards.extend(_file_shards(footer, part, expression, blocksize, target, ranged))
+    return ParquetPlan(
+        shards=shards,
+        schema=out_schema,
+        file_schema=schema,
+        first=files[0],
+        index=key,
+        range_name=ranged.get("name") if ranged else None,
+    )
 
 
 def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
@@ -274,7 +345,17 @@ def _null_columns(footer: _Footer, row_groups: list[int], columns) -> tuple[str,
     return tuple(c for c in columns if c in found)
 
 
-def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
+def _range_at(footer: _Footer, ranged: dict | None, row_group: int):
+    """(first value, step, name) of the file's stored RangeIndex at ``row_group``'s first row."""
+    if ranged is None:
+        return None
+    own = _stored_range(footer.file.schema_arrow) or {"start": 0, "step": 1}
+    meta = footer.file.metadata
+    before = sum(meta.row_group(i).num_rows for i in range(row_group))
+    return (own["start"] + own["step"] * before, own["step"], ranged.get("name"))
+
+
+def _file_shards(footer: _Footer, part: dict, expression, blocksize, target, ranged=None):
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     leaves = _top_level_columns(footer.file)
     tail = _tail_start(meta)
@@ -303,7 +384,8 @@ def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
         out = pa.schema(
             [file_schema.field(c) for c in part["columns"]], metadata=file_schema.metadata
         )
-        empty = ParquetPart(row_groups=(), empty=out, **part)
+        start = _range_at(footer, ranged, 0)
+        empty = ParquetPart(row_groups=(), empty=out, range_index=start, **part)
         return [Shard(path, ((offset, length),), offset, length, empty, target, stamp=footer.stamp)]
     return [
         Shard(
@@ -311,7 +393,12 @@ def _file_shards(footer: _Footer, part: dict, expression, blocksize, target):
             ranges=coalesce(rs + head_tail, gap=MERGE_GAP),
             base=0,
             size=size,
-            part=ParquetPart(row_groups=tuple(g), nulls=nulls, **part),
+            part=ParquetPart(
+                row_groups=tuple(g),
+                nulls=nulls,
+                range_index=_range_at(footer, ranged, g[0]),
+                **part,
+            ),
             target=target,
             stamp=footer.stamp,
         )

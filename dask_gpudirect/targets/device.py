@@ -42,6 +42,14 @@ def empty_frame(table: pa.Table):
     return _decode_parquet(sink.getvalue().to_pybytes(), None, table.column_names)
 
 
+def with_range_index(frame, first: int, step: int, name: str | None):
+    """``frame`` labelled first, first + step, ... as the RangeIndex pandas stored."""
+    import cudf
+
+    frame.index = cudf.RangeIndex(first, first + step * len(frame), step, name=name)
+    return frame
+
+
 def with_nulls(frame, columns: tuple[str, ...]):
     """cuDF columns hold nulls in any type: nothing to change (see the host target's)."""
     return frame

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,9 +14,32 @@ from dask.utils import parse_bytes
 from . import Target
 
 
+def _to_pandas(table: pa.Table):
+    """``table`` as pandas with the types pandas stored (``Int64``...) but not its index: the
+    reader sets the index itself, by Dask's rules, on both targets."""
+    stored = table.schema.pandas_metadata
+    if stored and stored.get("index_columns"):
+        # an unnamed index's column keeps its field name (``__index_level_0__``), not None
+        columns = [
+            {**c, "name": c["field_name"]} if c.get("name") is None else c
+            for c in stored.get("columns", [])
+        ]
+        unindexed = json.dumps({**stored, "index_columns": [], "columns": columns}).encode()
+        table = table.replace_schema_metadata({**table.schema.metadata, b"pandas": unindexed})
+    return table.to_pandas()
+
+
 def empty_frame(table: pa.Table):
     """The pandas partition type for ``table``'s schema (a collection's ``meta``)."""
-    return table.to_pandas()
+    return _to_pandas(table)
+
+
+def with_range_index(frame, first: int, step: int, name: str | None):
+    """``frame`` labelled first, first + step, ... as the RangeIndex pandas stored."""
+    import pandas as pd
+
+    frame.index = pd.RangeIndex(first, first + step * len(frame), step, name=name)
+    return frame
 
 
 def with_nulls(frame, columns: tuple[str, ...]):
@@ -110,7 +134,7 @@ class HostTarget(Target):
 
     def decode_parquet(self, buffer, row_groups, columns):
         table = pq.ParquetFile(pa.py_buffer(buffer)).read_row_groups(row_groups, columns=columns)
-        return table.to_pandas()
+        return _to_pandas(table)
 
     def as_array(self, buffer, dtype, shape, order):
         return buffer.view(dtype).reshape(shape, order=order)
