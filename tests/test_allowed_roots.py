@@ -135,7 +135,9 @@ def test_a_symlink_flipped_during_reads_never_leads_outside(client, roots):
             wait(futures)
             for future in futures:
                 if future.status == "error":
-                    assert str(future.exception()) == refused(link)
+                    # on a starved machine the scheduler may drop the placed worker: the load
+                    # then runs elsewhere and the refusal says so after the same words
+                    assert str(future.exception()).startswith(refused(link))
                     outcomes["refused"] += 1
                 else:
                     assert (future.result() == 1).all(), "read data from outside the roots"
