@@ -69,10 +69,17 @@ class ParquetPart:
             frame = dnf.apply(frame, self.filters)[list(self.columns)]
             if self.range_index is None:
                 frame = frame.reset_index(drop=True)
-        frame = helpers.with_nulls(categorize(frame, self.categorical), self.nulls)
-        if self.range_index is not None:
-            frame.index.name = self.range_index[2]
-        return indexed(frame, self.index)
+        name = self.range_index[2] if self.range_index is not None else None
+        return finished(frame, helpers, self.categorical, self.nulls, self.index, name)
+
+
+def finished(frame, helpers, categorical, nulls, index: str | None, range_name: str | None):
+    """A decoded frame, or ``meta``, as every partition is given: categories, the types of
+    columns that may hold nulls, and its index (a column, or a stored RangeIndex's name)."""
+    frame = helpers.with_nulls(categorize(frame, categorical), nulls)
+    if range_name is not None:
+        frame.index.name = range_name
+    return indexed(frame, index)
 
 
 def indexed(frame, index: str | None):
@@ -107,11 +114,8 @@ class ParquetPlan:
     def meta(self, target_module) -> Any:
         """An empty partition of the result on the target (the collection's ``meta``)."""
         empty = target_module.empty_frame(self.schema.empty_table())
-        empty = categorize(empty, _dictionary_columns(self.schema))
-        empty = indexed(target_module.with_nulls(empty, self.nulls), self.index)
-        if self.range_name is not None:
-            empty.index.name = self.range_name
-        return empty
+        categorical = _dictionary_columns(self.schema)
+        return finished(empty, target_module, categorical, self.nulls, self.index, self.range_name)
 
     def unified(self) -> ParquetPlan:
         """The plan with one type per column in every partition: a column that may hold nulls
