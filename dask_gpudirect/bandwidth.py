@@ -18,7 +18,7 @@ from bokeh.models import (
     NumeralTickFormatter,
     Title,
 )
-from bokeh.palettes import Category10
+from bokeh.palettes import Category20
 from bokeh.plotting import figure
 from dask.utils import format_bytes
 from distributed.dashboard.components import DashboardComponent, add_periodic_callback
@@ -30,7 +30,7 @@ from .ledger import COPIES
 from .metrics import HEARTBEAT
 
 #: One color per path, the same on every page load.
-COLORS: dict[str, str] = dict(zip(COPIES, Category10[10], strict=True))
+COLORS: dict[str, str] = dict(zip(COPIES, Category20[len(COPIES)], strict=True))
 
 
 def rates(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, float]:

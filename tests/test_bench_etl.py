@@ -66,7 +66,7 @@ def test_bench_etl_host(tmp_path):
     assert "| many-keys | dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p') |" in (
         markdown
     )
-    assert "Not measured: cudf-polars DaskEngine" in markdown
+    assert "cudf-polars" not in markdown and "rapidsmpf" not in markdown  # GPU-only methods
     assert out["png"].stat().st_size > 0
 
 
@@ -105,10 +105,28 @@ def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
     assert one_gpu[1]["target"] is None and one_gpu[1]["result"] == "-"
 
 
+def test_both_engines_are_judged_against_tasks_and_cudf_polars():
+    good = {"groups": 10, "z": 500, "kz": 7000, "x": 1.5}
+    seconds = {"gpudirect": 2.0, "rapidsmpf": 1.0, "polars": 1.5, "tasks": 8.0}
+    result = _result(dict.fromkeys(seconds, good), 500, seconds)
+    checks = {c["check"]: c for c in checks_of(result, "device", 2)}
+    for query in QUERIES:
+        assert checks[f"{query}: gpudirect, polars, rapidsmpf, tasks give one result"][
+            "result"
+        ] == ("pass")
+        polars = checks[f"{query}: dg's speed-up over cudf-polars DaskEngine"]
+        assert (polars["ratio"], polars["target"], polars["result"]) == (0.75, 1.0, "miss")
+        ours = checks[f"{query}: dg on RapidsMPF's speed-up over cudf-polars DaskEngine"]
+        assert (ours["ratio"], ours["result"]) == (1.5, "pass")
+        tasks = checks[f"{query}: dg on RapidsMPF's speed-up over Dask's task shuffle"]
+        assert (tasks["ratio"], tasks["target"], tasks["result"]) == (8.0, 4.0, "pass")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--methods", "gpudirect,spark"], "--methods: unknown ['spark']"),
+        (["--methods", "polars", "--target", "host"], "--methods polars: runs on GPU workers only"),
         (["--target", "device"], "needs a GPU"),
         (["--files", "0"], "--files"),
     ],

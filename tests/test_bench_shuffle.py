@@ -154,3 +154,15 @@ def test_bench_shuffle_refuses_bad_partition_counts(value):
 
     result = CliRunner().invoke(shuffle, ["--partitions", value])
     assert result.exit_code == 2 and "--partitions" in result.output, result.output
+
+
+def test_bench_shuffle_refuses_rapidsmpf_on_the_host_target():
+    """RapidsMPF shuffles on GPU workers only: a usage error, not a run that says "not run"."""
+    from click.testing import CliRunner
+
+    from dask_gpudirect.bench.shuffle import shuffle
+
+    args = ["--target", "host", "--methods", "gpudirect,rapidsmpf"]
+    result = CliRunner().invoke(shuffle, args)
+    assert result.exit_code == 2, result.output
+    assert "--methods rapidsmpf: runs on GPU workers only" in result.output

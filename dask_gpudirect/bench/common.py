@@ -134,10 +134,19 @@ def resolve_run(
     if unknown or not chosen:
         raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(known)}")
     workers = workers or (gpus if target == "device" else 2)
-    if target == "device" and workers > gpus:
-        raise click.UsageError(f"--workers {workers}: LocalCUDACluster has one worker per GPU")
     protocol = protocol or ("ucxx" if target == "device" else "tcp")
     return target, gpus, chosen, workers, protocol
+
+
+def device_only(chosen: list[str], only: Sequence[str], target: str, by_default: bool) -> list[str]:
+    """``chosen`` without the methods that need GPU workers on the host target: left out of a
+    default list, a usage error when asked for by name."""
+    if target == "device":
+        return chosen
+    asked = [m for m in chosen if m in only]
+    if asked and not by_default:
+        raise click.UsageError(f"--methods {','.join(asked)}: runs on GPU workers only")
+    return [m for m in chosen if m not in only]
 
 
 def output_options(command):
@@ -282,14 +291,19 @@ def start_cluster(
 ):
     """The benchmark's cluster and client, with ``GPUDirectPlugin`` on every worker.
 
-    Device target: ``dg.LocalCUDACluster`` (one worker per GPU; ``cuda_options`` go to it, e.g.
-    ``enable_nvlink``). Host target: a ``LocalCluster`` of worker processes.
+    Device target: ``dg.LocalCUDACluster`` (one worker per GPU, and where ``workers`` is more
+    than the GPUs, the GPUs shared round-robin: two workers on one H200 stand in for two GPUs
+    where only one is lent; ``cuda_options`` go to it, e.g. ``enable_nvlink``). Host target: a
+    ``LocalCluster`` of worker processes.
     """
     from distributed import Client, LocalCluster
 
     import dask_gpudirect as dg
 
     if target == "device":
+        gpus = gpu_count()
+        if workers > gpus:
+            cuda_options["CUDA_VISIBLE_DEVICES"] = [i % gpus for i in range(workers)]
         cluster = dg.LocalCUDACluster(
             n_workers=workers,
             threads_per_worker=threads,

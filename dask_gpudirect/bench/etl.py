@@ -2,10 +2,15 @@
 
 The pipeline users run, from Parquet files this command writes, in one cluster and one run:
 
-- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key)`` -> a group-by sum per partition;
+- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key)`` -> a group-by sum per partition, on
+  each shuffle engine (``gpudirect``: the package's own exchange; ``rapidsmpf``: RapidsMPF's);
 - Dask: ``dd.read_parquet(...).groupby(key).sum(split_out=N, shuffle_method=...)`` with the task
   shuffle and (host target) P2P; on the device target ``dd`` reads with the cuDF backend, which
-  is what ``dask_cudf.read_parquet`` does.
+  is what ``dask_cudf.read_parquet`` does;
+- cudf-polars' ``DaskEngine`` (device target): ``pl.scan_parquet(...).group_by(key).agg(sums)``
+  run by NVIDIA's multi-GPU streaming engine on RapidsMPF, in a cluster of its own started the
+  same way (it replaces each worker's RMM memory resource), its result kept on the GPUs
+  (``engine.execute``) as the others' are persisted.
 
 Two queries: one key column with about ``--keys`` distinct values (2^24 by default) and one
 nearly unique key. Each pipeline runs once to warm up and ``--repeat`` more times; a run is the
@@ -13,8 +18,6 @@ whole pipeline, graph building included, until every output partition is in memo
 clock stops each result is reduced to a fingerprint (groups, sum of z, a key-weighted sum of z,
 sum of x), and every method of a query must give the same one: rows lost or a key split over two
 output partitions change it.
-
-cudf-polars' ``DaskEngine`` (RapidsMPF) is not measured yet; the result says so.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from .common import (
     TARGET_OPTION,
     cluster_options,
     device_names,
+    device_only,
     finish,
     log,
     output_options,
@@ -39,11 +43,13 @@ from .common import (
     wait_released,
 )
 from .datasets import dataset
-from .etl_report import METHODS, QUERIES, checks_of, markdown, print_result, same
+from .etl_report import DEVICE_ONLY, METHODS, QUERIES, checks_of, markdown, print_result, same
 from .timing import _Interrupted, _measure, _record
 
 #: Measurement order per query: P2P, the slowest, last.
-RUN_ORDER = ("gpudirect", "tasks", "p2p")
+RUN_ORDER = ("gpudirect", "rapidsmpf", "tasks", "p2p")
+#: Measured in a cluster of their own, after the others.
+OWN_CLUSTER = ("polars",)
 #: The fingerprint's key weight: keys are folded below this prime so the weighted sum fits int64.
 FOLD = 1_000_003
 
@@ -80,9 +86,10 @@ def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, obj
     import dask_gpudirect as dg
 
     columns = [key, "x", "y", "z"]
-    if method == "gpudirect":
+    if method in ("gpudirect", "rapidsmpf"):
+        engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
         df = dg.read_parquet(paths, columns=columns, client=client)
-        shuffled = dg.shuffle(df, key, client=client)
+        shuffled = dg.shuffle(df, key, client=client, engine=engine)
         meta = _sum_by(shuffled._meta, key)
         return df.npartitions, shuffled.map_partitions(_sum_by, key, meta=meta).persist()
     import dask.dataframe as dd
@@ -124,7 +131,78 @@ def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Cal
     return run
 
 
+def _polars_run(engine, paths: list[str], key: str, seen: dict) -> Callable[[], dict]:
+    """One timed cudf-polars query, its result left on the GPUs; fingerprinted there after."""
+    import polars as pl
+
+    def run() -> dict:
+        sums = [pl.col(c).sum() for c in ("x", "y", "z")]
+        query = pl.scan_parquet(paths).select([key, "x", "y", "z"]).group_by(key).agg(sums)
+        start = time.perf_counter()
+        out = engine.execute(query)
+        seconds = time.perf_counter() - start
+        with out:
+            fp = (
+                out.lazy()
+                .select(
+                    pl.len().alias("groups"),
+                    pl.col("z").sum(),
+                    ((pl.col(key) % FOLD) * (pl.col("z") % FOLD)).sum().alias("kz"),
+                    pl.col("x").sum(),
+                )
+                .collect(engine=engine)
+                .row(0, named=True)
+            )
+        fp = {"groups": int(fp["groups"]), "z": int(fp["z"]), "kz": int(fp["kz"]), "x": fp["x"]}
+        if not same(seen.setdefault("polars", fp), fp):
+            raise RuntimeError(f"two runs gave different results: {seen['polars']} and {fp}")
+        return {"seconds": seconds, "note": "RapidsMPF streaming partitions", **fp}
+
+    return run
+
+
 def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
+    """The Dask-run methods in one cluster, then cudf-polars' in one of its own."""
+    _run_dask(result, opts, target, paths, nbytes)
+    if any(m in opts["methods"] for m in OWN_CLUSTER):
+        _run_polars(result, opts, paths, nbytes)
+
+
+def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None:
+    """cudf-polars' DaskEngine on a fresh cluster of the same shape, both queries."""
+    try:
+        from cudf_polars.engine.dask import DaskEngine
+        from cudf_polars.engine.hardware_binding import HardwareBindingPolicy
+    except ImportError as exc:
+        for query in QUERIES:
+            note = f"cudf-polars is not installed ({exc.name})"
+            result["records"].append({**_record("polars", "not run", note=note), "query": query})
+        return
+    workers = opts["workers"]
+    _log(f"starting a cluster for cudf-polars ({workers} worker(s))")
+    cluster, client = start_cluster(
+        "device", workers, opts["threads_per_worker"], opts["protocol"], opts["rmm_pool_size"]
+    )
+    try:
+        client.wait_for_workers(workers)
+        # LocalCUDACluster has bound each worker to its GPU and CPUs already
+        binding = {"hardware_binding": HardwareBindingPolicy(enabled=False)}
+        with DaskEngine(dask_client=client, engine_options=binding) as engine:
+            for query, key in QUERIES.items():
+                seen = result["fingerprints"].setdefault(query, {})
+                _log(f"{query}: measuring polars")
+                run = _polars_run(engine, paths, key, seen)
+                rec = _measured("polars", query, run, nbytes, opts, lambda: None)
+                result["records"].append({**rec, "query": query})
+    finally:
+        client.close()
+        try:
+            cluster.close()
+        except TimeoutError:
+            _log("the cluster took too long to close; its worker processes were killed")
+
+
+def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
     """Every query by every method in one cluster; records into ``result["records"]``."""
     workers = opts["workers"]
     _log(f"starting the cluster ({workers} worker(s), {opts['protocol']}, {target} target)")
@@ -143,7 +221,7 @@ def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -
             "rmm_pool_size": opts["rmm_pool_size"],
         }
         for query, key in QUERIES.items():
-            seen: dict[str, dict] = {}
+            seen = result["fingerprints"].setdefault(query, {})
             for method in [m for m in RUN_ORDER if m in opts["methods"]]:
                 try:
                     rec = _one(client, method, query, key, paths, nbytes, opts, seen, target)
@@ -154,7 +232,6 @@ def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -
                 if rec["status"] == "timed out":
                     _log(f"restarting the cluster after {method} timed out")
                     client.restart()
-            result["fingerprints"][query] = seen
     finally:
         client.close()
         try:
@@ -177,7 +254,11 @@ def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
         return _record(method, "not run", note="Dask's P2P group-by takes pandas only")
     _log(f"{query}: measuring {method}")
     run = _etl_run(client, method, paths, key, seen)
-    after = partial(wait_released, client, 0)
+    return _measured(method, query, run, nbytes, opts, partial(wait_released, client, 0))
+
+
+def _measured(method, query, run, nbytes, opts, after) -> dict:
+    """``run`` measured within the method's time budget; a failure recorded, not raised."""
     try:
         rec, _ = _measure(
             method,
@@ -221,7 +302,12 @@ def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
 )
 @cluster_options
 @click.option("--repeat", default=2, show_default=True, type=click.IntRange(0), help="warm runs")
-@click.option("--methods", default=",".join(METHODS), show_default=True, help="comma-separated")
+@click.option(
+    "--methods",
+    default=None,
+    help=f"comma-separated, of {', '.join(METHODS)}; default: all ({', '.join(DEVICE_ONLY)} on "
+    "the device target only)",
+)
 @click.option(
     "--method-timeout",
     default=300.0,
@@ -250,8 +336,9 @@ def etl(
 ):
     """Parquet -> shuffle -> group-by sum: dg against Dask (dask_cudf on the GPU), end to end."""
     target, gpus, chosen, workers, protocol = resolve_run(
-        target, methods, METHODS, workers, protocol
+        target, methods or ",".join(METHODS), METHODS, workers, protocol
     )
+    chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     opts = {
         "gib": gib,
         "files": files,
@@ -271,7 +358,6 @@ def etl(
         "data": data,
         "records": [],
         "fingerprints": {},
-        "not_measured": "cudf-polars DaskEngine (RapidsMPF): not built into this bench yet",
     }
     try:
         with progress_bar("etl", result["records"], len(chosen) * len(QUERIES), progress):

@@ -107,7 +107,8 @@ def _shuffle_panels(result: dict) -> list[dict]:
     rows, index = [], {}
     for key in METHODS:
         if key in by:
-            kind = "ceiling" if key == "raw" else "dg" if key == "gpudirect" else "baseline"
+            dg = key in ("gpudirect", "rapidsmpf")
+            kind = "ceiling" if key == "raw" else "dg" if dg else "baseline"
             index[key] = len(rows)
             rows.append(_row(label_of(key, target), by[key], by[key].get("gbps_per_gpu"), kind))
     targets = [
@@ -130,16 +131,16 @@ def _etl_panels(result: dict) -> list[dict]:
         for key in METHODS:
             if key in by:
                 index[key] = len(rows)
-                kind = "dg" if key == "gpudirect" else "baseline"
+                kind = "dg" if key in ("gpudirect", "rapidsmpf") else "baseline"
                 label = LABELS[key][result["target"]]
                 rows.append(_row(label, by[key], by[key].get("gbps"), kind))
         targets = [
-            (index["gpudirect"], c["target"] * by["tasks"]["gbps"], c)
+            (index[c["path"]], c["target"] * by[c["baseline"]]["gbps"], c)
             for c in result["checks"]
             if c["check"].startswith(f"{query}:")
-            and c["baseline"] == "tasks"
-            and "gpudirect" in index
-            and _has_target(c, by["tasks"])
+            and c.get("path") in index
+            and c["baseline"] in by
+            and _has_target(c, by[c["baseline"]])
         ]
         panels.append(_panel(query, "GB/s (Parquet file bytes, end to end)", rows, targets))
     return panels

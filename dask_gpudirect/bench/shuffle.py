@@ -47,6 +47,7 @@ from .common import (
     TARGET_OPTION,
     cluster_options,
     device_names,
+    device_only,
     finish,
     log,
     output_options,
@@ -56,14 +57,14 @@ from .common import (
     start_cluster,
     wait_released,
 )
-from .shuffle_report import METHODS, checks_of, markdown, print_result
+from .shuffle_report import DEVICE_ONLY, METHODS, checks_of, markdown, print_result
 from .timing import _Interrupted, _measure, _record
 
 #: Bytes per row of the frame: int64 key, float64 x and y, int64 z.
 ROW_BYTES = 32
 KEY_RANGE = 1 << 62
 #: Measurement order: the raw transfer before the frame exists; P2P, the slowest, last.
-RUN_ORDER = ("raw", "gpudirect", "tasks", "p2p")
+RUN_ORDER = ("raw", "gpudirect", "rapidsmpf", "tasks", "p2p")
 #: Seconds kept back from --time-limit to write the outputs and close the cluster.
 RESERVE_S = 15.0
 #: What --time-limit must still leave for a method to start.
@@ -221,10 +222,11 @@ def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
         if method == "gpudirect":
             client.run(_clear_ledger)  # so that the ledger read after the runs holds the last one
         start = time.perf_counter()
-        if method == "gpudirect":
+        if method in ("gpudirect", "rapidsmpf"):
             import dask_gpudirect as dg
 
-            out = dg.shuffle(df, "key", client=client)
+            engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
+            out = dg.shuffle(df, "key", client=client, engine=engine)
         else:
             out = df.shuffle("key", shuffle_method=method).persist()
         wait(out)
@@ -434,9 +436,9 @@ def _counts_option(value: str | None) -> list[int] | None:
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(0), help="warm runs")
 @click.option(
     "--methods",
-    default=",".join(METHODS),
-    show_default=True,
-    help="comma-separated: gpudirect, tasks, p2p, raw",
+    default=None,
+    help="comma-separated: gpudirect, rapidsmpf (dg.shuffle's RapidsMPF engine), tasks, p2p, "
+    "raw; default: all (rapidsmpf on the device target only)",
 )
 @click.option(
     "--raw-mib",
@@ -479,8 +481,9 @@ def shuffle(
 ):
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
     target, gpus, chosen, workers, protocol = resolve_run(
-        target, methods, METHODS, workers, protocol
+        target, methods or ",".join(METHODS), METHODS, workers, protocol
     )
+    chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
     opts = {

@@ -9,9 +9,15 @@ from __future__ import annotations
 from .common import footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
-METHODS = ("gpudirect", "tasks", "p2p", "raw")
+METHODS = ("gpudirect", "rapidsmpf", "tasks", "p2p", "raw")
+#: Methods that need GPU workers: left out of the host target's default.
+DEVICE_ONLY = ("rapidsmpf",)
 LABELS = {
     "gpudirect": {"device": "dg.shuffle(df, 'key')", "host": "dg.shuffle(df, 'key')"},
+    "rapidsmpf": {
+        "device": "dg.shuffle(df, 'key', engine='rapidsmpf')",
+        "host": "dg.shuffle(df, 'key', engine='rapidsmpf')",
+    },
     "tasks": {
         "device": "dask_cudf df.shuffle('key', shuffle_method='tasks')",
         "host": "df.shuffle('key', shuffle_method='tasks')",
@@ -34,6 +40,8 @@ LEDGER_TITLE = "dg's ledger of the last dg.shuffle run, summed over the workers"
 #: The most dg.shuffle's time may grow from the fewest partitions of a sweep to the most (the
 #: same bytes): 1.5x on GPUs that exchange (8 -> 1024), 4x on the host target (8 -> 512).
 SCALING_BOUND = {"device": 1.5, "host": 4.0}
+#: GB/s per GPU dg.shuffle must reach at 256 partitions on GPUs that exchange.
+TARGET_GBPS_AT_256 = 20.0
 
 
 def counts_of(records: list[dict]) -> list[int]:
@@ -55,24 +63,49 @@ def checks_of(records: list[dict], target: str, workers: int) -> list[dict]:
 
 
 def _scaling_checks(records: list[dict], target: str, workers: int) -> list[dict]:
+    """Per dg engine: its time at the most partitions over its time at the fewest, and (on GPUs
+    that exchange) its GB/s per GPU at 256 partitions."""
     counts = counts_of(records)
-    dg = {r["partitions"]: r for r in records if r["key"] == "gpudirect"}
-    fewest, most = dg.get(counts[0]), dg.get(counts[-1])
-    ratio = None
-    if fewest and most and fewest["status"] == most["status"] == "ok":
-        ratio = most["seconds"] / fewest["seconds"]
-    want = SCALING_BOUND[target] if target == "host" or workers > 1 else None
-    return [
-        {
-            "check": f"dg.shuffle's time at {counts[-1]} partitions over its time at {counts[0]}",
-            "path": "gpudirect",
-            "baseline": f"{counts[0]} partitions",
-            "ratio": ratio,
-            "target": want,
-            "at_most": True,
-            "result": judge(ratio, want, at_most=True),
-        }
-    ]
+    exchanging = target == "host" or workers > 1
+    out = []
+    for engine in ("gpudirect", "rapidsmpf"):
+        dg = {r["partitions"]: r for r in records if r["key"] == engine}
+        if not dg:
+            continue
+        fewest, most = dg.get(counts[0]), dg.get(counts[-1])
+        ratio = None
+        if fewest and most and fewest["status"] == most["status"] == "ok":
+            ratio = most["seconds"] / fewest["seconds"]
+        want = SCALING_BOUND[target] if exchanging else None
+        out.append(
+            {
+                "check": f"{label_of(engine, target)}: time at {counts[-1]} partitions over "
+                f"its time at {counts[0]}",
+                "path": engine,
+                "baseline": f"{counts[0]} partitions",
+                "ratio": ratio,
+                "target": want,
+                "at_most": True,
+                "result": judge(ratio, want, at_most=True),
+            }
+        )
+        at_256 = dg.get(256)
+        if at_256 is not None and target == "device":
+            gbps = at_256["gbps_per_gpu"] if at_256["status"] == "ok" else None
+            want = TARGET_GBPS_AT_256 if workers > 1 else None
+            out.append(
+                {
+                    "check": f"{label_of(engine, target)}: GB/s per GPU at 256 partitions",
+                    "path": engine,
+                    "baseline": "GB/s",
+                    "ratio": gbps,
+                    "target": want,
+                    "at_most": False,
+                    "absolute": True,
+                    "result": judge(gbps, want),
+                }
+            )
+    return out
 
 
 def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dict]:
@@ -91,8 +124,10 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
         pairs.append(("faster of Dask's shuffles", base, TARGET_VS_DASK))
     if "raw" in by:
         pairs.append(("raw single-buffer transfer", by["raw"], TARGET_VS_RAW))
+    if "rapidsmpf" in by:  # which engine is faster: no target, the figure sets the default
+        pairs.append(("dg.shuffle on the rapidsmpf engine", by["rapidsmpf"], None))
     for name, base, factor in pairs:
-        want = factor if target == "device" and workers > 1 else None
+        want = factor if target == "device" and workers > 1 and factor else None
         ratio = None
         if dg["status"] == "ok" and base["status"] == "ok":
             ratio = dg["gbps_per_gpu"] / base["gbps_per_gpu"]
@@ -158,10 +193,12 @@ def _header(result: dict) -> tuple[str, ...]:
 def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows = []
     for c in result["checks"]:
-        ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
+        unit = "" if c.get("absolute") else "x"
+        ratio = f"{c['ratio']:.2f}{unit}" if c["ratio"] is not None else "-"
         bound = "<=" if c.get("at_most") else ">="
-        want = f"{bound} {c['target']:.2f}x" if c["target"] is not None else "-"
-        label = c["check"] if c.get("at_most") else f"{c['check']} ({c['baseline']})"
+        want = f"{bound} {c['target']:.2f}{unit}" if c["target"] is not None else "-"
+        plain = c.get("at_most") or c.get("absolute")
+        label = c["check"] if plain else f"{c['check']} ({c['baseline']})"
         rows.append((label, ratio, want, c["result"]))
     return rows
 

@@ -19,6 +19,7 @@ from distributed import Client, Future
 from .. import targets
 from ..connection import connected
 from ..errors import InputError
+from . import engines
 from .coordinator import exchange
 from .split import HashSplit, PermutationSplit, contingency
 
@@ -29,6 +30,7 @@ def shuffle(
     npartitions: int | None = None,
     client: Client | None = None,
     progress: bool = False,
+    engine: str | None = None,
 ) -> dd.DataFrame:
     """Hash-shuffle ``df``: output partition ``j`` holds every row whose ``on`` hashes to ``j``.
 
@@ -51,6 +53,11 @@ def shuffle(
     progress
         Show a progress bar on stderr (a live bar in terminals and notebooks, plain lines
         elsewhere): the input partitions computed, then the pieces received.
+    engine
+        Who moves the pieces: ``"distributed"`` (this package's exchange over Distributed's
+        comms, both targets), ``"rapidsmpf"`` (NVIDIA's RapidsMPF shuffler; cuDF partitions on
+        GPU workers only, its rows in arrival order within a partition) or ``"auto"``;
+        default: the ``gpudirect.shuffle.engine`` config.
 
     Raises
     ------
@@ -71,12 +78,13 @@ def shuffle(
         npartitions = df.npartitions
     npartitions = _integer(npartitions, "npartitions", 1, "a positive integer")
     meta = df._meta
-    inputs = _partitions(client, df)
     target = targets.holding(meta)
+    engine = engines.choose(engine, target)
+    inputs = _partitions(client, df)
     splitter = HashSplit(on, npartitions, target, meta)
     name = f"gpudirect-shuffle-{uuid.uuid4().hex}"  # each call is a new result
     keys = [(name, j) for j in range(npartitions)]
-    outputs = exchange(client, inputs, splitter, keys, target, progress)
+    outputs = exchange(client, inputs, splitter, keys, target, progress, engine)
     with dask.config.set({"dataframe.convert-string": False}):
         return dd.from_graph(
             dict(zip(keys, outputs, strict=True)), meta, (None,) * (npartitions + 1), keys, name
@@ -87,6 +95,8 @@ def shuffle_array(
     arr: da.Array, seed: int | None = None, client: Client | None = None, progress: bool = False
 ) -> da.Array:
     """A uniformly random permutation of ``arr``'s records (axis 0) across all workers.
+
+    Always on the ``distributed`` engine: RapidsMPF shuffles cuDF tables, not arrays.
 
     The per-epoch global shuffle of a training input pipeline: every record can land in any
     chunk, chunk sizes stay as they were, and the same ``seed`` gives the same order on the same

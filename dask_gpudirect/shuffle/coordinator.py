@@ -12,6 +12,7 @@ raises, so nothing waits for a peer that will never answer and no partial output
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections import defaultdict
@@ -63,8 +64,10 @@ def exchange(
     keys: list[Key],
     target: TargetName,
     progress: bool = False,
+    engine: str = "distributed",
 ) -> list[Future]:
-    """Run the all-to-all of ``inputs`` (computed partitions, in order) through ``splitter``.
+    """Run the all-to-all of ``inputs`` (computed partitions, in order) through ``splitter``,
+    moved by ``engine`` (see :mod:`.engines`).
 
     Returns one future per output partition, under ``keys``: what a persisted collection is
     made of. (Not tasks that take the stage futures as arguments: a Future inside a graph that
@@ -74,10 +77,12 @@ def exchange(
     ensure_plugins(client)
     with ShuffleProgress(client, len(inputs), progress) as shown:
         shown.computed(inputs)
-        return _exchange(client, inputs, splitter, keys, target, shown)
+        return _exchange(client, inputs, splitter, keys, target, shown, engine)
 
 
-def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) -> list[Future]:
+def _exchange(
+    client, inputs, splitter, keys, target, shown: ShuffleProgress, engine: str
+) -> list[Future]:
     npartitions = len(keys)
     failed = [f for f in inputs if f.status != "finished"]
     if failed:
@@ -96,9 +101,11 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
     chunk = min(limit["chunk"] for limit in limits.values())
     group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
     plan = Exchange(
-        uuid.uuid4().hex[:12], participants, owners, splitter, target, tuple(keys), group
+        uuid.uuid4().hex[:12], participants, owners, splitter, target, tuple(keys), group, engine
     )
     _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
+    if engine == "rapidsmpf":
+        plan = _on_rapidsmpf(client, plan)
     logger.info(
         "shuffle %s: %d partitions -> %d over %d workers",
         plan.id,
@@ -133,6 +140,21 @@ def _exchange(client, inputs, splitter, keys, target, shown: ShuffleProgress) ->
             _end(client, plan)
 
 
+def _on_rapidsmpf(client: Client, plan: Exchange) -> Exchange:
+    """``plan`` with an op id of its own, its workers sharing one RapidsMPF communicator."""
+    from .rapidsmpf_engine import ensure_ranks, op_id_limit
+
+    op_id = client.sync(
+        client.scheduler.gpudirect_shuffle_op_id, shuffle_id=plan.id, limit=op_id_limit()
+    )
+    try:
+        ensure_ranks(client, plan.participants)
+    except Exception:
+        _end(client, plan)  # gives the op id back
+        raise
+    return dataclasses.replace(plan, op_id=op_id)
+
+
 def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
     """The outputs, kept by the workers that built them under the plan's keys, as futures: the
     scheduler learns where each is, as after ``client.scatter``, with no task per output."""
@@ -147,7 +169,12 @@ def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
             f"outputs were kept ({type(exc).__name__}: {exc}); no output was returned. The "
             "cluster is still usable: run the shuffle again."
         ) from None
-    who_has = {keys[j]: [owner] for j, owner in enumerate(plan.owners)}
+    who_has = {key: [worker] for worker, by_key in nbytes.items() for key in by_key}
+    if len(who_has) != len(keys):
+        raise ShuffleError(
+            f"shuffle {plan.id}: its workers kept {len(who_has)} of {len(keys)} outputs; no "
+            "output was returned"
+        )
     sizes = {key: n for by_key in nbytes.values() for key, n in by_key.items()}
     client.run_on_scheduler(
         _keep_outputs, shuffle_id=plan.id, who_has=who_has, nbytes=sizes, client_id=client.id

@@ -74,11 +74,13 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
 
     def __init__(self):
         self.active: dict[str, _Active] = {}
+        self.op_ids: dict[str, int] = {}  # shuffle id -> its RapidsMPF op id, while it runs
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         scheduler.handlers["gpudirect_shuffle_start"] = self.shuffle_started
         scheduler.handlers["gpudirect_shuffle_end"] = self.shuffle_ended
+        scheduler.handlers["gpudirect_shuffle_op_id"] = self.reserve_op_id
 
     def shuffle_started(
         self, shuffle_id: str, client: str, participants: list[str], stages: dict[str, str]
@@ -90,8 +92,19 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         if gone:  # one is enough: the shuffle fails, and the client cancels every stage
             self._lost(shuffle_id, gone[0])
 
+    def reserve_op_id(self, shuffle_id: str, limit: int) -> int:
+        """The lowest RapidsMPF op id (``< limit``) no shuffle in flight holds; it is the
+        shuffle's until it ends. RapidsMPF tells concurrent shuffles apart by op id alone."""
+        taken = set(self.op_ids.values())
+        free = next((i for i in range(limit) if i not in taken), None)
+        if free is None:
+            raise ShuffleError(f"{limit} RapidsMPF shuffles are in flight, its most at once")
+        self.op_ids[shuffle_id] = free
+        return free
+
     def shuffle_ended(self, shuffle_id: str, reason: str | None = None) -> None:
         """Forget a shuffle; with a ``reason``, first end its run on every participant."""
+        self.op_ids.pop(shuffle_id, None)
         shuffle = self.active.pop(shuffle_id, None)
         if shuffle is not None and reason is not None:
             self._tell(shuffle, shuffle_id, reason, secondary=True)
@@ -103,6 +116,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
 
     def _lost(self, shuffle_id: str, worker: str) -> None:
         shuffle = self.active.pop(shuffle_id)
+        self.op_ids.pop(shuffle_id, None)
         error = ShuffleError(f"worker {worker} left the cluster during shuffle {shuffle_id}")
         logger.warning("%s", error)
         self._tell(shuffle, shuffle_id, str(error), secondary=False)

@@ -78,6 +78,8 @@ class Exchange:
     target: TargetName  # where the pieces live
     keys: tuple  # output ``j`` is kept under ``keys[j]``
     group: int  # outputs a worker builds at once; each piece sent is cut at their edges
+    engine: str = "distributed"  # who moves the pieces (see .engines)
+    op_id: int = 0  # the rapidsmpf engine's Shuffler op id, unique among shuffles in flight
 
     def outputs_of(self, worker: str) -> range:
         """The output partitions ``worker`` builds: one contiguous run."""
@@ -391,7 +393,7 @@ class ShuffleService:
             self.runs[shuffle_id] = ShuffleRun(self, shuffle_id, buffer, in_flight)
         return self.runs[shuffle_id]
 
-    def _stage_run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
+    def stage_run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
         run = self.run(shuffle_id, target)
         run.staged = True
         return run
@@ -448,61 +450,79 @@ class ShuffleService:
         output partitions it owns and keep them for :meth:`publish`; the number of outputs
         built. The inputs are not the task's dependencies, which the worker would hold in
         memory until the task ends: each chunk's are taken from the worker's memory (or its
-        spill) when it is split, and let go after."""
-        me = self.worker.address
+        spill) when it is split, and let go after. ``exchange.engine`` says who moves the
+        pieces: this module, or RapidsMPF (:mod:`.rapidsmpf_engine`)."""
         # Out of the worker's thread count while it waits on peers: two shuffles at once on
         # one-thread workers would otherwise each hold a worker the other needs.
         secede()
         clock = _Phases()
-        groups = {w: exchange.groups_of(w) for w in exchange.participants}
-        run = self._on_loop(self._stage_run, exchange.id, exchange.target)
+        run = self.on_loop(self.stage_run, exchange.id, exchange.target)
         try:
-            sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
-            for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
-                with clock("split"):
-                    parts = [self._input(inputs[i][0]) for i in indices]
-                    ordered, counts = exchange.splitter.split(list(indices), parts)
-                    offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
-                    parts = None  # our hold on these inputs: the worker may now spill them
-                with clock("send"):  # waits while max-in-flight bytes are on the wire
-                    for dest, runs in groups.items():
-                        pieces = [
-                            (g, js.start, counts[:, js.start : js.stop], rows)
-                            for g, js in enumerate(runs)
-                            if (rows := _rows(exchange.splitter, ordered, offsets, js)) is not None
-                        ]
-                        if not pieces:
-                            continue
-                        if dest == me:
-                            self._keep_own(exchange, run, (indices, pieces))
-                        else:
-                            self._on_loop(run.send, exchange, dest, (indices, pieces))
-                ordered = pieces = None  # let the joined copy go before the next split
-            with clock("wait for peers"):
-                self._on_loop(run.finish, exchange)
-            built = 0
-            with clock("combine"):
-                for outputs in run.outputs(exchange, groups[me]):
-                    keep = {exchange.keys[j]: part for j, part in outputs.items()}
-                    self._on_loop(self.keep, exchange.id, keep)
-                    built += len(keep)
-            return built
-        finally:
-            self._on_loop(self.close, exchange.id, "finished")
-            logger.info("shuffle %s on %s: %s", exchange.id, me, clock)
+            if exchange.engine == "rapidsmpf":
+                from .rapidsmpf_engine import exchange_on_rapidsmpf
 
-    def _input(self, key: Key) -> Any:
+                return exchange_on_rapidsmpf(self, exchange, inputs, run, clock)
+            return self._exchange(exchange, inputs, run, clock)
+        finally:
+            self.on_loop(self.close, exchange.id, "finished")
+            logger.info("shuffle %s on %s: %s", exchange.id, self.worker.address, clock)
+
+    def _exchange(self, exchange: Exchange, inputs, run: ShuffleRun, clock: _Phases) -> int:
+        """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
+        me = self.worker.address
+        groups = {w: exchange.groups_of(w) for w in exchange.participants}
+        for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, clock):
+            with clock("send"):  # waits while max-in-flight bytes are on the wire
+                for dest, runs in groups.items():
+                    pieces = [
+                        (g, js.start, counts[:, js.start : js.stop], rows)
+                        for g, js in enumerate(runs)
+                        if (rows := _rows(exchange.splitter, ordered, offsets, js)) is not None
+                    ]
+                    if not pieces:
+                        continue
+                    if dest == me:
+                        self._keep_own(exchange, run, (indices, pieces))
+                    else:
+                        self.on_loop(run.send, exchange, dest, (indices, pieces))
+            ordered = pieces = None  # let the joined copy go before the next split
+        with clock("wait for peers"):
+            self.on_loop(run.finish, exchange)
+        built = 0
+        with clock("combine"):
+            for outputs in run.outputs(exchange, groups[me]):
+                keep = {exchange.keys[j]: part for j, part in outputs.items()}
+                self.on_loop(self.keep, exchange.id, keep)
+                built += len(keep)
+        return built
+
+    def split_chunks(
+        self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], clock: _Phases
+    ) -> Iterator[tuple[tuple[int, ...], Any, np.ndarray, np.ndarray]]:
+        """This worker's inputs a chunk at a time, split: ``(indices, ordered, counts,
+        offsets)``, the rows of output ``j`` being ``ordered[offsets[j]:offsets[j + 1]]``.
+        Each chunk's inputs are let go once split, so the worker may spill them."""
+        sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
+        for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
+            with clock("split"):
+                parts = [self.take_input(inputs[i][0]) for i in indices]
+                ordered, counts = exchange.splitter.split(list(indices), parts)
+                offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+                parts = None
+            yield indices, ordered, counts, offsets
+
+    def take_input(self, key: Key) -> Any:
         """An input from this worker's data, read on the loop as Distributed reads it; from the
         cluster where it is no longer here (Distributed may drop one of two copies)."""
         try:
-            return self._on_loop(self.worker.data.__getitem__, key)
+            return self.on_loop(self.worker.data.__getitem__, key)
         except KeyError:
             client = get_client()
             return client.gather(Future(key, client))
 
     def _keep_own(self, exchange: Exchange, run: ShuffleRun, message: tuple) -> None:
         """Rows whose outputs this worker owns: into its own buffer, recorded as not moved."""
-        self._on_loop(run.put, *message)
+        self.on_loop(run.put, *message)
         self.ledger.add(
             op="shuffle",
             path="local",
@@ -512,7 +532,7 @@ class ShuffleService:
             peer=self.worker.address,
         )
 
-    def _on_loop(self, func, *args):
+    def on_loop(self, func, *args):
         """Run ``func`` (a coroutine function or a plain one) on the worker's event loop."""
 
         async def call():

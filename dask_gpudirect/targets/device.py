@@ -55,6 +55,33 @@ def with_nulls(frame, columns: tuple[str, ...]):
     return frame
 
 
+def to_table(frame) -> plc.Table:
+    """A cuDF frame as one pylibcudf table, its index levels first: what RapidsMPF packs."""
+    index, _ = frame.index.to_frame(index=False).to_pylibcudf()
+    columns, _ = frame.to_pylibcudf()
+    return plc.Table([*index.columns(), *columns.columns()])
+
+
+def from_table(table: plc.Table, meta):
+    """The frame :func:`to_table` made, with ``meta``'s column names, index and dtypes."""
+    import cudf
+
+    levels = meta.index.nlevels
+    columns = table.columns()
+    frame = cudf.DataFrame.from_pylibcudf(
+        plc.Table(columns[levels:]), {"columns": list(meta.columns)}
+    )
+    index = cudf.DataFrame.from_pylibcudf(
+        plc.Table(columns[:levels]), {"columns": list(range(levels))}
+    )
+    if levels > 1:
+        frame.index = cudf.MultiIndex.from_frame(index, names=meta.index.names)
+    else:
+        frame.index = cudf.Index(index[0], name=meta.index.name)
+    changed = {c: t for c, t in meta.dtypes.items() if frame[c].dtype != t}
+    return frame.astype(changed) if changed else frame
+
+
 def empty_array(dtype, ndim: int):
     return cupy.empty((0,) * ndim, dtype=dtype.newbyteorder("="))
 

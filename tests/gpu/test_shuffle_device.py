@@ -81,18 +81,70 @@ def _frame(rows: int, keys: int, seed: int = 0) -> pd.DataFrame:
     )
 
 
-def _check_hash_shuffle(client, pdf: pd.DataFrame, npartitions_in: int, npartitions: int):
+def _check_hash_shuffle(
+    client, pdf: pd.DataFrame, npartitions_in: int, npartitions: int, engine: str | None = None
+):
     ddf = dd.from_pandas(pdf, npartitions=npartitions_in).to_backend("cudf")
-    out = dg.shuffle(ddf, "k", npartitions=npartitions, client=client)
+    out = dg.shuffle(ddf, "k", npartitions=npartitions, client=client, engine=engine)
     assert out.npartitions == npartitions
     parts = client.gather(client.compute([out.get_partition(j) for j in range(npartitions)]))
     for j, part in enumerate(parts):
         assert type(part).__module__.startswith("cudf")
         if len(part):
             assert (partitioning_index(part[["k"]], npartitions) == j).all()
-    got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")
+    got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")  # any order within one
     pd.testing.assert_frame_equal(got, pdf, check_index_type=False)
     return out
+
+
+def _rapidsmpf():
+    pytest.importorskip("rapidsmpf")
+    pytest.importorskip("cudf_streaming")
+    return "rapidsmpf"
+
+
+def test_rapidsmpf_engine_matches_pandas_and_the_distributed_engine(client):
+    engine = _rapidsmpf()
+    pdf = _frame(ROWS, 1000, seed=4)
+    pdf["s"] = pdf["k"].astype(str) + "-label"  # strings
+    pdf["n"] = pd.array(np.where(pdf["i"] % 7 == 0, None, pdf["i"]), dtype="Int64")  # nulls
+    ours = _check_hash_shuffle(client, pdf, 8, 6, engine=engine)
+    theirs = _check_hash_shuffle(client, pdf, 8, 6, engine="distributed")
+    for j in range(6):  # the same splitter: the same rows in each partition, in any order
+        a, b = (set(o.get_partition(j)["i"].compute().to_pandas()) for o in (ours, theirs))
+        assert a == b
+    moved = _moved_paths(client)
+    assert "rapidsmpf-ucx" in moved
+
+
+def test_rapidsmpf_engine_one_skewed_many_and_empty_partitions(client):
+    engine = _rapidsmpf()
+    pdf = _frame(ROWS, 1000, seed=5)
+    pdf.loc[: ROWS * 9 // 10, "k"] = 7
+    _check_hash_shuffle(client, pdf, 5, 64, engine=engine)
+    _check_hash_shuffle(client, pdf, 5, 1, engine=engine)
+    _check_hash_shuffle(client, pdf, 3, 1024, engine=engine)
+
+
+def test_rapidsmpf_engine_keeps_decimals_lists_and_the_index(client):
+    import cudf
+
+    engine = _rapidsmpf()
+    frame = cudf.DataFrame(
+        {
+            "k": cudf.Series(np.arange(5000) % 97),
+            "d": cudf.Series(np.arange(5000) / 4).astype(cudf.Decimal64Dtype(12, 2)),
+            "l": cudf.Series([[i, i + 1] if i % 5 else None for i in range(5000)]),
+        },
+        index=cudf.Index(np.arange(5000) * 3, name="row"),
+    )
+    ddf = dd.from_pandas(frame, npartitions=4)
+    out = dg.shuffle(ddf, "k", npartitions=5, client=client, engine=engine)
+    assert out._meta.dtypes.to_dict() == frame.dtypes.to_dict()
+    got = out.compute().sort_index()
+    assert got.index.name == "row"
+    assert got.dtypes.to_dict() == frame.dtypes.to_dict()
+    assert got.to_arrow().equals(frame.to_arrow())
 
 
 def test_hash_shuffle_matches_pandas(client):

@@ -1,0 +1,217 @@
+"""The ``rapidsmpf`` engine: the exchange by NVIDIA's RapidsMPF shuffler, on GPU workers.
+
+RapidsMPF (``rapidsmpf-cu13``) is a C++ multi-GPU shuffler: packed cuDF pieces travel over its
+own UCXX communicator, moved by its own progress thread. The shuffle's workers get one
+communicator for as long as they stay the same set, started the way cudf-polars' ``DaskEngine``
+starts it (the root rank's UCXX address first, then every rank at once, meeting at a barrier).
+
+Each worker's stage cuts its inputs with the same splitter as the ``distributed`` engine (Dask's
+hash, so a key lands in the same output partition whichever engine ran), packs each chunk's
+outputs (``split_and_pack``) and hands them to a ``Shuffler``; then it unpacks the partitions
+RapidsMPF assigned to its rank and keeps them, to be published as the other engine's are.
+Everything around the exchange stays the package's own: placement, the memory check, the
+scheduler plugin that fails a shuffle whose worker left, the client's abort, the timeout.
+
+What differs: rows within an output partition come in the order their pieces arrived, not in
+input order; which worker builds which output is RapidsMPF's choice (contiguous runs by rank);
+and a failed or timed-out stage drops its communicator, so the next shuffle starts a new one.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+from dask.sizeof import sizeof
+from dask.typing import Key
+from distributed import Client
+
+from .. import targets
+from ..errors import ShuffleError
+
+#: Where a worker keeps its communicator: ``setattr(worker, RANKS, Ranks(...))``.
+RANKS = "_gpudirect_rapidsmpf_ranks"
+#: The root's communicator between the two bootstrap steps.
+ROOT = "_gpudirect_rapidsmpf_root"
+#: Seconds between looks at an aborted run or the timeout while RapidsMPF finishes.
+POLL_S = 0.05
+
+
+@dataclasses.dataclass
+class Ranks:
+    """One worker's rank in the communicator of ``members`` (sorted worker addresses)."""
+
+    members: tuple[str, ...]
+    comm: Any  # rapidsmpf.communicator.Communicator
+    buffers: Any  # rapidsmpf.memory.buffer_resource.BufferResource over the worker's RMM pool
+
+
+# --- on the client ------------------------------------------------------------------------------
+
+
+def op_id_limit() -> int:
+    """How many RapidsMPF shuffles one communicator runs at once."""
+    from rapidsmpf.shuffler import Shuffler
+
+    return int(Shuffler.max_concurrent_shuffles)
+
+
+def ensure_ranks(client: Client, participants: tuple[str, ...]) -> None:
+    """Start a communicator over ``participants`` unless every one already has it: one call to
+    see, and two to start (the root, then every rank at once: they meet at a barrier)."""
+    members = client.run(_members, workers=list(participants))
+    if all(found == participants for found in members.values()):
+        return
+    root = participants[0]
+    address = client.run(_start_root, len(participants), workers=[root])[root]
+    client.run(_join, address, participants, workers=list(participants))
+
+
+# --- on the workers: the communicator -----------------------------------------------------------
+
+
+def _members(dask_worker) -> tuple[str, ...] | None:
+    ranks = getattr(dask_worker, RANKS, None)
+    return None if ranks is None else ranks.members
+
+
+def _new_communicator(nranks: int, root_address):
+    from rapidsmpf.communicator.ucxx import new_communicator
+    from rapidsmpf.config import Options, get_environment_variables
+    from rapidsmpf.progress_thread import ProgressThread
+    from rapidsmpf.statistics import Statistics
+
+    options = Options(get_environment_variables())
+    thread = ProgressThread(Statistics(enable=False))
+    return new_communicator(nranks, None, root_address, options, thread)
+
+
+def _start_root(nranks: int, dask_worker) -> bytes:
+    """Rank 0's communicator, kept on the worker until :func:`_join`; its UCXX address."""
+    from rapidsmpf.communicator.ucxx import get_root_ucxx_address
+
+    comm = _new_communicator(nranks, None)
+    setattr(dask_worker, ROOT, comm)
+    return get_root_ucxx_address(comm)
+
+
+def _join(root_address: bytes, members: tuple[str, ...], dask_worker) -> int:
+    """Every rank (the root included) completes the communicator and waits for the others; the
+    worker keeps it, with a buffer resource over its current RMM memory resource."""
+    import rmm.mr
+    import ucxx._lib.libucxx as ucx_api
+    from rapidsmpf.communicator.ucxx import barrier
+    from rapidsmpf.memory.buffer_resource import BufferResource
+
+    comm = getattr(dask_worker, ROOT, None)
+    if comm is None:
+        address = ucx_api.UCXAddress.create_from_buffer(root_address)
+        comm = _new_communicator(len(members), address)
+    else:
+        delattr(dask_worker, ROOT)
+    barrier(comm)
+    buffers = BufferResource(rmm.mr.get_current_device_resource())
+    setattr(dask_worker, RANKS, Ranks(members, comm, buffers))
+    return comm.rank
+
+
+# --- on the workers: the stage ------------------------------------------------------------------
+
+
+def exchange_on_rapidsmpf(service, exchange, inputs: dict[int, tuple[Key, int]], run, clock) -> int:
+    """This worker's part of the shuffle through RapidsMPF; the number of outputs built.
+
+    ``service`` is the worker's ShuffleService and ``run`` its run of this shuffle, which an
+    abort (the client's, or the scheduler's when a worker leaves) fails.
+    """
+    from cudf_streaming.partition_utils import split_and_pack, unpack_and_concat
+    from rapidsmpf.memory.spill import unspill_partitions
+    from rapidsmpf.shuffler import PartitionAssignment, Shuffler
+    from rmm.pylibrmm.stream import DEFAULT_STREAM
+
+    device = targets.module("device")
+    worker = service.worker
+    ranks: Ranks | None = getattr(worker, RANKS, None)
+    if ranks is None or ranks.members != exchange.participants:
+        raise ShuffleError(
+            f"worker {worker.address} has no RapidsMPF communicator for shuffle {exchange.id}'s "
+            "workers (one restarted since it began?)"
+        )
+    npartitions = len(exchange.keys)
+    shuffler = Shuffler(
+        ranks.comm, exchange.op_id, npartitions, ranks.buffers, PartitionAssignment.CONTIGUOUS
+    )
+    ok = False
+    try:
+        mine = np.zeros(npartitions, dtype=bool)
+        mine[list(shuffler.local_partitions())] = True
+        for _, ordered, counts, offsets in service.split_chunks(exchange, inputs, clock):
+            with clock("pack and insert"):
+                rows = counts.sum(axis=0)
+                table = device.to_table(ordered)
+                splits = offsets[1:-1].tolist()
+                shuffler.insert_chunks(split_and_pack(table, splits, DEFAULT_STREAM, ranks.buffers))
+                _record(service, exchange, sizeof(ordered), rows, mine)
+            table = ordered = None
+            run.raise_if_failed()
+        shuffler.insert_finished()
+        with clock("wait for peers"):
+            _wait(shuffler, run, exchange.id)
+        built = 0
+        with clock("combine"):
+            for pid in shuffler.local_partitions():
+                pieces = unspill_partitions(
+                    shuffler.extract(pid), br=ranks.buffers, allow_overbooking=True
+                )
+                table = unpack_and_concat(pieces, DEFAULT_STREAM, ranks.buffers)
+                part = device.from_table(table, exchange.splitter.meta)
+                service.on_loop(service.keep, exchange.id, {exchange.keys[pid]: part})
+                built += 1
+        ok = True
+        return built
+    finally:
+        if ok:
+            shuffler.shutdown()
+        else:  # a peer may be gone: RapidsMPF cannot end this op, so the next shuffle starts anew
+            delattr(worker, RANKS)
+
+
+def _wait(shuffler, run, shuffle_id: str) -> None:
+    """``shuffler.wait()`` (it blocks in C++ and has no timeout) in a thread of its own, while
+    this one looks every POLL_S at the run's abort and at ``gpudirect.shuffle.timeout``."""
+    waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rapidsmpf-wait")
+    done = waiter.submit(shuffler.wait)
+    deadline = time.monotonic() + run.timeout
+    try:
+        while True:
+            try:
+                return done.result(timeout=POLL_S)
+            except concurrent.futures.TimeoutError:
+                pass
+            run.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise ShuffleError(
+                    f"shuffle {shuffle_id}: RapidsMPF's exchange did not finish in "
+                    f"{run.timeout:.0f} s (gpudirect.shuffle.timeout): a peer stopped or is "
+                    "overloaded"
+                )
+    finally:
+        waiter.shutdown(wait=False)
+
+
+def _record(service, exchange, nbytes: int, rows: np.ndarray, mine: np.ndarray) -> None:
+    """The ledger's record of one chunk: the bytes whose outputs are this worker's stay
+    (``local``), the rest go to RapidsMPF (``rapidsmpf-ucx``); split by their share of rows."""
+    total = int(rows.sum())
+    if total == 0:
+        return
+    local = nbytes * int(rows[mine].sum()) // total
+    me = service.worker.address
+    for path, share in (("local", local), ("rapidsmpf-ucx", nbytes - local)):
+        if share:
+            service.ledger.add(
+                op="shuffle", path=path, nbytes=share, seconds=0.0, shard=exchange.id, peer=me
+            )

@@ -1,0 +1,66 @@
+"""``gpudirect.shuffle.engine``: which exchange moves a shuffle's pieces, and its errors.
+
+On CPU only the ``distributed`` engine can run: asking for ``rapidsmpf`` (by argument or by
+config) for pandas partitions is refused in the user's process, and the cluster keeps
+working. The RapidsMPF engine itself runs in tests/gpu
+(test_shuffle_device.py). The op ids that keep concurrent RapidsMPF shuffles apart are given
+out by the real scheduler plugin here.
+"""
+
+from __future__ import annotations
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from pandas.testing import assert_frame_equal
+from util import partitions
+
+import dask_gpudirect as dg
+from dask_gpudirect.errors import InputError, ShuffleError
+
+
+def _frame() -> dd.DataFrame:
+    rng = np.random.default_rng(0)
+    pdf = pd.DataFrame({"k": rng.integers(0, 50, 1000), "v": np.arange(1000)})
+    return dd.from_pandas(pdf, npartitions=4)
+
+
+def test_rapidsmpf_on_pandas_partitions_is_a_clear_error(tcp):
+    df = _frame()
+    with pytest.raises(InputError, match="'rapidsmpf' shuffles cuDF partitions on GPU workers"):
+        dg.shuffle(df, "k", client=tcp, engine="rapidsmpf")
+    with dask.config.set({"gpudirect.shuffle.engine": "rapidsmpf"}):
+        with pytest.raises(InputError, match="use engine='distributed' or 'auto'"):
+            dg.shuffle(df, "k", client=tcp)
+    assert len(partitions(tcp, dg.shuffle(df, "k", client=tcp))) == 4  # still usable
+
+
+def test_unknown_engine_names_the_choices(tcp):
+    with pytest.raises(InputError, match=r"unknown shuffle engine 'nccl': use 'auto', 'distri"):
+        dg.shuffle(_frame(), "k", client=tcp, engine="nccl")
+
+
+def test_auto_and_distributed_give_the_default_partitions(tcp):
+    df = _frame()
+    default = partitions(tcp, dg.shuffle(df, "k", npartitions=3, client=tcp))
+    for engine in ("auto", "distributed"):
+        got = partitions(tcp, dg.shuffle(df, "k", npartitions=3, client=tcp, engine=engine))
+        for a, b in zip(got, default, strict=True):
+            assert_frame_equal(a, b)
+
+
+def test_rapidsmpf_op_ids_are_unique_while_in_flight_and_given_back(tcp):
+    def reserve(shuffle_id: str, limit: int = 2) -> int:
+        return tcp.sync(tcp.scheduler.gpudirect_shuffle_op_id, shuffle_id=shuffle_id, limit=limit)
+
+    assert (reserve("a"), reserve("b")) == (0, 1)
+    with pytest.raises(ShuffleError, match="2 RapidsMPF shuffles are in flight"):
+        reserve("c")
+    tcp.sync(tcp.scheduler.gpudirect_shuffle_end, shuffle_id="a")
+    assert reserve("c") == 0
+    for shuffle_id in ("b", "c"):
+        tcp.sync(tcp.scheduler.gpudirect_shuffle_end, shuffle_id=shuffle_id)
+    assert reserve("d") == 0
+    tcp.sync(tcp.scheduler.gpudirect_shuffle_end, shuffle_id="d")
