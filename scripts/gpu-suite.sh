@@ -34,6 +34,9 @@ SHUFFLE_PROTOCOL=${SHUFFLE_PROTOCOL:-ucxx}
 SHUFFLE_RMM_POOL=${SHUFFLE_RMM_POOL:-40GB}               # per worker, as in FACTS.md's Dask shuffles
 # SHUFFLE_LIMIT: seconds for `bench shuffle` (default and cap: what SUITE_LIMIT leaves it)
 # SHUFFLE_ARGS: more options for `bench shuffle`, e.g. "--method-timeout 200 --repeat 2"
+# SHUFFLE_WORKERS above the GPU count shares the GPUs (two workers on one H200 stand in for x2)
+GPU_TESTS=${GPU_TESTS:-tests/gpu}                       # test paths, e.g. tests/gpu/test_shuffle_device.py
+SKIP_UCX_INFO=${SKIP_UCX_INFO:-0}
 SKIP_TESTS=${SKIP_TESTS:-0}
 SKIP_READ=${SKIP_READ:-0}
 SKIP_SHUFFLE=${SKIP_SHUFFLE:-0}
@@ -63,7 +66,8 @@ print(sys.version)
 for dist in ["dask", "distributed", "dask-cuda", "cudf-cu13", "pylibcudf-cu13", "dask-cudf-cu13",
              "libcudf-cu13", "kvikio-cu13", "libkvikio-cu13", "rmm-cu13", "cupy-cuda13x",
              "ucxx-cu13", "distributed-ucxx-cu13", "libucx-cu13", "pyarrow", "numpy", "pandas",
-             "click", "rich", "pytest", "pytest-timeout"]:
+             "click", "rich", "pytest", "pytest-timeout", "rapidsmpf-cu13", "cudf-streaming-cu13",
+             "cudf-polars-cu13", "polars"]:
     try:
         print(f"{dist}=={md.version(dist)}")
     except md.PackageNotFoundError:
@@ -77,7 +81,7 @@ tests_rc=skipped
 if [[ $SKIP_TESTS != 1 ]]; then
   echo "== GPU tests (limit ${TESTS_LIMIT}s) =="
   timeout -s INT -k 10 "$TESTS_LIMIT" \
-    python3 -m pytest -m gpu tests/gpu --maxfail=15 -q -ra --junitxml="$OUT/gpu-junit.xml" \
+    python3 -m pytest -m gpu $GPU_TESTS --maxfail=15 -q -ra --junitxml="$OUT/gpu-junit.xml" \
     2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
   echo "== GPU tests: exit $tests_rc after $((SECONDS - start))s =="
@@ -100,7 +104,7 @@ fi
 # --- 1b. UCX's own report of the transports a small dg.shuffle used --------------------------
 # UCX_PROTO_INFO=y makes every worker print the protocol and transport UCX chose per endpoint
 # and message kind; kept are the lines about GPU memory (cuda_ipc = NVLink/peer copy).
-if [[ $SKIP_TESTS != 1 && $BENCH_TARGET == device ]]; then
+if [[ $SKIP_TESTS != 1 && $SKIP_UCX_INFO != 1 && $BENCH_TARGET == device ]]; then
   echo "== UCX transports of a 0.25 GiB dg.shuffle (UCX_PROTO_INFO=y) =="
   UCX_PROTO_INFO=y timeout -s INT -k 10 120 \
     python3 -m dask_gpudirect.bench shuffle --gib 0.25 --methods gpudirect --repeat 1 \
