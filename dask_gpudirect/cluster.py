@@ -55,10 +55,6 @@ if dask_cuda is not None:
                 worker["options"]["plugins"] = (
                     set(worker["options"]["plugins"]) | self._user_plugins
                 )
-                env = worker["options"].get("env", {})
-                if "CUDA_VISIBLE_DEVICES" in env:  # a GPU listed twice is shared: keep it once
-                    devices = env["CUDA_VISIBLE_DEVICES"].split(",")
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(devices))
             return spec
 
 

@@ -281,6 +281,47 @@ def wait_released(client, baseline: int = 0) -> None:
         time.sleep(0.05)
 
 
+def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size: str | None):
+    """Worker processes that share the GPUs round-robin: two workers on one H200 stand in for
+    two GPUs where only one is lent. dask-cuda names its workers by GPU and so starts one per
+    GPU; this is a SpecCluster of Nannies, each given its GPU by ``CUDA_VISIBLE_DEVICES``, with
+    the RMM pool and CuPy's RMM allocator set up as dask-cuda sets them."""
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    import dask_gpudirect as dg
+
+    gpus = gpu_count()
+    spec = {
+        f"gpu{i % gpus}-{i}": {
+            "cls": Nanny,
+            "options": {
+                "nthreads": threads,
+                "protocol": protocol,
+                "env": {"CUDA_VISIBLE_DEVICES": str(i % gpus)},
+            },
+        }
+        for i in range(workers)
+    }
+    scheduler = {"cls": Scheduler, "options": {"protocol": protocol, "dashboard_address": None}}
+    cluster = SpecCluster(workers=spec, scheduler=scheduler)
+    client = Client(cluster)
+    client.run(_use_rmm, rmm_pool_size)
+    client.register_plugin(dg.GPUDirectPlugin())
+    return cluster, client
+
+
+def _use_rmm(pool_size: str | None) -> None:
+    """RMM for cuDF and CuPy in this worker, with a pool of ``pool_size`` where given."""
+    import cupy
+    import rmm
+    from dask.utils import parse_bytes
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    if pool_size:
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=parse_bytes(pool_size))
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+
+
 def start_cluster(
     target: str,
     workers: int,
@@ -291,19 +332,17 @@ def start_cluster(
 ):
     """The benchmark's cluster and client, with ``GPUDirectPlugin`` on every worker.
 
-    Device target: ``dg.LocalCUDACluster`` (one worker per GPU, and where ``workers`` is more
-    than the GPUs, the GPUs shared round-robin: two workers on one H200 stand in for two GPUs
-    where only one is lent; ``cuda_options`` go to it, e.g. ``enable_nvlink``). Host target: a
-    ``LocalCluster`` of worker processes.
+    Device target: ``dg.LocalCUDACluster`` (one worker per GPU; ``cuda_options`` go to it, e.g.
+    ``enable_nvlink``); with more workers than GPUs, :func:`_shared_gpu_cluster`. Host target:
+    a ``LocalCluster`` of worker processes.
     """
     from distributed import Client, LocalCluster
 
     import dask_gpudirect as dg
 
     if target == "device":
-        gpus = gpu_count()
-        if workers > gpus:
-            cuda_options["CUDA_VISIBLE_DEVICES"] = [i % gpus for i in range(workers)]
+        if workers > gpu_count():
+            return _shared_gpu_cluster(workers, threads, protocol, rmm_pool_size)
         cluster = dg.LocalCUDACluster(
             n_workers=workers,
             threads_per_worker=threads,
