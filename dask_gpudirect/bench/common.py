@@ -298,6 +298,10 @@ def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size
                 "nthreads": threads,
                 "protocol": protocol,
                 "env": {"CUDA_VISIBLE_DEVICES": str(i % gpus)},
+                # as dask-cuda starts its workers: a CUDA context before UCX starts, so that
+                # UCX sees GPU memory (without it device buffers cross by slow host staging)
+                "preload": ["dask_cuda.initialize"],
+                "preload_argv": ["--create-cuda-context"],
             },
         }
         for i in range(workers)
@@ -341,7 +345,7 @@ def start_cluster(
     import dask_gpudirect as dg
 
     if target == "device":
-        if workers > gpu_count():
+        if workers and workers > gpu_count():
             return _shared_gpu_cluster(workers, threads, protocol, rmm_pool_size)
         cluster = dg.LocalCUDACluster(
             n_workers=workers,

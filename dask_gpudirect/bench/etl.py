@@ -28,6 +28,7 @@ from functools import partial
 
 import click
 
+from ..cuda import gpu_count
 from .common import (
     TARGET_OPTION,
     cluster_options,
@@ -185,9 +186,13 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
     )
     try:
         client.wait_for_workers(workers)
-        # LocalCUDACluster has bound each worker to its GPU and CPUs already
-        binding = {"hardware_binding": HardwareBindingPolicy(enabled=False)}
-        with DaskEngine(dask_client=client, engine_options=binding) as engine:
+        # LocalCUDACluster has bound each worker to its GPU and CPUs already; more workers than
+        # GPUs share them, which cudf-polars refuses unless told
+        options = {
+            "hardware_binding": HardwareBindingPolicy(enabled=False),
+            "allow_gpu_sharing": workers > gpu_count(),
+        }
+        with DaskEngine(dask_client=client, engine_options=options) as engine:
             for query, key in QUERIES.items():
                 seen = result["fingerprints"].setdefault(query, {})
                 _log(f"{query}: measuring polars")
