@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import shlex
@@ -307,7 +308,7 @@ def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size
         for i in range(workers)
     }
     scheduler = {"cls": Scheduler, "options": {"protocol": protocol, "dashboard_address": None}}
-    cluster = SpecCluster(workers=spec, scheduler=scheduler)
+    cluster = SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.WARNING)
     client = Client(cluster)
     client.run(_use_rmm, rmm_pool_size)
     client.register_plugin(dg.GPUDirectPlugin())
