@@ -62,12 +62,10 @@ def _has_plugin(dask_worker) -> bool:
     return GPUDirectPlugin.name in dask_worker.plugins
 
 
-async def _describe(
-    dask_worker, entries: list[str], extensions: tuple[str, ...] | None = None
-) -> dict:
+async def _describe(dask_worker, entries: list[str], listing: discovery.Listing) -> dict:
     plugin = dask_worker.plugins[GPUDirectPlugin.name]
     # listing a large directory off the event loop: the worker keeps answering meanwhile
-    views = await asyncio.to_thread(discovery.views, entries, extensions)
+    views = await asyncio.to_thread(discovery.views, entries, listing)
     names = ("host", "device") if plugin.gpus else ("host",)
     memory = {name: targets.module(name).memory_bytes(dask_worker) for name in names}
     return {**plugin.describe(), "views": views, "memory": memory}
@@ -96,12 +94,12 @@ def ensure_plugins(client: Client) -> None:
 
 
 def survey(
-    client: Client, entries: list[str], extensions: tuple[str, ...] | None = None
+    client: Client, entries: list[str], listing: discovery.Listing = discovery.FLAT
 ) -> dict[str, dict]:
     """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``
-    (directories listed for files ending in ``extensions``, where given)."""
+    (directories listed as ``listing`` says)."""
     ensure_plugins(client)
-    workers = client.run(_describe, entries=entries, extensions=extensions)
+    workers = client.run(_describe, entries=entries, listing=listing)
     if not workers:
         raise RuntimeError("the cluster has no workers")
     return workers

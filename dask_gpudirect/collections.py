@@ -25,7 +25,7 @@ from . import compat, discovery, targets
 from .cluster import survey
 from .connection import connected
 from .errors import InputError
-from .formats import binary, parquet
+from .formats import binary, hive, parquet
 from .placement import assign, join_small, planners
 from .shards import combine, load, load_joined
 
@@ -89,14 +89,14 @@ class _Setting:
 
 
 def _prepare(
-    client: Client | None, paths, target, extensions: tuple[str, ...] | None = None
+    client: Client | None, paths, target, listing: discovery.Listing = discovery.FLAT
 ) -> _Setting:
     """The client, the files and who can read them, and the chosen target."""
     client = connected(client)
     entries = discovery.absolute(paths)
-    workers = survey(client, entries, extensions)
+    workers = survey(client, entries, listing)
     seen = {w: info["views"] for w, info in workers.items()}
-    found = discovery.merge(entries, seen, extensions)
+    found = discovery.merge(entries, seen, listing)
     return _Setting(client, found, _resolve_target(target, workers), workers)
 
 
@@ -144,6 +144,7 @@ def read_parquet(
     *,
     index: str | list[str] | bool | None = None,
     parquet_file_extension: str | tuple[str, ...] | None = compat.PARQUET_EXTENSIONS,
+    split_row_groups: bool | int | str = "infer",
     filesystem: Any = None,
     **kwargs: Any,
 ) -> dd.DataFrame | dd.Series:
@@ -154,12 +155,15 @@ def read_parquet(
     paths
         A file, a directory, a glob, or a list of them (``~`` expanded, ``file://`` URLs
         taken as paths; other URLs are refused). All files must have the same columns, in
-        any order.
+        any order. A directory's subfolders are read too, and hive folders
+        (``year=2024/month=1/``) give their keys as columns after the files' own, typed as Dask
+        types them: categories of every value found, int32 where all are integers.
     columns
         Columns to load (default: all); one name gives a Series, as in Dask.
     filters
         pyarrow DNF filters, e.g. ``[("x", ">", 3)]``: row groups whose statistics rule them
-        out are never read, and the remaining rows are filtered exactly. A file ruled out
+        out are never read, and the remaining rows are filtered exactly. Terms on hive keys
+        are decided per folder at planning. A file ruled out
         whole gives one empty partition, whose task checks that the file is still the one
         planned (its footer, size and modification time).
     blocksize
@@ -180,6 +184,10 @@ def read_parquet(
     parquet_file_extension
         The files a directory read takes, as in Dask: those ending in one of these (``None``:
         every file). Files starting with ``.`` or ``_`` are skipped either way.
+    split_row_groups
+        As in Dask: ``"infer"`` and ``"adaptive"`` cut partitions by ``blocksize``; ``True``
+        makes one partition per row group, a number that many row groups per partition, and
+        ``False`` one per file (small files are then not joined).
     filesystem
         ``None``, ``"arrow"`` or a local file system (pyarrow's or fsspec's).
 
@@ -187,14 +195,18 @@ def read_parquet(
     """
     compat.check_kwargs("read_parquet", kwargs)
     compat.check_filesystem(filesystem)
-    extensions = compat.extensions_of(parquet_file_extension)
-    setting = _prepare(client, paths, target, extensions)
+    per_shard = compat.row_groups_per_partition(split_row_groups)
+    listing = discovery.Listing(compat.extensions_of(parquet_file_extension), recursive=True)
+    setting = _prepare(client, paths, target, listing)
     client, found, target = setting.client, setting.found, setting.target
     auto = (
         dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
     ) == "auto"
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
-    planned = _plan(client, found, parquet.plan, columns, filters, blocksize, target, index)
+    folders = hive.partitioning(found.files, found.roots)
+    planned = _plan(
+        client, found, parquet.plan, columns, filters, blocksize, target, index, folders, per_shard
+    )
     plan = planned.unified()
     meta = plan.meta(targets.module(target))
     # "auto" never makes so few partitions that a worker has none to read
@@ -202,7 +214,10 @@ def read_parquet(
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with dask.config.set({"dataframe.convert-string": False}):
-        joined = join_small(plan.shards, blocksize, found.readable, at_least)
+        if per_shard is None:
+            joined = join_small(plan.shards, blocksize, found.readable, at_least)
+        else:  # the row groups asked for, each run its own partition
+            joined = [(shard,) for shard in plan.shards]
         partitions = assign(joined, found.readable)
         frame = dd.from_map(
             load_joined,

@@ -5,6 +5,7 @@ refused by name with the reason, so that code written for Dask fails clearly, no
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .errors import InputError
@@ -22,8 +23,6 @@ REFUSED = {
     "metadata_task_size": "footers are read by the workers that can read the files",
     "aggregate_files": "small files are always joined up to blocksize, in file order",
     "categories": "dictionary-encoded columns come back as categories already",
-    "split_row_groups": "partitions follow blocksize (runs of row groups, small files joined); "
-    "set blocksize instead",
     "dtype_backend": "partitions keep the types pyarrow or libcudf decode to (not supported yet)",
     "arrow_to_pandas": "the host target converts with pyarrow's defaults",
     "dataset": "files are planned from their footers, not as a pyarrow dataset",
@@ -37,6 +36,29 @@ def check_kwargs(function: str, kwargs: dict[str, Any]) -> None:
         if name in REFUSED:
             raise InputError(None, f"{function}(): {name}= is not supported: {REFUSED[name]}")
         raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+
+
+#: ``split_row_groups`` values that mean partitions by bytes (``blocksize``), small files joined.
+BY_BYTES = ("infer", "adaptive")
+
+
+def row_groups_per_partition(split_row_groups: Any) -> int | None:
+    """Dask's ``split_row_groups`` as row groups per partition: None for ``"infer"`` and
+    ``"adaptive"`` (by ``blocksize``, small files joined), 1 for True, n for n, and for False
+    a whole file (its kept row groups) each."""
+    if isinstance(split_row_groups, str) and split_row_groups in BY_BYTES:
+        return None
+    if split_row_groups is True:
+        return 1
+    if split_row_groups is False:
+        return sys.maxsize
+    if isinstance(split_row_groups, int) and split_row_groups > 0:
+        return split_row_groups
+    raise InputError(
+        None,
+        f"split_row_groups={split_row_groups!r}: use 'infer', 'adaptive', True, False or a "
+        "positive number of row groups per partition",
+    )
 
 
 def check_filesystem(filesystem: Any) -> None:

@@ -29,6 +29,19 @@ GLOB, DIRECTORY, FILE, MISSING, REFUSED = "glob", "directory", "file", "missing"
 
 
 @dataclass(frozen=True)
+class Listing:
+    """Which files a directory read takes: those ending in ``extensions`` (None: any), and with
+    ``recursive`` those of its subdirectories too (hive folders like ``year=2024/``), as
+    Dask's Parquet reader lists them."""
+
+    extensions: tuple[str, ...] | None = None
+    recursive: bool = False
+
+
+FLAT = Listing()
+
+
+@dataclass(frozen=True)
 class View:
     """One path as one worker sees it: what it is there, and its files as
     ``(path, size, mtime_ns)``."""
@@ -46,6 +59,7 @@ class Found:
     files: list[str] = field(default_factory=list)
     readable: dict[str, set[str]] = field(default_factory=dict)
     mtimes: dict[str, set[int]] = field(default_factory=dict)
+    roots: dict[str, str] = field(default_factory=dict)  # file -> the directory it was listed in
 
 
 #: A URL's scheme, as in ``s3://bucket/key``.
@@ -78,20 +92,28 @@ def absolute(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str
     return entries
 
 
-def data_files(directory: str, extensions: tuple[str, ...] | None = None) -> list[str]:
+def data_files(directory: str, listing: Listing = FLAT) -> list[str]:
     """The entries a read of ``directory`` takes, sorted: not those starting with ``.`` or ``_``
-    (hidden files, ``_metadata``, ``_SUCCESS``), nor subdirectories, and with ``extensions``
-    only those ending in one of them (as Dask's ``parquet_file_extension``)."""
-    return sorted(
-        os.path.join(directory, name)
-        for name in os.listdir(directory)
-        if not name.startswith((".", "_"))
-        and (extensions is None or name.lower().endswith(extensions))
-        and not os.path.isdir(os.path.join(directory, name))
-    )
+    (hidden files, ``_metadata``, ``_SUCCESS``), with ``listing.extensions`` only those ending
+    in one of them (as Dask's ``parquet_file_extension``), and subdirectories' files only where
+    ``listing.recursive`` (each subdirectory's after the files beside it, by name)."""
+    files, folders = [], []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.startswith((".", "_")):
+            continue
+        if os.path.isdir(path):
+            if not os.path.islink(path):  # a linked folder could lead back up: not followed
+                folders.append(path)
+        elif listing.extensions is None or name.lower().endswith(listing.extensions):
+            files.append(path)
+    if listing.recursive:
+        for folder in folders:
+            files.extend(data_files(folder, listing))
+    return files
 
 
-def view(entry: str, extensions: tuple[str, ...] | None = None) -> View:
+def view(entry: str, listing: Listing = FLAT) -> View:
     """``entry`` as this process sees it (run on each worker)."""
     if not access.admits(entry):  # not even listed: the answer is the same whatever is there
         return View(REFUSED)
@@ -99,7 +121,7 @@ def view(entry: str, extensions: tuple[str, ...] | None = None) -> View:
         if glob.has_magic(entry):
             kind, candidates = GLOB, sorted(glob.glob(entry))
         elif os.path.isdir(entry):
-            kind, candidates = DIRECTORY, data_files(entry, extensions)
+            kind, candidates = DIRECTORY, data_files(entry, listing)
         elif os.path.lexists(entry):
             kind, candidates = FILE, [entry]
         else:
@@ -130,14 +152,12 @@ def _size_and_mtime(path: str) -> tuple[int, int]:
     return info.st_size, info.st_mtime_ns
 
 
-def views(entries: list[str], extensions: tuple[str, ...] | None = None) -> list[View]:
-    """Every entry as this worker sees it (``extensions``: see :func:`data_files`)."""
-    return [view(entry, extensions) for entry in entries]
+def views(entries: list[str], listing: Listing = FLAT) -> list[View]:
+    """Every entry as this worker sees it (``listing``: see :func:`data_files`)."""
+    return [view(entry, listing) for entry in entries]
 
 
-def merge(
-    entries: list[str], seen: dict[str, list[View]], extensions: tuple[str, ...] | None = None
-) -> Found:
+def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FLAT) -> Found:
     """The files of ``entries`` over all workers' views ``seen`` (worker -> one view per entry)."""
     found = Found(readable={worker: set() for worker in seen})
     files: dict[str, None] = {}  # an ordered set
@@ -147,13 +167,15 @@ def merge(
         names: set[str] = set()
         for worker, v in here.items():
             for path, size, mtime in v.files:
+                if v.kind == DIRECTORY:
+                    found.roots.setdefault(path, entry)
                 sizes.setdefault(path, {})[worker] = size
                 found.mtimes.setdefault(path, set()).add(mtime)
                 found.readable[worker].add(path)
                 names.add(path)
             names.update(v.refused)
         if not names:
-            raise _nothing_found(entry, {v.kind for v in here.values()}, extensions)
+            raise _nothing_found(entry, {v.kind for v in here.values()}, listing.extensions)
         files.update(dict.fromkeys(sorted(names)))
     for path in files:
         if path not in sizes:  # only ever refused: inside the roots by name, outside in fact

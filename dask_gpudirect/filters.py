@@ -12,7 +12,7 @@ from typing import Any
 
 from .errors import InputError
 
-_COMPARE = {
+COMPARE = {
     "=": operator.eq,
     "==": operator.eq,
     "!=": operator.ne,
@@ -21,7 +21,7 @@ _COMPARE = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-OPERATORS = frozenset(_COMPARE) | {"in", "not in"}
+OPERATORS = frozenset(COMPARE) | {"in", "not in"}
 
 Filters = list[list[tuple[str, str, Any]]]
 
@@ -86,7 +86,7 @@ def apply(frame: Any, filters: Filters | None) -> Any:
                 term = _isin(series, value)
                 term = ~term if op == "not in" else term
             else:
-                term = _COMPARE[op](series, value).fillna(False).astype(bool) & series.notna()
+                term = COMPARE[op](series, value).fillna(False).astype(bool) & series.notna()
             mask = term if mask is None else mask & term
         keep = mask if keep is None else keep | mask
     return frame[keep]

@@ -217,8 +217,8 @@ def run_page(page: pathlib.Path) -> None:
         if isinstance(value, Client):
             cluster = value.cluster
             value.close()
-            if cluster is not None:
-                cluster.close()
+            if cluster is not None:  # workers slow to stop on a loaded machine are not a fault
+                cluster.close(timeout=120)
 
 
 if __name__ == "__main__":

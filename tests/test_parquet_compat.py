@@ -101,7 +101,8 @@ def test_one_column_name_gives_a_series(tcp, tmp_path):
     ("kwargs", "reason"),
     [
         ({"engine": "pyarrow"}, "engine= is not supported: dask-gpudirect decodes"),
-        ({"split_row_groups": True}, "split_row_groups= is not supported: partitions follow"),
+        ({"split_row_groups": 0}, "split_row_groups=0: use 'infer', 'adaptive', True, False"),
+        ({"split_row_groups": "yes"}, "split_row_groups='yes': use"),
         ({"storage_options": {"anon": True}}, "storage_options= is not supported: remote"),
         ({"calculate_divisions": True}, "calculate_divisions= is not supported"),
         ({"dtype_backend": "pyarrow"}, "dtype_backend= is not supported"),
@@ -126,6 +127,22 @@ def test_dask_arguments_accepted(tcp, tmp_path):
         pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0))
     with pytest.raises(TypeError, match="unexpected keyword argument 'colums'"):
         dg.read_parquet(path, colums=["x"], client=tcp)
+
+
+@pytest.mark.parametrize(("split", "partitions"), [(True, 6), (2, 3), (False, 2), ("infer", 1)])
+def test_split_row_groups_as_dask(tcp, tmp_path, split, partitions):
+    """Two files of 4 and 2 row groups: one partition per row group, per 2, per file, or (by
+    bytes: small files joined) one; Dask makes the same counts."""
+    import dask.dataframe as dd
+
+    pq.write_table(pa.Table.from_pandas(frame(0, 40)), tmp_path / "a.parquet", row_group_size=10)
+    pq.write_table(pa.Table.from_pandas(frame(40, 20)), tmp_path / "b.parquet", row_group_size=10)
+    df = dg.read_parquet(tmp_path, split_row_groups=split, blocksize="64MiB", client=tcp)
+    assert df.npartitions == partitions
+    if split != "infer":  # Dask's "infer" joins by its own blocksize
+        assert dd.read_parquet(tmp_path, split_row_groups=split).npartitions == partitions
+    got = compute(tcp, df)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0, 60))
 
 
 def dtypes_of(client, df) -> list[dict]:

@@ -19,6 +19,7 @@ from .. import stamps
 from ..access import opened, pread_exact
 from ..errors import InputError
 from ..shards import Shard, coalesce
+from . import hive
 
 #: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
 MERGE_GAP = 64 * 1024
@@ -43,6 +44,9 @@ class ParquetPart:
     # (first value, step, name) of the RangeIndex pandas stored as metadata, at the first row
     # of these row groups: the index is rebuilt before filtering, so kept rows keep their labels
     range_index: tuple[int, int, str | None] | None = None
+    # hive partition columns: this file's (name, value) and every one's (name, categories, int?)
+    partition: tuple[tuple[str, Any], ...] = ()
+    partition_types: tuple[tuple[str, tuple, bool], ...] = ()
 
     @property
     def indexed(self) -> bool:
@@ -66,16 +70,34 @@ class ParquetPart:
             frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
             if self.range_index is not None:
                 frame = helpers.with_range_index(frame, *self.range_index)
-            frame = dnf.apply(frame, self.filters)[list(self.columns)]
+            frame = dnf.apply(frame, self.filters)
+            for name, value in self.partition:  # the file's folders' values, on every row
+                if name in self.columns:
+                    frame[name] = value
+            frame = frame[list(self.columns)]
             if self.range_index is None:
                 frame = frame.reset_index(drop=True)
         name = self.range_index[2] if self.range_index is not None else None
-        return finished(frame, helpers, self.categorical, self.nulls, self.index, name)
+        return finished(
+            frame, helpers, self.categorical, self.nulls, self.index, name, self.partition_types
+        )
 
 
-def finished(frame, helpers, categorical, nulls, index: str | None, range_name: str | None):
-    """A decoded frame, or ``meta``, as every partition is given: categories, the types of
-    columns that may hold nulls, and its index (a column, or a stored RangeIndex's name)."""
+def finished(
+    frame,
+    helpers,
+    categorical,
+    nulls,
+    index: str | None,
+    range_name: str | None,
+    partition_types: tuple = (),
+):
+    """A decoded frame, or ``meta``, as every partition is given: categories (a hive partition
+    column's are every value of the read), the types of columns that may hold nulls, and its
+    index (a column, or a stored RangeIndex's name)."""
+    for name, categories, integer in partition_types:
+        if name in frame.columns:
+            frame[name] = frame[name].astype(helpers.category_type(categories, integer))
     frame = helpers.with_nulls(categorize(frame, categorical), nulls)
     if range_name is not None:
         frame.index.name = range_name
@@ -110,12 +132,21 @@ class ParquetPlan:
     nulls: tuple[str, ...] = ()  # columns that may hold nulls in some file (see unified)
     index: str | None = None  # the column the partitions are indexed by (one of ``schema``'s)
     range_name: str | None = None  # the name of a RangeIndex pandas stored as metadata
+    partition_types: tuple[tuple[str, tuple, bool], ...] = ()  # hive columns (see ParquetPart)
 
     def meta(self, target_module) -> Any:
         """An empty partition of the result on the target (the collection's ``meta``)."""
         empty = target_module.empty_frame(self.schema.empty_table())
         categorical = _dictionary_columns(self.schema)
-        return finished(empty, target_module, categorical, self.nulls, self.index, self.range_name)
+        return finished(
+            empty,
+            target_module,
+            categorical,
+            self.nulls,
+            self.index,
+            self.range_name,
+            self.partition_types,
+        )
 
     def unified(self) -> ParquetPlan:
         """The plan with one type per column in every partition: a column that may hold nulls
@@ -272,16 +303,29 @@ def _tail_start(meta: pq.FileMetaData) -> int:
 
 
 def plan(
-    files: list[str], columns, filters, blocksize: int, target: str, index=None
+    files: list[str],
+    columns,
+    filters,
+    blocksize: int,
+    target: str,
+    index=None,
+    partitioning: hive.Partitioning | None = None,
+    per_shard: int | None = None,
 ) -> ParquetPlan:
     """Shards of ``files`` (footers only, no data read) and the schema of the result (its
-    columns, the index column last)."""
+    columns, hive partition columns after the files' own, the index column last). A shard is
+    a run of row groups of about ``blocksize`` bytes, or with ``per_shard`` of that many row
+    groups."""
     first = _open(files[0])
     schema = first.file.schema_arrow
     if isinstance(columns, str):
         columns = [columns]
     key = _choose_index(files[0], schema, index, columns)
-    available = [name for name in schema.names if name != key]
+    folders = list(partitioning.names) if partitioning else []
+    clash = [name for name in folders if name in schema.names]
+    if clash:
+        raise InputError(files[0], f"hive partition key(s) {clash} are also columns of the file")
+    available = [name for name in schema.names if name != key] + folders
     if columns is None:
         columns = available
     else:
@@ -290,17 +334,27 @@ def plan(
         if unknown:
             raise InputError(files[0], f"unknown column(s) {unknown}; columns are {available}")
     kept = columns + ([key] if key else [])
-    filters = dnf.normalize(filters, schema.names, files[0])
-    read_columns = kept + [c for c in dnf.columns_of(filters) if c not in kept]
-    expression = dnf.to_expression(filters)
+    filters = dnf.normalize(filters, schema.names + folders, files[0])
+    read_columns = [c for c in kept if c not in folders]
+    read_columns += [c for c in dnf.columns_of(filters) if c not in read_columns + folders]
+    # a row count needs a column: where only partition columns are asked for, read the first
+    read_columns = read_columns or schema.names[:1]
     # with the pandas metadata: columns stored as Int64 and the like come back so in meta too
-    out_schema = pa.schema([schema.field(c) for c in kept], metadata=schema.metadata)
+    fields = [
+        schema.field(c) if c not in folders else _partition_field(c, partitioning) for c in kept
+    ]
+    out_schema = pa.schema(fields, metadata=schema.metadata)
+    types = tuple(
+        (name, partitioning.categories[name], partitioning.integer[name])
+        for name in folders
+        if name in kept
+    )
     part = dict(  # what every shard's ParquetPart shares; row groups are added per shard
         read_columns=tuple(read_columns),
         columns=tuple(kept),
-        filters=filters,
         categorical=_dictionary_columns(out_schema),
         index=key,
+        partition_types=types,
     )
     # a RangeIndex pandas kept as metadata: rebuilt per shard from each file's own (as pandas)
     ranged = _stored_range(schema) if index is None else None
@@ -309,7 +363,11 @@ def plan(
     for path in files:
         footer = first if path == files[0] else _open(path)
         _check_schema(path, footer.file.schema_arrow, files[0], schema)
-        shards.extend(_file_shards(footer, part, expression, blocksize, target, ranged))
+        values = partitioning.of(path) if partitioning else ()
+        possible, left = hive.keep(values, filters)  # partition terms decided on the folders
+        mine = dict(part, filters=left, partition=values)
+        args = (blocksize, per_shard, target, ranged)
+        shards.extend(_file_shards(footer, mine, out_schema, possible, *args))
     return ParquetPlan(
         shards=shards,
         schema=out_schema,
@@ -317,7 +375,14 @@ def plan(
         first=files[0],
         index=key,
         range_name=ranged.get("name") if ranged else None,
+        partition_types=types,
     )
+
+
+def _partition_field(name: str, partitioning: hive.Partitioning) -> pa.Field:
+    """A hive partition column as Dask gives it: dictionary-encoded (a category)."""
+    values = pa.int32() if partitioning.integer[name] else pa.string()
+    return pa.field(name, pa.dictionary(pa.int32(), values))
 
 
 def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
@@ -336,7 +401,8 @@ def _null_columns(footer: _Footer, row_groups: list[int], columns) -> tuple[str,
     candidates = {
         c
         for c in columns
-        if pa.types.is_integer(schema.field(c).type) or pa.types.is_boolean(schema.field(c).type)
+        if c in schema.names  # not a hive partition column
+        and (pa.types.is_integer(schema.field(c).type) or pa.types.is_boolean(schema.field(c).type))
     }
     meta, leaves, found = footer.file.metadata, _top_level_columns(footer.file), set()
     for i in row_groups:
@@ -359,7 +425,13 @@ def _range_at(footer: _Footer, ranged: dict | None, row_group: int):
     return (own["start"] + own["step"] * before, own["step"], ranged.get("name"))
 
 
-def _file_shards(footer: _Footer, part: dict, expression, blocksize, target, ranged=None):
+def _file_shards(footer: _Footer, part: dict, out: pa.Schema, possible: bool, *args):
+    """The shards of one file: runs of its row groups that its filters (``part["filters"]``,
+    the file's own terms) may keep, or where none may (or not ``possible``: its folders are
+    ruled out) one shard that reads the footer alone, to check the file, and gives no rows of
+    ``out``."""
+    blocksize, per_shard, target, ranged = args
+    expression = dnf.to_expression(part["filters"])
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     leaves = _top_level_columns(footer.file)
     tail = _tail_start(meta)
@@ -369,11 +441,12 @@ def _file_shards(footer: _Footer, part: dict, expression, blocksize, target, ran
     ranges: list[list[tuple[int, int]]] = []
     group_bytes = blocksize
     previous = None
-    for i in _kept_row_groups(footer, expression):
+    for i in _kept_row_groups(footer, expression) if possible else []:
         rg = meta.row_group(i)
         chunks = [_chunk_range(rg.column(j)) for j in range(rg.num_columns) if leaves[j] in wanted]
         nbytes = sum(n for _, n in chunks)
-        if group_bytes >= blocksize or previous != i - 1:
+        full = groups and (len(groups[-1]) >= per_shard if per_shard else group_bytes >= blocksize)
+        if not groups or full or previous != i - 1:
             groups.append([])
             ranges.append([])
             group_bytes = 0
@@ -384,10 +457,6 @@ def _file_shards(footer: _Footer, part: dict, expression, blocksize, target, ran
     nulls = _null_columns(footer, [i for g in groups for i in g], part["columns"])
     if not groups:  # statistics planned from this footer rule it all out: check it is still so
         offset, length = footer.stamp.probe
-        file_schema = footer.file.schema_arrow
-        out = pa.schema(
-            [file_schema.field(c) for c in part["columns"]], metadata=file_schema.metadata
-        )
         start = _range_at(footer, ranged, 0)
         empty = ParquetPart(row_groups=(), empty=out, range_index=start, **part)
         return [Shard(path, ((offset, length),), offset, length, empty, target, stamp=footer.stamp)]

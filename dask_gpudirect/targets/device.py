@@ -50,6 +50,14 @@ def with_range_index(frame, first: int, step: int, name: str | None):
     return frame
 
 
+def category_type(categories: tuple, integer: bool):
+    """A hive partition column's type (see the host target's), as cuDF holds it."""
+    import cudf
+
+    values = cudf.Index(list(categories), dtype="int32" if integer else "str")
+    return cudf.CategoricalDtype(categories=values, ordered=False)
+
+
 def with_nulls(frame, columns: tuple[str, ...]):
     """cuDF columns hold nulls in any type: nothing to change (see the host target's)."""
     return frame

@@ -7,6 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from dask.utils import parse_bytes
@@ -40,6 +41,11 @@ def with_range_index(frame, first: int, step: int, name: str | None):
 
     frame.index = pd.RangeIndex(first, first + step * len(frame), step, name=name)
     return frame
+
+
+def category_type(categories: tuple, integer: bool) -> pd.CategoricalDtype:
+    """A hive partition column's type: its values as categories (int32 or strings), as Dask."""
+    return pd.CategoricalDtype(pd.Index(list(categories), dtype="int32" if integer else "str"))
 
 
 def with_nulls(frame, columns: tuple[str, ...]):

@@ -1,0 +1,118 @@
+"""Hive-partitioned folders: ``year=2024/month=1/part-0.parquet`` gives each row of that file
+the columns ``year`` and ``month``, as Dask's Parquet reader gives them.
+
+The keys come from the folders between the directory the user named and the file. As Dask
+types them, each is a category column whose categories are every value found, integers (int32)
+where all of them are, else strings; ``__HIVE_DEFAULT_PARTITION__`` is a null. Filters on them
+are decided per file at planning, so folders ruled out are never opened.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import urllib.parse
+from typing import Any
+
+from ..errors import InputError
+
+#: What Hive (and Spark, and pyarrow) write for a null partition value.
+NULL = "__HIVE_DEFAULT_PARTITION__"
+_INTEGER = re.compile(r"^-?\d+$")
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioning:
+    """The partition columns of a read, their categories, and each file's values."""
+
+    names: tuple[str, ...]
+    categories: dict[str, tuple]  # name -> every value found, sorted (ints or strs)
+    integer: dict[str, bool]  # name -> whether its values are int32
+    values: dict[str, dict[str, Any]]  # file -> name -> its value (None: null)
+
+    def of(self, path: str) -> tuple[tuple[str, Any], ...]:
+        """``path``'s (name, value) pairs, in column order."""
+        return tuple((name, self.values[path][name]) for name in self.names)
+
+
+def keys_of(path: str, root: str) -> list[tuple[str, str]]:
+    """The ``key=value`` folders between ``root`` and ``path``, outermost first."""
+    folders = os.path.relpath(os.path.dirname(path), root).split(os.sep)
+    pairs = [f.split("=", 1) for f in folders if "=" in f]
+    return [(urllib.parse.unquote(k), urllib.parse.unquote(v)) for k, v in pairs]
+
+
+def partitioning(files: list[str], roots: dict[str, str]) -> Partitioning | None:
+    """The partitioning of ``files`` (each listed under the directory ``roots[file]``), or None
+    where no file lies in a ``key=value`` folder. Every file must have the same keys."""
+    found = {path: keys_of(path, roots[path]) for path in files if path in roots}
+    if not any(found.values()):
+        return None
+    first = files[0]
+    names = tuple(k for k, _ in found.get(first, []))
+    for path in files:
+        keys = tuple(k for k, _ in found.get(path, []))
+        if keys != names:
+            raise InputError(
+                path,
+                f"hive partition keys {list(keys)} differ from {list(names)} of {first}: every "
+                "file must lie in folders of the same keys",
+            )
+    raw = {name: {v for pairs in found.values() for k, v in pairs if k == name} for name in names}
+    integer = {name: _all_int32(values - {NULL}) for name, values in raw.items()}
+    typed = {path: {k: _typed(v, integer[k]) for k, v in pairs} for path, pairs in found.items()}
+    categories = {name: tuple(sorted({t[name] for t in typed.values()} - {None})) for name in names}
+    return Partitioning(names, categories, integer, typed)
+
+
+def _all_int32(values: set[str]) -> bool:
+    return bool(values) and all(
+        _INTEGER.match(v) and _INT32[0] <= int(v) <= _INT32[1] for v in values
+    )
+
+
+def _typed(value: str, integer: bool) -> Any:
+    if value == NULL:
+        return None
+    return int(value) if integer else value
+
+
+def keep(pairs: tuple[tuple[str, Any], ...], filters) -> tuple[bool, Any]:
+    """Whether a file whose partition values are ``pairs`` can hold rows ``filters`` keep, and
+    the filters its rows still need (terms on partition columns decided here; None: all rows).
+
+    A conjunction with a false partition term is dropped; one whose terms were all partition
+    terms keeps every row of the file.
+    """
+    if filters is None:
+        return True, None
+    values = dict(pairs)
+    left = []
+    for conjunction in filters:
+        decided = [t for t in conjunction if t[0] in values]
+        if not all(_holds(values[c], op, v) for c, op, v in decided):
+            continue
+        rest = [t for t in conjunction if t[0] not in values]
+        if not rest:
+            return True, None
+        left.append(rest)
+    return bool(left), left or None
+
+
+def _holds(value: Any, op: str, operand: Any) -> bool:
+    """One filter term on a partition value, with pyarrow's null rules (see filters.py)."""
+    from .. import filters
+
+    operands = list(operand) if op in ("in", "not in") else [operand]
+    for o in operands:
+        if value is not None and o is not None and isinstance(o, str) != isinstance(value, str):
+            kind = "strings" if isinstance(value, str) else "integers"
+            raise InputError(
+                None, f"filter ({op!r}, {operand!r}) on a partition column whose values are {kind}"
+            )
+    if op in ("in", "not in"):
+        found = value in operands if value is not None else None in operands
+        return found if op == "in" else not found
+    return value is not None and bool(filters.COMPARE[op](value, operand))

@@ -1,0 +1,143 @@
+"""Hive-partitioned folders (``year=2024/month=1/part-0.parquet``), read as ``dd.read_parquet``
+reads them: the keys become category columns, filters on them prune whole folders at planning,
+and ``columns=`` can name them. Compared with Dask itself on files the tests write."""
+
+from __future__ import annotations
+
+import os
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from util import clear_ledgers, compute
+
+import dask_gpudirect as dg
+from dask_gpudirect import ledger
+
+YEARS, REGIONS = (2023, 2024), ("eu", "us")
+
+
+def hive_folders(root, null: bool = False) -> pd.DataFrame:
+    """year=Y/region=R/part-0.parquet for each pair (and with ``null`` a null region, which
+    Dask cannot read: it types a file's keys from that file alone); the rows, as pandas."""
+    frames = []
+    for y in YEARS:
+        for r in (*REGIONS, None) if null else REGIONS:
+            folder = root / f"year={y}" / f"region={r or '__HIVE_DEFAULT_PARTITION__'}"
+            folder.mkdir(parents=True)
+            n = 40
+            x = np.arange(n) + 1000 * y + (REGIONS.index(r) * 100 if r else 500)
+            part = pd.DataFrame({"x": x, "v": x * 0.5})
+            pq.write_table(pa.Table.from_pandas(part, preserve_index=False), folder / "part-0.pq")
+            frames.append(part.assign(year=y, region=r))
+    (root / "_SUCCESS").write_bytes(b"")
+    return pd.concat(frames, ignore_index=True)
+
+
+def same_as_dask(got: pd.DataFrame, root, **kwargs) -> pd.DataFrame:
+    """``got`` holds Dask's rows (in any order) with Dask's types for the partition columns."""
+    want = dd.read_parquet(root, **kwargs).compute()
+    assert list(got.columns) == list(want.columns)
+    for name in set(got.columns) & {"year", "region"}:
+        assert got[name].dtype == want[name].dtype, name  # categories and their type
+    order = list(got.columns)
+    a = got.astype({c: object for c in order}).sort_values(order, key=_sortable)
+    b = want.astype({c: object for c in order}).sort_values(order, key=_sortable)
+    pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
+    return want
+
+
+def _sortable(column: pd.Series) -> pd.Series:
+    return column.astype(str)
+
+
+def test_partition_columns_as_dask_gives_them(tcp, tmp_path):
+    hive_folders(tmp_path)
+    df = dg.read_parquet(tmp_path, client=tcp)
+    assert list(df.columns) == ["x", "v", "year", "region"]
+    assert list(df._meta["year"].cat.categories) == list(YEARS)
+    assert df._meta["year"].cat.categories.dtype == "int32"
+    assert list(df._meta["region"].cat.categories) == list(REGIONS)
+    got = compute(tcp, df)
+    want = same_as_dask(got, tmp_path)
+    assert (got.dtypes["year"], got.dtypes["region"]) == (df.dtypes["year"], df.dtypes["region"])
+    assert len(want) == len(got) == 4 * 40
+
+
+def test_a_null_partition_value(tcp, tmp_path):
+    """``__HIVE_DEFAULT_PARTITION__`` (what Hive, Spark and pyarrow write for null) is a null,
+    and no category; filters treat it as pyarrow does."""
+    rows = hive_folders(tmp_path, null=True)
+    df = dg.read_parquet(tmp_path, client=tcp)
+    assert list(df._meta["region"].cat.categories) == list(REGIONS)
+    got = compute(tcp, df).sort_values("x", ignore_index=True)  # folders in name order
+    assert got["region"].isna().sum() == 2 * 40
+    pd.testing.assert_frame_equal(
+        got.astype({"year": int, "region": "str"}),
+        rows.astype({"region": "str"}).sort_values("x", ignore_index=True),
+    )
+    only = compute(tcp, dg.read_parquet(tmp_path, filters=[("region", "in", [None])], client=tcp))
+    assert len(only) == 2 * 40 and only["region"].isna().all()
+    others = dg.read_parquet(tmp_path, filters=[("region", "not in", ["eu"])], client=tcp)
+    kept = compute(tcp, others)["region"]
+    assert kept.isna().sum() == 2 * 40 and set(kept.dropna()) == {"us"}
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        [("year", "==", 2024)],
+        [("year", "==", 2024), ("x", ">", 2024110)],
+        [[("region", "in", ["eu"])], [("year", "<", 2024), ("x", "<", 2023105)]],
+        [("region", "!=", "us"), ("year", ">=", 2024)],
+    ],
+)
+def test_filters_on_partition_keys_prune_folders(tcp, tmp_path, filters):
+    hive_folders(tmp_path)
+    clear_ledgers(tcp)
+    got = compute(tcp, dg.read_parquet(tmp_path, filters=filters, client=tcp))
+    same_as_dask(got, tmp_path, filters=filters)
+    reads = ledger.records(tcp).query("op == 'read'")
+    kept = {(int(y), r) for y, r in zip(got["year"], got["region"].astype(object), strict=True)}
+    for path, rows in reads.groupby("file"):
+        year = int(path.split("year=")[1].split(os.sep)[0])
+        region = path.split("region=")[1].split(os.sep)[0]
+        if (year, region) not in kept:  # ruled out by its folders: its footer alone, checked
+            assert rows["shard"].str.endswith("@footer").all(), rows
+
+
+def test_columns_may_name_partition_keys(tcp, tmp_path):
+    hive_folders(tmp_path)
+    got = compute(tcp, dg.read_parquet(tmp_path, columns=["x", "region"], client=tcp))
+    same_as_dask(got, tmp_path, columns=["x", "region"])
+    year = compute(tcp, dg.read_parquet(tmp_path, columns="year", client=tcp))
+    assert isinstance(year, pd.Series) and year.name == "year"
+    assert sorted(year.astype(int)) == sorted([y for y in YEARS for _ in range(2 * 40)])
+
+
+def test_string_keys_and_keys_that_differ(tcp, tmp_path):
+    for name in ("a", "b"):
+        folder = tmp_path / f"kind={name}"
+        folder.mkdir()
+        pq.write_table(pa.table({"x": [1, 2]}), folder / "part.parquet")
+    got = compute(tcp, dg.read_parquet(tmp_path, client=tcp))
+    same_as_dask(got, tmp_path)
+    with pytest.raises(dg.InputError, match="on a partition column whose values are strings"):
+        dg.read_parquet(tmp_path, filters=[("kind", "==", 1)], client=tcp)
+
+    odd = tmp_path / "kind=c" / "day=1"
+    odd.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [3]}), odd / "part.parquet")
+    with pytest.raises(dg.InputError, match=r"kind=c/day=1/part.parquet: hive partition keys"):
+        dg.read_parquet(tmp_path, client=tcp)
+
+
+def test_a_key_that_is_also_a_column_is_refused(tcp, tmp_path):
+    folder = tmp_path / "x=1"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": [1, 2]}), folder / "part.parquet")
+    with pytest.raises(dg.InputError, match=r"hive partition key\(s\) \['x'\] are also columns"):
+        dg.read_parquet(tmp_path, client=tcp)
