@@ -145,6 +145,7 @@ def read_parquet(
     index: str | list[str] | bool | None = None,
     parquet_file_extension: str | tuple[str, ...] | None = compat.PARQUET_EXTENSIONS,
     split_row_groups: bool | int | str = "infer",
+    dtype_backend: str | None = None,
     filesystem: Any = None,
     **kwargs: Any,
 ) -> dd.DataFrame | dd.Series:
@@ -188,6 +189,10 @@ def read_parquet(
         As in Dask: ``"infer"`` and ``"adaptive"`` cut partitions by ``blocksize``; ``True``
         makes one partition per row group, a number that many row groups per partition, and
         ``False`` one per file (small files are then not joined).
+    dtype_backend
+        As in Dask, for pandas partitions (the host target): ``"numpy_nullable"`` gives
+        pandas' nullable types (``Int64``, ``boolean``, ``string``...), ``"pyarrow"``
+        pyarrow-backed columns; None the types pyarrow converts to by default.
     filesystem
         ``None``, ``"arrow"`` or a local file system (pyarrow's or fsspec's).
 
@@ -203,9 +208,20 @@ def read_parquet(
         dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
     ) == "auto"
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
+    compat.check_backend(dtype_backend, target)
     folders = hive.partitioning(found.files, found.roots)
     planned = _plan(
-        client, found, parquet.plan, columns, filters, blocksize, target, index, folders, per_shard
+        client,
+        found,
+        parquet.plan,
+        columns,
+        filters,
+        blocksize,
+        target,
+        index,
+        folders,
+        per_shard,
+        dtype_backend,
     )
     plan = planned.unified()
     meta = plan.meta(targets.module(target))

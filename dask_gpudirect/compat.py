@@ -23,7 +23,6 @@ REFUSED = {
     "metadata_task_size": "footers are read by the workers that can read the files",
     "aggregate_files": "small files are always joined up to blocksize, in file order",
     "categories": "dictionary-encoded columns come back as categories already",
-    "dtype_backend": "partitions keep the types pyarrow or libcudf decode to (not supported yet)",
     "arrow_to_pandas": "the host target converts with pyarrow's defaults",
     "dataset": "files are planned from their footers, not as a pyarrow dataset",
     "read": "decoding is done by dask-gpudirect's own reader",
@@ -59,6 +58,24 @@ def row_groups_per_partition(split_row_groups: Any) -> int | None:
         f"split_row_groups={split_row_groups!r}: use 'infer', 'adaptive', True, False or a "
         "positive number of row groups per partition",
     )
+
+
+#: Dask's ``dtype_backend`` values: pandas' nullable types, or pyarrow-backed columns.
+BACKENDS = (None, "numpy_nullable", "pyarrow")
+
+
+def check_backend(dtype_backend: Any, target: str) -> None:
+    """``dtype_backend`` as Dask takes it, for pandas partitions (the host target) only."""
+    if dtype_backend not in BACKENDS:
+        raise InputError(
+            None, f"dtype_backend={dtype_backend!r}: use None, 'numpy_nullable' or 'pyarrow'"
+        )
+    if dtype_backend is not None and target != "host":
+        raise InputError(
+            None,
+            f"dtype_backend={dtype_backend!r} chooses pandas types, and target={target!r} gives "
+            "cuDF partitions, whose columns hold nulls in every type already",
+        )
 
 
 def check_filesystem(filesystem: Any) -> None:

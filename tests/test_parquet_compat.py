@@ -105,7 +105,7 @@ def test_one_column_name_gives_a_series(tcp, tmp_path):
         ({"split_row_groups": "yes"}, "split_row_groups='yes': use"),
         ({"storage_options": {"anon": True}}, "storage_options= is not supported: remote"),
         ({"calculate_divisions": True}, "calculate_divisions= is not supported"),
-        ({"dtype_backend": "pyarrow"}, "dtype_backend= is not supported"),
+        ({"dtype_backend": "arrow"}, "dtype_backend='arrow': use None, 'numpy_nullable'"),
         ({"index": ["id", "x"]}, "one column only"),
         ({"filesystem": "s3"}, "filesystem='s3' is not supported"),
     ],
@@ -143,6 +143,30 @@ def test_split_row_groups_as_dask(tcp, tmp_path, split, partitions):
         assert dd.read_parquet(tmp_path, split_row_groups=split).npartitions == partitions
     got = compute(tcp, df)
     pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0, 60))
+
+
+@pytest.mark.parametrize("backend", ["numpy_nullable", "pyarrow"])
+def test_dtype_backend_as_dask(tcp, tmp_path, backend):
+    """Dask's types for each backend, in meta and in every partition, nulls kept as nulls."""
+    import dask.dataframe as dd
+
+    table = pa.table(
+        {
+            "i": pa.array([1, None, 3], pa.int64()),
+            "f": pa.array([0.5, None, 1.5]),
+            "b": pa.array([True, None, False]),
+            "u": pa.array([1, 2, 3], pa.uint16()),
+        }
+    )
+    for name in ("a", "b"):
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    df = dg.read_parquet(tmp_path, dtype_backend=backend, client=tcp)
+    want = dd.read_parquet(tmp_path, dtype_backend=backend)
+    assert df.dtypes.to_dict() == want.dtypes.to_dict()
+    assert all(d == df.dtypes.to_dict() for d in dtypes_of(tcp, df))
+    got = compute(tcp, df).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want.compute().reset_index(drop=True))
+    assert got["i"].isna().tolist() == [False, True, False] * 2
 
 
 def dtypes_of(client, df) -> list[dict]:

@@ -47,6 +47,7 @@ class ParquetPart:
     # hive partition columns: this file's (name, value) and every one's (name, categories, int?)
     partition: tuple[tuple[str, Any], ...] = ()
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()
+    backend: str | None = None  # Dask's dtype_backend, for pandas partitions
 
     @property
     def indexed(self) -> bool:
@@ -65,9 +66,10 @@ class ParquetPart:
 
         helpers = module(target.name)
         if self.empty is not None:
-            frame = helpers.empty_frame(self.empty.empty_table())
+            frame = helpers.empty_frame(self.empty.empty_table(), self.backend)
         else:
-            frame = target.decode_parquet(buffer, list(self.row_groups), list(self.read_columns))
+            rgs, columns = list(self.row_groups), list(self.read_columns)
+            frame = target.decode_parquet(buffer, rgs, columns, self.backend)
             if self.range_index is not None:
                 frame = helpers.with_range_index(frame, *self.range_index)
             frame = dnf.apply(frame, self.filters)
@@ -133,10 +135,11 @@ class ParquetPlan:
     index: str | None = None  # the column the partitions are indexed by (one of ``schema``'s)
     range_name: str | None = None  # the name of a RangeIndex pandas stored as metadata
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()  # hive columns (see ParquetPart)
+    backend: str | None = None  # Dask's dtype_backend, for pandas partitions
 
     def meta(self, target_module) -> Any:
         """An empty partition of the result on the target (the collection's ``meta``)."""
-        empty = target_module.empty_frame(self.schema.empty_table())
+        empty = target_module.empty_frame(self.schema.empty_table(), self.backend)
         categorical = _dictionary_columns(self.schema)
         return finished(
             empty,
@@ -311,6 +314,7 @@ def plan(
     index=None,
     partitioning: hive.Partitioning | None = None,
     per_shard: int | None = None,
+    backend: str | None = None,
 ) -> ParquetPlan:
     """Shards of ``files`` (footers only, no data read) and the schema of the result (its
     columns, hive partition columns after the files' own, the index column last). A shard is
@@ -355,6 +359,7 @@ def plan(
         categorical=_dictionary_columns(out_schema),
         index=key,
         partition_types=types,
+        backend=backend,
     )
     # a RangeIndex pandas kept as metadata: rebuilt per shard from each file's own (as pandas)
     ranged = _stored_range(schema) if index is None else None
@@ -376,6 +381,7 @@ def plan(
         index=key,
         range_name=ranged.get("name") if ranged else None,
         partition_types=types,
+        backend=backend,
     )
 
 

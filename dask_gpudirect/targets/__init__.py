@@ -89,7 +89,9 @@ class Target:
         """Read ``shard``'s ranges through ``file`` (never by name); the buffer and bytes read."""
         raise NotImplementedError
 
-    def decode_parquet(self, buffer: Any, row_groups: list[int], columns: list[str]) -> Any:
+    def decode_parquet(
+        self, buffer: Any, row_groups: list[int], columns: list[str], backend: str | None = None
+    ) -> Any:
         raise NotImplementedError
 
     def as_array(self, buffer: Any, dtype, shape: tuple[int, ...], order: str) -> Any:

@@ -32,7 +32,7 @@ def _decode_parquet(source, row_groups: list[int] | None, columns: list[str]):
     return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
 
 
-def empty_frame(table: pa.Table):
+def empty_frame(table: pa.Table, backend: str | None = None):
     """The cuDF partition type for ``table``'s schema (a collection's ``meta``).
 
     Decoded by the same reader as the partitions, so dtypes (decimal widths included) match.
@@ -192,7 +192,7 @@ class DeviceTarget(Target):
             nread = sum(fut.get() for fut in futures)
         return buffer, nread
 
-    def decode_parquet(self, buffer, row_groups, columns):
+    def decode_parquet(self, buffer, row_groups, columns, backend=None):
         return _decode_parquet(buffer, row_groups, columns)
 
     def as_array(self, buffer, dtype, shape, order):

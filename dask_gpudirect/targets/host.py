@@ -14,10 +14,30 @@ from dask.utils import parse_bytes
 
 from . import Target
 
+#: pyarrow type -> pandas' nullable type, for ``dtype_backend="numpy_nullable"`` (as Dask maps).
+NULLABLE = {
+    pa.int8(): pd.Int8Dtype(),
+    pa.int16(): pd.Int16Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.uint8(): pd.UInt8Dtype(),
+    pa.uint16(): pd.UInt16Dtype(),
+    pa.uint32(): pd.UInt32Dtype(),
+    pa.uint64(): pd.UInt64Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+    pa.float32(): pd.Float32Dtype(),
+    pa.float64(): pd.Float64Dtype(),
+    pa.string(): pd.StringDtype(),
+    pa.large_string(): pd.StringDtype(),
+}
+#: ``dtype_backend`` -> the ``types_mapper`` pyarrow converts with.
+MAPPERS = {None: None, "numpy_nullable": NULLABLE.get, "pyarrow": pd.ArrowDtype}
 
-def _to_pandas(table: pa.Table):
+
+def _to_pandas(table: pa.Table, backend: str | None = None):
     """``table`` as pandas with the types pandas stored (``Int64``...) but not its index: the
-    reader sets the index itself, by Dask's rules, on both targets."""
+    reader sets the index itself, by Dask's rules, on both targets. ``backend``: Dask's
+    ``dtype_backend``, nullable pandas or pyarrow-backed columns."""
     stored = table.schema.pandas_metadata
     if stored and stored.get("index_columns"):
         # an unnamed index's column keeps its field name (``__index_level_0__``), not None
@@ -27,12 +47,12 @@ def _to_pandas(table: pa.Table):
         ]
         unindexed = json.dumps({**stored, "index_columns": [], "columns": columns}).encode()
         table = table.replace_schema_metadata({**table.schema.metadata, b"pandas": unindexed})
-    return table.to_pandas()
+    return table.to_pandas(types_mapper=MAPPERS[backend])
 
 
-def empty_frame(table: pa.Table):
+def empty_frame(table: pa.Table, backend: str | None = None):
     """The pandas partition type for ``table``'s schema (a collection's ``meta``)."""
-    return _to_pandas(table)
+    return _to_pandas(table, backend)
 
 
 def with_range_index(frame, first: int, step: int, name: str | None):
@@ -138,9 +158,9 @@ class HostTarget(Target):
         ]
         return buffer, sum(f.result() for f in futures)
 
-    def decode_parquet(self, buffer, row_groups, columns):
+    def decode_parquet(self, buffer, row_groups, columns, backend=None):
         table = pq.ParquetFile(pa.py_buffer(buffer)).read_row_groups(row_groups, columns=columns)
-        return _to_pandas(table)
+        return _to_pandas(table, backend)
 
     def as_array(self, buffer, dtype, shape, order):
         return buffer.view(dtype).reshape(shape, order=order)
