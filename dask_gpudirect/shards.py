@@ -68,9 +68,11 @@ def load(shard: Shard) -> Any:
         raise _elsewhere(shard, plugin.address, exc) from None
     try:
         return shard.part.decode(plugin.target(shard.target), buffer)
-    except InputError:
+    except (InputError, MemoryError):
         raise
-    except (OSError, ValueError, RuntimeError) as exc:  # how pyarrow and libcudf report bad data
+    # pyarrow and libcudf report bad data in many types (ArrowException, OSError, ValueError,
+    # RuntimeError, TypeError...): whichever it is, the user learns which file and shard
+    except Exception as exc:
         raise InputError(
             shard.path, f"cannot decode {shard.name}: {type(exc).__name__}: {exc}"
         ) from exc
