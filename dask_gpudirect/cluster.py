@@ -71,9 +71,16 @@ async def _describe(dask_worker, entries: list[str], listing: discovery.Listing)
     return {**plugin.describe(), "views": views, "memory": memory}
 
 
+def _registered(dask_scheduler) -> dict[str, list[str]]:
+    """The worker and scheduler plugins the scheduler holds, by name."""
+    workers, scheduler = dask_scheduler.worker_plugins, dask_scheduler.plugins
+    return {"worker": list(workers), "scheduler": list(scheduler)}
+
+
 def ensure_plugins(client: Client) -> None:
     """Register the reader, shuffle, placement and dashboard plugins where they are missing, and
-    say so."""
+    say so. Where all are there (every call after the first): two round trips, one to the
+    workers and one to the scheduler."""
     missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
     if missing:
         cluster = client.cluster
@@ -87,10 +94,15 @@ def ensure_plugins(client: Client) -> None:
             "registering GPUDirectPlugin with defaults on %d worker(s): %s", len(missing), missing
         )
         client.register_plugin(GPUDirectPlugin())
-    client.register_plugin(ShuffleWorkerPlugin())
-    client.register_plugin(ShuffleSchedulerPlugin())
-    client.register_plugin(PlacementPlugin())
-    client.register_plugin(DashboardPlugin())
+    held = client.run_on_scheduler(_registered)
+    for plugin, kind in (
+        (ShuffleWorkerPlugin, "worker"),
+        (ShuffleSchedulerPlugin, "scheduler"),
+        (PlacementPlugin, "scheduler"),
+        (DashboardPlugin, "scheduler"),
+    ):
+        if plugin.name not in held[kind]:
+            client.register_plugin(plugin())
 
 
 def survey(
