@@ -282,6 +282,22 @@ def wait_released(client, baseline: int = 0) -> None:
         time.sleep(0.05)
 
 
+#: Seconds a benchmark's cluster gets to close before its processes are killed.
+CLOSE_TIMEOUT = 60
+
+
+def stop_cluster(cluster, client, bench: str) -> None:
+    """Close ``client``, then ``cluster`` within CLOSE_TIMEOUT: a close that hangs (seen with
+    UCXX on a loaded CPU machine, after every measurement was taken) must not hang the run."""
+    client.close()
+    if cluster is None:
+        return
+    try:
+        cluster.close(timeout=CLOSE_TIMEOUT)
+    except TimeoutError:  # workers slow to stop after the measurements: not a failed run
+        log(bench, f"the cluster did not close in {CLOSE_TIMEOUT} s; its processes were killed")
+
+
 def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size: str | None):
     """Worker processes that share the GPUs round-robin: two workers on one H200 stand in for
     two GPUs where only one is lent. dask-cuda names its workers by GPU and so starts one per

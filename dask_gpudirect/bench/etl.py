@@ -41,6 +41,7 @@ from .common import (
     resolve_run,
     result_head,
     start_cluster,
+    stop_cluster,
     wait_released,
 )
 from .datasets import dataset
@@ -200,11 +201,7 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
                 rec = _measured("polars", query, run, nbytes, opts, lambda: None)
                 result["records"].append({**rec, "query": query})
     finally:
-        client.close()
-        try:
-            cluster.close()
-        except TimeoutError:
-            _log("the cluster took too long to close; its worker processes were killed")
+        stop_cluster(cluster, client, "etl")
 
 
 def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
@@ -238,11 +235,7 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
                     _log(f"restarting the cluster after {method} timed out")
                     client.restart()
     finally:
-        client.close()
-        try:
-            cluster.close()
-        except TimeoutError:  # workers slow to stop after the measurements: not a failed run
-            _log("the cluster took too long to close; its worker processes were killed")
+        stop_cluster(cluster, client, "etl")
 
 
 def _cudf_backend() -> None:

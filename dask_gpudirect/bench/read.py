@@ -61,6 +61,7 @@ from .common import (
     progress_bar,
     result_head,
     start_cluster,
+    stop_cluster,
     visible_devices,
     wait_released,
 )
@@ -256,8 +257,7 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
             measure = partial(_cold_dask, client, "dask-default", nbytes, dask_default, None)
             recs.append(_guard("dask-default", "cold", measure))
     finally:
-        client.close()
-        cluster.close()
+        stop_cluster(cluster, client, "read")
 
 
 def _cold_dask(client, key, nbytes, build, check):

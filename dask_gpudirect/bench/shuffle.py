@@ -55,6 +55,7 @@ from .common import (
     resolve_run,
     result_head,
     start_cluster,
+    stop_cluster,
     wait_released,
 )
 from .shuffle_report import DEVICE_ONLY, METHODS, checks_of, markdown, print_result
@@ -366,11 +367,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
                 client.restart()
                 frame.df = None
     finally:
-        client.close()
-        try:
-            cluster.close()
-        except TimeoutError:  # workers slow to stop after the measurements: not a failed run
-            _log("the cluster took too long to close; its worker processes were killed")
+        stop_cluster(cluster, client, "shuffle")
 
 
 def _one_method(

@@ -105,6 +105,8 @@ def probe(
     """Per worker: GPU, kvikio, GDS and comms; per path: route, copies, bandwidth, verdict."""
     from distributed import Client
 
+    from ..bench.common import stop_cluster
+
     source = click.get_current_context().get_parameter_source("scheduler_address")
     if local and source is click.core.ParameterSource.ENVIRONMENT:
         scheduler_address = None  # --local wins over $DASK_SCHEDULER_ADDRESS
@@ -122,9 +124,7 @@ def probe(
         with client.as_current():  # the pair transfer waits on futures of the current client
             result = probe_cluster(client, quick=quick, nbytes=parse_bytes(size))
     finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+        stop_cluster(cluster, client, "probe")
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
     else:
