@@ -112,6 +112,7 @@ def test_copies_per_route():
         "kvikio-compat": 2,
         "posix-host": 1,
         "ucx-device": 1,
+        "rapidsmpf-ucx": 1,
         "tcp-host-staged": 2,
         "ucx-host": 1,
         "tcp-host": 1,
