@@ -49,6 +49,12 @@ def test_bench_etl_host(tmp_path):
         assert rec["status"] == "ok", rec
         assert len(rec["runs"]) == 2 and rec["seconds"] > 0 and rec["gbps"] > 0, rec
         assert "->" in rec["note"], rec  # input -> output partitions
+    for query in QUERIES:  # where dg's time went: each phase waited for, inside the total
+        rec = by[query, "gpudirect"]
+        for seconds, phases in zip(rec["runs"], rec["phases"], strict=True):
+            assert list(phases) == ["plan", "read", "shuffle", "group-by"], rec
+            assert 0 < sum(phases.values()) <= seconds, rec
+        assert by[query, "tasks"]["phases"] == [{}, {}]  # Dask's pipeline is one graph
     for query, groups in [("many-keys", 256), ("unique-key", data["rows"])]:
         fingerprints = result["fingerprints"][query]
         assert sorted(fingerprints) == sorted(METHODS)

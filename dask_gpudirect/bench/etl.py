@@ -82,23 +82,48 @@ def _fingerprint(part, key: str) -> dict:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, object]:
-    """The read's partition count, and the query's collection, persisted: reads, shuffle and
-    group-by all run from here on. Each library cuts the files into partitions its own way."""
+def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, object, dict]:
+    """The read's partition count, the query's collection, persisted, and for dg the seconds
+    of each phase (planning, reading, shuffling, grouping: each waited for, so that a missed
+    target says where the time went). Each library cuts the files into partitions its own way."""
+    from distributed import wait
+
     import dask_gpudirect as dg
 
     columns = [key, "x", "y", "z"]
     if method in ("gpudirect", "rapidsmpf"):
+        clock = _Clock()
         engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
         df = dg.read_parquet(paths, columns=columns, client=client)
+        clock("plan")
+        df = df.persist()
+        wait(df)
+        clock("read")
         shuffled = dg.shuffle(df, key, client=client, engine=engine)
+        clock("shuffle")
         meta = _sum_by(shuffled._meta, key)
-        return df.npartitions, shuffled.map_partitions(_sum_by, key, meta=meta).persist()
+        out = shuffled.map_partitions(_sum_by, key, meta=meta).persist()
+        wait(out)
+        clock("group-by")
+        return df.npartitions, out, clock.seconds
     import dask.dataframe as dd
 
     df = dd.read_parquet(paths, columns=columns)
     out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=method)
-    return df.npartitions, out.persist()
+    return df.npartitions, out.persist(), {}
+
+
+class _Clock:
+    """Seconds since the last call, by phase name."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = now - self.last
+        self.last = now
 
 
 def _fingerprint_of(client, out, key: str) -> dict:
@@ -119,7 +144,7 @@ def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Cal
 
     def run() -> dict:
         start = time.perf_counter()
-        inputs, out = _pipeline(client, method, paths, key)
+        inputs, out, phases = _pipeline(client, method, paths, key)
         wait(out)
         seconds = time.perf_counter() - start
         failed = [f for f in futures_of(out) if f.status != "finished"]
@@ -128,7 +153,8 @@ def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Cal
         fp = _fingerprint_of(client, out, key)
         if not same(seen.setdefault(method, fp), fp):
             raise RuntimeError(f"two runs gave different results: {seen[method]} and {fp}")
-        return {"seconds": seconds, "note": f"{inputs} -> {out.npartitions} partitions", **fp}
+        note = f"{inputs} -> {out.npartitions} partitions"
+        return {"seconds": seconds, "note": note, "phases": phases, **fp}
 
     return run
 

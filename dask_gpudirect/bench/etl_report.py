@@ -119,6 +119,12 @@ HEADER = ("query", "method", "partitions", "seconds", "best", "first run", "GB/s
 CHECK_HEADER = ("check", "ratio", "target", "result")
 
 
+def _phases(rec: dict) -> str:
+    """dg's seconds per phase in its last run (plan, read, shuffle, group-by), where kept."""
+    last = (rec.get("phases") or [{}])[-1]
+    return "; last run: " + ", ".join(f"{k} {s:.2f} s" for k, s in last.items()) if last else ""
+
+
 def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
@@ -140,7 +146,7 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
                 (
                     query,
                     label,
-                    rec["note"],
+                    rec["note"] + _phases(rec),
                     f"{rec['seconds']:.3f}",
                     f"{rec['best_seconds']:.3f}",
                     f"{rec['first_seconds']:.3f}",
