@@ -645,3 +645,20 @@ def test_an_input_that_fails_raises_its_own_error(tcp):
         dg.shuffle(df, "k", client=tcp)
     assert ledger.records(tcp).empty
     assert not any(s["runs"] for s in tcp.run(shuffle_state).values())
+
+
+def _take_input(key):
+    return shuffle_service().take_input(key)
+
+
+def test_an_input_gone_from_its_worker_is_fetched_from_the_cluster(tcp):
+    """A stage takes its inputs from its worker's memory; where Distributed dropped that copy
+    (one of two), it fetches the input from the worker that still holds it."""
+    ensure_plugins(tcp)
+    a, b = sorted(tcp.scheduler_info(n_workers=-1)["workers"])[:2]
+    part = tcp.submit(pd.DataFrame, {"k": [1, 2, 3]}, workers=[a], pure=False)
+    wait(part)
+    # the key, not the future: b does not fetch the input before the task runs
+    got = tcp.submit(_take_input, part.key, workers=[b], allow_other_workers=False, pure=False)
+    pd.testing.assert_frame_equal(got.result(timeout=120), part.result())  # it used to hang
+    assert a in tcp.who_has([part])[part.key]  # fetched, not moved

@@ -518,7 +518,9 @@ class ShuffleService:
             return self.on_loop(self.worker.data.__getitem__, key)
         except KeyError:
             client = get_client()
-            return client.gather(Future(key, client))
+            # "memory": the input was computed; a Future made without a state stays pending
+            # in this client (the scheduler is never asked about it) and gather waits forever
+            return client.gather(Future(key, client, state="memory"))
 
     def _keep_own(self, exchange: Exchange, run: ShuffleRun, message: tuple) -> None:
         """Rows whose outputs this worker owns: into its own buffer, recorded as not moved."""
