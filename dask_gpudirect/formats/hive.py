@@ -15,6 +15,7 @@ import re
 import urllib.parse
 from typing import Any
 
+from .. import filters
 from ..errors import InputError
 
 #: What Hive (and Spark, and pyarrow) write for a null partition value.
@@ -103,8 +104,6 @@ def keep(pairs: tuple[tuple[str, Any], ...], filters) -> tuple[bool, Any]:
 
 def _holds(value: Any, op: str, operand: Any) -> bool:
     """One filter term on a partition value, with pyarrow's null rules (see filters.py)."""
-    from .. import filters
-
     operands = list(operand) if op in ("in", "not in") else [operand]
     for o in operands:
         if value is not None and o is not None and isinstance(o, str) != isinstance(value, str):
