@@ -1,16 +1,17 @@
 """Shards: the unit of loading. A shard is some byte ranges of one file plus how to decode them.
 
 Planning (on workers that see the files) turns paths into shards without reading data;
-:func:`load` (worker) reads a shard's ranges onto the worker's target and decodes them.
-Formats add a ``part`` with a ``decode(target, buffer)`` method; everything else about a shard
-is format-agnostic.
+:func:`load` (worker) reads a binary shard's ranges onto the worker's target and decodes them;
+:func:`load_joined` does so for the shards of one Parquet partition together. Formats add a
+``part`` that knows how; everything else about a shard is format-agnostic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from .errors import InputError
@@ -18,9 +19,9 @@ from .stamps import Stamp
 
 
 class Part(Protocol):
-    """What a format knows about one shard: how to turn its bytes into a table or array."""
-
-    def decode(self, target: Any, buffer: Any) -> Any: ...
+    """What a format knows about one shard: how to turn its bytes into a table or array
+    (binary parts: ``decode(target, buffer)``; Parquet parts are decoded a partition at a
+    time, :func:`load_joined`)."""
 
     def label(self) -> str | None:
         """Which piece of the file this is, where the first byte range does not say."""
@@ -62,32 +63,53 @@ def load(shard: Shard) -> Any:
     from .plugin import current_plugin
 
     plugin = current_plugin()
+    target = plugin.target(shard.target)
     try:  # the read checks the worker's own roots and the stamp: the planning is not trusted
-        buffer = plugin.target(shard.target).read(shard)
+        buffer = target.read(shard)
     except InputError as exc:
         raise _elsewhere(shard, plugin.address, exc) from None
+    with decoding(shard):
+        return shard.part.decode(target, buffer)
+
+
+def load_joined(shards: tuple[Shard, ...]) -> Any:
+    """Task body of a Parquet partition of one or more shards (small files joined): their rows
+    decoded on the target (the device target decodes them all in one libcudf call), each
+    shard's finished by its part, then put end to end with a fresh index as one shard's frame
+    has (or the files' own index, where the reader restores one)."""
+    from dask.dataframe.dispatch import concat
+
+    from .plugin import current_plugin
+    from .targets import module
+
+    plugin = current_plugin()
+    target = plugin.target(shards[0].target)
     try:
-        return shard.part.decode(plugin.target(shard.target), buffer)
+        decoded = target.read_parquet(shards)
+    except InputError as exc:
+        shard = next((s for s in shards if s.path == exc.path), shards[0])
+        raise _elsewhere(shard, plugin.address, exc) from None
+    helpers = module(target.name)
+    frames = [s.part.finish(helpers, rows) for s, rows in zip(shards, decoded, strict=True)]
+    if len(frames) == 1:
+        return frames[0]
+    return concat(frames, ignore_index=not shards[0].part.indexed)
+
+
+@contextlib.contextmanager
+def decoding(*shards: Shard) -> Iterator[None]:
+    """Decode errors as an :class:`InputError` naming the file (of ``shards``, the first)."""
+    try:
+        yield
     except (InputError, MemoryError):
         raise
     # pyarrow and libcudf report bad data in many types (ArrowException, OSError, ValueError,
     # RuntimeError, TypeError...): whichever it is, the user learns which file and shard
     except Exception as exc:
+        names = ", ".join(s.name for s in shards)
         raise InputError(
-            shard.path, f"cannot decode {shard.name}: {type(exc).__name__}: {exc}"
+            shards[0].path, f"cannot decode {names}: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-def load_joined(shards: tuple[Shard, ...]) -> Any:
-    """Task body of a partition of several shards (small files joined): each loaded, then put
-    end to end on the target, with a fresh index as one shard's frame has (or the files' own
-    index, where the reader restores one)."""
-    if len(shards) == 1:
-        return load(shards[0])
-    from dask.dataframe.dispatch import concat
-
-    fresh = not getattr(shards[0].part, "indexed", False)
-    return concat([load(shard) for shard in shards], ignore_index=fresh)
 
 
 def _elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:

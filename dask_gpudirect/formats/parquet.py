@@ -48,6 +48,7 @@ class ParquetPart:
     partition: tuple[tuple[str, Any], ...] = ()
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()
     backend: str | None = None  # Dask's dtype_backend, for pandas partitions
+    rows: int = 0  # in these row groups, as the footer says: what a read of them must give
 
     @property
     def indexed(self) -> bool:
@@ -61,15 +62,13 @@ class ParquetPart:
         first, last = self.row_groups[0], self.row_groups[-1]
         return f"rg{first}" if first == last else f"rg{first}-{last}"
 
-    def decode(self, target, buffer):
-        from ..targets import module
-
-        helpers = module(target.name)
+    def finish(self, helpers, frame):
+        """This shard's decoded rows (``frame``; None for a footer-only shard) as a partition
+        gives them: filtered, with the file's partition values and index, in the types of
+        ``meta``. ``helpers``: the target's module."""
         if self.empty is not None:
             frame = helpers.empty_frame(self.empty.empty_table(), self.backend)
         else:
-            rgs, columns = list(self.row_groups), list(self.read_columns)
-            frame = target.decode_parquet(buffer, rgs, columns, self.backend)
             if self.range_index is not None:
                 frame = helpers.with_range_index(frame, *self.range_index)
             frame = dnf.apply(frame, self.filters)
@@ -474,6 +473,7 @@ def _file_shards(footer: _Footer, part: dict, out: pa.Schema, possible: bool, *a
             size=size,
             part=ParquetPart(
                 row_groups=tuple(g),
+                rows=sum(meta.row_group(i).num_rows for i in g),
                 nulls=nulls,
                 range_index=_range_at(footer, ranged, g[0]),
                 **part,

@@ -1,15 +1,18 @@
 """Where loaded bytes land: the only place where host and device code differ.
 
 ``host``: a POSIX thread pool reads into NumPy; pyarrow decodes Parquet; arrays are NumPy.
-``device``: kvikio reads into an ``rmm.DeviceBuffer``; pylibcudf decodes; arrays are CuPy.
+``device``: kvikio reads into an ``rmm.DeviceBuffer`` (libcudf reads Parquet itself, through the
+same kvikio); pylibcudf decodes; arrays are CuPy.
 Both share :class:`Target` (timing, short-read checks, the ledger) and are imported lazily,
 so the CPU install never imports CUDA libraries.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any, Literal
 
@@ -17,7 +20,7 @@ from .. import stamps
 from ..access import Opened, opened
 from ..errors import InputError
 from ..ledger import Ledger
-from ..shards import Shard
+from ..shards import Shard, decoding
 
 #: Where bytes land: the GPU (cuDF, CuPy) or host memory (pandas, NumPy).
 TargetName = Literal["device", "host"]
@@ -60,30 +63,58 @@ class Target:
         descriptor, read through it, and its stamp checked again after the read.
         """
         start = time.perf_counter()
-        try:
-            with opened(shard.path) as file:
-                stamps.check(shard.stamp, file)
-                buffer, nread = self._read(shard, file)
-                stamps.check(shard.stamp, file)  # not rewritten while we read
-        except OSError as exc:
-            raise InputError(shard.path, f"cannot read: {exc.strerror or exc}") from None
-        except RuntimeError as exc:  # kvikio reports C++ I/O errors as RuntimeError
-            raise InputError(shard.path, f"cannot read: {exc}") from None
+        with self.checked(shard) as file:
+            buffer, nread = self._read(shard, file)
         if nread != shard.nbytes:
             raise InputError(
                 shard.path,
                 f"read {nread} of {shard.nbytes} planned bytes: the file is shorter than when "
                 "it was planned (truncated or changed)",
             )
+        self.record(shard, time.perf_counter() - start)
+        return buffer
+
+    @contextlib.contextmanager
+    def checked(self, shard: Shard) -> Iterator[Opened]:
+        """``shard``'s file, opened once and checked on that descriptor (allowed roots, the
+        stamp), to be read only through it; its stamp checked again when the read is done."""
+        try:
+            with opened(shard.path) as file:
+                stamps.check(shard.stamp, file)
+                yield file
+                stamps.check(shard.stamp, file)  # not rewritten while we read
+        except OSError as exc:
+            raise InputError(shard.path, f"cannot read: {exc.strerror or exc}") from None
+        except RuntimeError as exc:  # kvikio reports C++ I/O errors as RuntimeError
+            raise InputError(shard.path, f"cannot read: {exc}") from None
+
+    def record(self, shard: Shard, seconds: float) -> None:
+        """``shard``'s planned bytes in the ledger, read by this target's route."""
         self.ledger.add(
             op="read",
             path=self.route,
-            nbytes=nread,
-            seconds=time.perf_counter() - start,
+            nbytes=shard.nbytes,
+            seconds=seconds,
             file=shard.path,
             shard=shard.name,
         )
-        return buffer
+
+    def read_parquet(self, shards: Sequence[Shard]) -> list[Any]:
+        """The row groups and columns of each of ``shards`` (Parquet) decoded, one frame per
+        shard, for its part to finish (None for a footer-only shard, read only to check that
+        the file is the one planned). Here one read and one decode per shard; the device
+        target decodes them in one call."""
+        decoded = []
+        for shard in shards:
+            buffer = self.read(shard)
+            part = shard.part
+            if part.empty is not None:
+                decoded.append(None)
+                continue
+            with decoding(shard):
+                rgs, columns = list(part.row_groups), list(part.read_columns)
+                decoded.append(self.decode_parquet(buffer, rgs, columns, part.backend))
+        return decoded
 
     def _read(self, shard: Shard, file: Opened) -> tuple[Any, int]:
         """Read ``shard``'s ranges through ``file`` (never by name); the buffer and bytes read."""

@@ -11,6 +11,7 @@ import os
 
 import gpu_helpers as h
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 import dask_gpudirect as dg
@@ -143,6 +144,64 @@ def test_parquet_single_file_and_list(cuda_tcp, parquet_dir):
     for arg, files in ((paths[1], [paths[1]]), ([paths[2], paths[0]], [paths[2], paths[0]])):
         ddf = dg.read_parquet(arg, target="device", client=cuda_tcp)
         h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), h.expected_parquet(files))
+
+
+def test_parquet_many_small_files_in_one_partition_match_cudf(cuda_tcp, tmp_path):
+    """More files than one libcudf call reads (MAX_SOURCES) joined into one partition: the same
+    rows, in file order, as ``cudf.read_parquet`` of the list gives."""
+    import cudf
+
+    from dask_gpudirect.targets.device import MAX_SOURCES
+
+    paths = []
+    for i in range(MAX_SOURCES + 44):
+        paths.append(str(tmp_path / f"small-{i:04d}.parquet"))
+        pq.write_table(h.parquet_table(i * 7, 7), paths[-1])
+    ddf = dg.read_parquet(paths, blocksize="1GiB", target="device", client=cuda_tcp)
+    assert ddf.npartitions == 1
+    expected = h.cudf_to_arrow(cudf.read_parquet(paths))
+    h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
+
+
+def test_parquet_joined_partition_names_the_corrupt_file(cuda_tcp, tmp_path):
+    """One libcudf call decodes a joined partition; where one of its files holds garbage pages
+    (its footer intact), the error names that file, not the first of the call."""
+    paths = []
+    for i in range(4):
+        paths.append(str(tmp_path / f"p-{i}.parquet"))
+        pq.write_table(h.parquet_table(i * 1000, 1000), paths[-1], compression="snappy")
+    with open(paths[2], "r+b") as f:  # the first column chunk's page header and data
+        f.seek(4)
+        f.write(b"\xff" * 512)
+    ddf = dg.read_parquet(paths, blocksize="1GiB", target="device", client=cuda_tcp)
+    assert ddf.npartitions == 1
+    with pytest.raises(dg.InputError) as info:
+        compute(cuda_tcp, ddf)
+    assert info.value.path == paths[2], str(info.value)
+
+
+def test_parquet_hive_folders_and_range_index_joined_match_the_host(cuda_tcp, tmp_path):
+    """Hive partition columns (categories on the device) and the RangeIndex pandas stored, in a
+    partition of several files: the device gives what the host target gives."""
+    import pandas as pd
+
+    for year in (2023, 2024):
+        for month in (1, 2):
+            folder = tmp_path / f"year={year}" / f"month={month}"
+            folder.mkdir(parents=True)
+            start = (year - 2023) * 200 + month * 50
+            frame = pd.DataFrame({"k": range(start, start + 50), "v": [month * 0.5] * 50})
+            frame.index = pd.RangeIndex(start, start + 50)
+            frame.to_parquet(folder / "part-0.parquet")
+    args = dict(blocksize="1GiB", filters=[("month", "==", 2)], client=cuda_tcp)
+    device = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="device", **args))
+    host = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="host", **args))
+    got = device.to_pandas()
+    assert list(got.columns) == list(host.columns) == ["k", "v", "year", "month"]
+    assert got.index.tolist() == host.index.tolist()
+    for column in host.columns:
+        assert got[column].astype(str).tolist() == host[column].astype(str).tolist(), column
+    assert str(got["year"].dtype) == str(host["year"].dtype) == "category"
 
 
 # --- binary --------------------------------------------------------------------------------------
