@@ -27,7 +27,7 @@ from .connection import connected
 from .errors import InputError
 from .formats import binary, hive, parquet
 from .placement import assign, join_small, planners
-from .shards import combine, load, load_joined
+from .shards import combine, load
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -236,7 +236,7 @@ def read_parquet(
             joined = [(shard,) for shard in plan.shards]
         partitions = assign(joined, found.readable)
         frame = dd.from_map(
-            load_joined,
+            parquet.load_partition,
             partitions,
             meta=meta,
             label="gpudirect-read-parquet",

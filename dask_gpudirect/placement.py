@@ -18,7 +18,8 @@ from dask.task_spec import DataNode, Task
 from distributed import SchedulerPlugin
 
 from .errors import InputError
-from .shards import Shard, load, load_joined
+from .formats.parquet import load_partition
+from .shards import Shard, load
 
 
 def _least_loaded(paths: list[str], load: dict[str, int], readable: dict[str, set[str]]) -> str:
@@ -100,7 +101,7 @@ def _shard_of(node: Any) -> Shard | None:
     """The (first) shard a task loads, looking inside fused tasks; None for other tasks."""
     if not isinstance(node, Task):
         return None
-    if node.func in (load, load_joined) and node.args:
+    if node.func in (load, load_partition) and node.args:
         arg = node.args[0]
         arg = arg.value if isinstance(arg, DataNode) else arg
         arg = arg[0] if isinstance(arg, tuple) and arg else arg

@@ -1,9 +1,9 @@
 """Shards: the unit of loading. A shard is some byte ranges of one file plus how to decode them.
 
 Planning (on workers that see the files) turns paths into shards without reading data;
-:func:`load` (worker) reads a binary shard's ranges onto the worker's target and decodes them;
-:func:`load_joined` does so for the shards of one Parquet partition together. Formats add a
-``part`` that knows how; everything else about a shard is format-agnostic.
+:func:`load` (worker) reads a binary shard's ranges onto the worker's target and decodes them
+(a Parquet partition's shards are loaded together: ``formats.parquet.load_partition``). Formats
+add a ``part`` that knows how; everything else about a shard is format-agnostic.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .stamps import Stamp
 class Part(Protocol):
     """What a format knows about one shard: how to turn its bytes into a table or array
     (binary parts: ``decode(target, buffer)``; Parquet parts are decoded a partition at a
-    time, :func:`load_joined`)."""
+    time, ``formats.parquet.load_partition``)."""
 
     def label(self) -> str | None:
         """Which piece of the file this is, where the first byte range does not say."""
@@ -67,33 +67,9 @@ def load(shard: Shard) -> Any:
     try:  # the read checks the worker's own roots and the stamp: the planning is not trusted
         buffer = target.read(shard)
     except InputError as exc:
-        raise _elsewhere(shard, plugin.address, exc) from None
+        raise elsewhere(shard, plugin.address, exc) from None
     with decoding(shard):
         return shard.part.decode(target, buffer)
-
-
-def load_joined(shards: tuple[Shard, ...]) -> Any:
-    """Task body of a Parquet partition of one or more shards (small files joined): their rows
-    decoded on the target (the device target decodes them all in one libcudf call), each
-    shard's finished by its part, then put end to end with a fresh index as one shard's frame
-    has (or the files' own index, where the reader restores one)."""
-    from dask.dataframe.dispatch import concat
-
-    from .plugin import current_plugin
-    from .targets import module
-
-    plugin = current_plugin()
-    target = plugin.target(shards[0].target)
-    try:
-        decoded = target.read_parquet(shards)
-    except InputError as exc:
-        shard = next((s for s in shards if s.path == exc.path), shards[0])
-        raise _elsewhere(shard, plugin.address, exc) from None
-    helpers = module(target.name)
-    frames = [s.part.finish(helpers, rows) for s, rows in zip(shards, decoded, strict=True)]
-    if len(frames) == 1:
-        return frames[0]
-    return concat(frames, ignore_index=not shards[0].part.indexed)
 
 
 @contextlib.contextmanager
@@ -112,7 +88,7 @@ def decoding(*shards: Shard) -> Iterator[None]:
         ) from exc
 
 
-def _elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
+def elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
     """``exc``, saying why the shard was read here when placement chose a worker now gone."""
     if shard.worker in (None, here):
         return exc

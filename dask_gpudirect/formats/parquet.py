@@ -8,6 +8,7 @@ its own offset in a buffer of the file's size, so pyarrow and libcudf decode it 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ from .. import filters as dnf
 from .. import stamps
 from ..access import opened, pread_exact
 from ..errors import InputError
-from ..shards import Shard, coalesce
+from ..shards import Shard, coalesce, elsewhere
 from . import hive
 
 #: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
@@ -62,26 +63,86 @@ class ParquetPart:
         first, last = self.row_groups[0], self.row_groups[-1]
         return f"rg{first}" if first == last else f"rg{first}-{last}"
 
-    def finish(self, helpers, frame):
-        """This shard's decoded rows (``frame``; None for a footer-only shard) as a partition
-        gives them: filtered, with the file's partition values and index, in the types of
-        ``meta``. ``helpers``: the target's module."""
-        if self.empty is not None:
-            frame = helpers.empty_frame(self.empty.empty_table(), self.backend)
+
+#: Files one reader call takes at most: it opens each, and a worker's descriptors are few.
+RUN_FILES = 256
+
+
+def alike(a: ParquetPart, b: ParquetPart) -> bool:
+    """Whether the rows of ``a`` and ``b``, decoded end to end, may be finished as one: the
+    same filters and hive values, and both with or both without a stored RangeIndex."""
+    return (
+        a.empty is None
+        and b.empty is None
+        and a.filters == b.filters
+        and a.partition == b.partition
+        and (a.range_index is None) == (b.range_index is None)
+    )
+
+
+def runs(shards: Sequence[Shard], together: bool) -> list[list[Shard]]:
+    """``shards`` in runs that one reader call decodes and :func:`finish` handles at once
+    (consecutive, alike, at most :data:`RUN_FILES`); each shard alone unless ``together``."""
+    grouped: list[list[Shard]] = []
+    for shard in shards:
+        last = grouped[-1] if grouped else None
+        if together and last and len(last) < RUN_FILES and alike(last[0].part, shard.part):
+            last.append(shard)
         else:
-            if self.range_index is not None:
-                frame = helpers.with_range_index(frame, *self.range_index)
-            frame = dnf.apply(frame, self.filters)
-            for name, value in self.partition:  # the file's folders' values, on every row
-                if name in self.columns:
-                    frame[name] = value
-            frame = frame[list(self.columns)]
-            if self.range_index is None:
-                frame = frame.reset_index(drop=True)
-        name = self.range_index[2] if self.range_index is not None else None
-        return finished(
-            frame, helpers, self.categorical, self.nulls, self.index, name, self.partition_types
-        )
+            grouped.append([shard])
+    return grouped
+
+
+def finish(parts: Sequence[ParquetPart], helpers, frame):
+    """The rows decoded from a run of alike ``parts`` (``frame``; None for a footer-only shard)
+    as a partition gives them: filtered, with the files' partition values and index, in the
+    types of ``meta``. ``helpers``: the target's module."""
+    part = parts[0]
+    if part.empty is not None:
+        frame = helpers.empty_frame(part.empty.empty_table(), part.backend)
+    else:
+        if part.range_index is not None:  # each shard's labels, end to end
+            ranges = [(p.range_index[0], p.range_index[1], p.rows) for p in parts]
+            frame = helpers.with_range_index(frame, ranges, part.range_index[2])
+        frame = dnf.apply(frame, part.filters)
+        for name, value in part.partition:  # the file's folders' values, on every row
+            if name in part.columns:
+                frame[name] = value
+        frame = frame[list(part.columns)]
+        if part.range_index is None:
+            frame = frame.reset_index(drop=True)
+    name = part.range_index[2] if part.range_index is not None else None
+    return finished(
+        frame, helpers, part.categorical, part.nulls, part.index, name, part.partition_types
+    )
+
+
+def load_partition(shards: tuple[Shard, ...]) -> Any:
+    """Task body of one partition of one or more shards (small files joined): decoded on the
+    worker's target in runs (:func:`runs`; the device target decodes a run in one libcudf
+    call), each run finished, then put end to end with a fresh index as one shard's frame has
+    (or the files' own index, where the reader restores one)."""
+    from dask.dataframe.dispatch import concat
+
+    from ..plugin import current_plugin
+    from ..targets import module
+
+    plugin = current_plugin()
+    target = plugin.target(shards[0].target)
+    grouped = runs(shards, target.decodes_runs)
+    try:
+        decoded = target.read_parquet(grouped)
+    except InputError as exc:
+        shard = next((s for s in shards if s.path == exc.path), shards[0])
+        raise elsewhere(shard, plugin.address, exc) from None
+    helpers = module(target.name)
+    frames = [
+        finish([s.part for s in run], helpers, frame)
+        for run, frame in zip(grouped, decoded, strict=True)
+    ]
+    if len(frames) == 1:
+        return frames[0]
+    return concat(frames, ignore_index=not shards[0].part.indexed)
 
 
 def finished(

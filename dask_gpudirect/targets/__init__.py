@@ -51,6 +51,7 @@ class Target:
 
     name: str
     route: str  # the ledger path: "posix-host", "kvikio-compat" or "gds"
+    decodes_runs = False  # whether read_parquet takes runs of several shards in one call
 
     def __init__(self, options: dict[str, Any], ledger: Ledger):
         self.options = options
@@ -99,13 +100,13 @@ class Target:
             shard=shard.name,
         )
 
-    def read_parquet(self, shards: Sequence[Shard]) -> list[Any]:
-        """The row groups and columns of each of ``shards`` (Parquet) decoded, one frame per
-        shard, for its part to finish (None for a footer-only shard, read only to check that
-        the file is the one planned). Here one read and one decode per shard; the device
-        target decodes them in one call."""
+    def read_parquet(self, runs: Sequence[Sequence[Shard]]) -> list[Any]:
+        """Each run of Parquet shards (``formats.parquet.runs``) decoded end to end: their row
+        groups and columns, one frame per run, for the parts to finish (None for a footer-only
+        shard, read only to check that the file is the one planned). Here every run is one
+        shard (:attr:`decodes_runs` is False), read and decoded alone."""
         decoded = []
-        for shard in shards:
+        for (shard,) in runs:
             buffer = self.read(shard)
             part = shard.part
             if part.empty is not None:
@@ -115,10 +116,6 @@ class Target:
                 rgs, columns = list(part.row_groups), list(part.read_columns)
                 decoded.append(self.decode_parquet(buffer, rgs, columns, part.backend))
         return decoded
-
-    def _read(self, shard: Shard, file: Opened) -> tuple[Any, int]:
-        """Read ``shard``'s ranges through ``file`` (never by name); the buffer and bytes read."""
-        raise NotImplementedError
 
     def decode_parquet(
         self, buffer: Any, row_groups: list[int], columns: list[str], backend: str | None = None

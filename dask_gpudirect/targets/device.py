@@ -25,9 +25,6 @@ from ..errors import InputError
 from ..shards import decoding
 from . import Target
 
-#: Files one libcudf call reads at most: it opens each, and a worker's descriptors are few.
-MAX_SOURCES = 256
-
 
 def _decode_parquet(sources: list, row_groups: list[list[int]] | None, columns: list[str]):
     """One libcudf read of ``sources`` (device buffers or paths), end to end; ``row_groups``:
@@ -51,11 +48,17 @@ def empty_frame(table: pa.Table, backend: str | None = None):
     return _decode_parquet([sink.getvalue().to_pybytes()], None, table.column_names)
 
 
-def with_range_index(frame, first: int, step: int, name: str | None):
-    """``frame`` labelled first, first + step, ... as the RangeIndex pandas stored."""
+def with_range_index(frame, ranges: list[tuple[int, int, int]], name: str | None):
+    """``frame`` labelled as the RangeIndex pandas stored: ``(first, step, rows)`` per shard of
+    its rows, end to end (one RangeIndex where one shard, its labels joined where more)."""
     import cudf
 
-    frame.index = cudf.RangeIndex(first, first + step * len(frame), step, name=name)
+    if len(ranges) == 1:
+        first, step, _ = ranges[0]
+        frame.index = cudf.RangeIndex(first, first + step * len(frame), step, name=name)
+    else:
+        labels = [cupy.arange(first, first + step * n, step) for first, step, n in ranges]
+        frame.index = cudf.Index(cupy.concatenate(labels), name=name)
     return frame
 
 
@@ -180,38 +183,9 @@ def _check_same_file(file, fd: int) -> None:
         raise InputError(file.path, "was replaced while it was opened")
 
 
-def _batches(indices: list[int], shards) -> list[list[int]]:
-    """``indices`` of ``shards`` in runs that one libcudf call can read: the same columns, at
-    most :data:`MAX_SOURCES` files."""
-    runs: list[list[int]] = []
-    for i in indices:
-        last = runs[-1] if runs else None
-        same = last and shards[last[0]].part.read_columns == shards[i].part.read_columns
-        if same and len(last) < MAX_SOURCES:
-            last.append(i)
-        else:
-            runs.append([i])
-    return runs
-
-
-def _cut(frame, shards) -> list:
-    """``frame``, decoded from ``shards`` end to end, cut into each shard's rows (as planned
-    from the footers the stamps vouch for)."""
-    rows = [shard.part.rows for shard in shards]
-    if len(frame) != sum(rows):
-        raise InputError(
-            shards[0].path,
-            f"decoded {len(frame)} rows where the footers of {len(shards)} file(s) promise "
-            f"{sum(rows)}",
-        )
-    if len(shards) == 1:
-        return [frame]
-    ends = np.cumsum(rows)
-    return [frame.iloc[end - n : end] for end, n in zip(ends, rows, strict=True)]
-
-
 class DeviceTarget(Target):
     name = "device"
+    decodes_runs = True
 
     def __init__(self, options, ledger):
         super().__init__(options, ledger)
@@ -231,26 +205,22 @@ class DeviceTarget(Target):
             nread = sum(fut.get() for fut in futures)
         return buffer, nread
 
-    def read_parquet(self, shards):
-        """libcudf reads and decodes the shards' row groups, up to :data:`MAX_SOURCES` files in
-        one call (one call per file costs about 10 ms each, most of a small file's time), from
-        the descriptors this target opened and checked: only the column chunks it needs, through
-        the kvikio this target set up, so the bytes take this target's route; no buffer of a
-        whole file. The ledger gives each shard its share of a call's time by bytes."""
-        decoded: list = [None] * len(shards)
-        data = []
-        for i, shard in enumerate(shards):
-            if shard.part.empty is None:
-                data.append(i)
-            else:  # footer-only: read to check the file, nothing to decode
-                self.read(shard)
-        for batch in _batches(data, shards):
-            frames = self._read_together([shards[i] for i in batch])
-            for i, frame in zip(batch, frames, strict=True):
-                decoded[i] = frame
+    def read_parquet(self, runs):
+        """libcudf reads and decodes each run of shards in one call (one call per small file
+        costs about 10 ms, most of its time), from the descriptors this target opened and
+        checked: only the column chunks it needs, through the kvikio this target set up, so
+        the bytes take this target's route, and no buffer of a whole file. The ledger gives
+        each shard its share of a call's time by bytes."""
+        decoded = []
+        for run in runs:
+            if run[0].part.empty is not None:  # footer-only: read to check the file
+                self.read(run[0])
+                decoded.append(None)
+            else:
+                decoded.append(self._read_together(run))
         return decoded
 
-    def _read_together(self, shards) -> list:
+    def _read_together(self, shards):
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             files = [stack.enter_context(self.checked(shard)) for shard in shards]
@@ -267,11 +237,18 @@ class DeviceTarget(Target):
                         _decode_parquet([path], [rgs], columns)
                 with decoding(*shards):
                     raise exc from None
+        rows = sum(shard.part.rows for shard in shards)
+        if len(frame) != rows:
+            raise InputError(
+                shards[0].path,
+                f"decoded {len(frame)} rows where the footers of {len(shards)} file(s) promise "
+                f"{rows}",
+            )
         seconds = time.perf_counter() - start
         total = sum(shard.nbytes for shard in shards) or 1
         for shard in shards:
             self.record(shard, seconds * shard.nbytes / total)
-        return _cut(frame, shards)
+        return frame
 
     def as_array(self, buffer, dtype, shape, order):
         return _native(cupy.asarray(buffer), dtype).reshape(shape, order=order)

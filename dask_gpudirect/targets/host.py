@@ -55,10 +55,10 @@ def empty_frame(table: pa.Table, backend: str | None = None):
     return _to_pandas(table, backend)
 
 
-def with_range_index(frame, first: int, step: int, name: str | None):
-    """``frame`` labelled first, first + step, ... as the RangeIndex pandas stored."""
-    import pandas as pd
-
+def with_range_index(frame, ranges: list[tuple[int, int, int]], name: str | None):
+    """``frame`` labelled first, first + step, ... as the RangeIndex pandas stored (``ranges``:
+    ``(first, step, rows)`` of its one shard: this target decodes each shard alone)."""
+    ((first, step, _),) = ranges
     frame.index = pd.RangeIndex(first, first + step * len(frame), step, name=name)
     return frame
 

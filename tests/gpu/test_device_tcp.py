@@ -147,14 +147,14 @@ def test_parquet_single_file_and_list(cuda_tcp, parquet_dir):
 
 
 def test_parquet_many_small_files_in_one_partition_match_cudf(cuda_tcp, tmp_path):
-    """More files than one libcudf call reads (MAX_SOURCES) joined into one partition: the same
+    """More files than one libcudf call reads (RUN_FILES) joined into one partition: the same
     rows, in file order, as ``cudf.read_parquet`` of the list gives."""
     import cudf
 
-    from dask_gpudirect.targets.device import MAX_SOURCES
+    from dask_gpudirect.formats.parquet import RUN_FILES
 
     paths = []
-    for i in range(MAX_SOURCES + 44):
+    for i in range(RUN_FILES + 44):
         paths.append(str(tmp_path / f"small-{i:04d}.parquet"))
         pq.write_table(h.parquet_table(i * 7, 7), paths[-1])
     ddf = dg.read_parquet(paths, blocksize="1GiB", target="device", client=cuda_tcp)
