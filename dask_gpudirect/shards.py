@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -44,6 +45,12 @@ class Shard:
     target: str = "host"
     worker: str | None = None
     stamp: Stamp | None = None
+
+    def __dask_tokenize__(self) -> bytes:
+        """What Dask names a read's tasks by: the pickled shard. Dask's own walk over every
+        field of every shard takes a quarter of a second for 256 files; a pickle is one pass
+        in C, and equal shards still give equal names."""
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
 
     @property
     def nbytes(self) -> int:

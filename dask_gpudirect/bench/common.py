@@ -304,6 +304,7 @@ def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size
     GPU; this is a SpecCluster of Nannies, each given its GPU by ``CUDA_VISIBLE_DEVICES``, with
     the RMM pool and CuPy's RMM allocator set up as dask-cuda sets them."""
     from distributed import Client, Nanny, Scheduler, SpecCluster
+    from distributed.worker_memory import parse_memory_limit
 
     import dask_gpudirect as dg
 
@@ -314,6 +315,11 @@ def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size
             "options": {
                 "nthreads": threads,
                 "protocol": protocol,
+                # as dask-cuda: the host's memory shared by the workers (a Nanny's default, a
+                # share by threads, is 8 GiB of a 16-core host: Dask then spills device frames)
+                "memory_limit": parse_memory_limit(
+                    "auto", 1, total_cores=workers, logger=logging.getLogger(__name__)
+                ),
                 "env": {"CUDA_VISIBLE_DEVICES": str(i % gpus)},
                 # as dask-cuda starts its workers: a CUDA context before UCX starts, so that
                 # UCX sees GPU memory (without it device buffers cross by slow host staging)
