@@ -3,8 +3,9 @@
 A :class:`Network` makes one namespace per host plus a hub namespace holding a bridge; every host
 namespace (the scheduler's too) gets a veth pair whose far end is on the bridge, and so does the
 root namespace, where the test process (the Dask client) lives. Addresses are on
-``10.231.N.0/24``, with ``N`` chosen so no route of the root namespace already covers it; the
-names carry a token unique to the test session, so parallel runs do not clash. ``lo`` is up in
+``10.231.N.0/24``, with ``N`` chosen so no route of the root namespace already covers it (under
+a lock file, so two sessions cannot pick the same one); the names carry a token unique to the
+test session, so parallel runs do not clash. ``lo`` is up in
 every namespace.
 
 A :class:`NetnsCluster` starts ``dask scheduler`` in one namespace and ``dask worker`` processes
@@ -67,6 +68,25 @@ def unavailable() -> str | None:
     return None
 
 
+#: Held while a network picks its subnet and wires it, by every test session on the machine.
+LOCK_PATH = "/tmp/dask-gpudirect-netns.lock"
+
+
+@contextlib.contextmanager
+def _subnet_lock():
+    """Two sessions (two ``make test`` side by side) must not both see a /24 free and take it:
+    the root namespace would then hold two routes to it and send one cluster's packets to the
+    other's bridge, so workers seem to leave the cluster."""
+    import fcntl
+
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _free_subnet() -> str:
     """A ``10.231.N`` prefix no route of the root namespace covers (start from our pid)."""
     routes = _ip("-4", "route", "show", "table", "all").stdout
@@ -110,7 +130,8 @@ class Network:
 
     def up(self) -> Network:
         try:
-            self._up()
+            with _subnet_lock():  # another session's routes appear only once it is wired
+                self._up()
         except BaseException:
             self.down()
             raise
