@@ -8,6 +8,7 @@ its own offset in a buffer of the file's size, so pyarrow and libcudf decode it 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -245,6 +246,11 @@ class _Footer:
     source: pa.Buffer  # the same bytes, for statistics pruning
     stamp: stamps.Stamp
 
+    @functools.cached_property
+    def schema(self) -> pa.Schema:
+        """The file's Arrow schema: pyarrow converts it anew on every ``schema_arrow``."""
+        return self.file.schema_arrow
+
 
 def _corrupt(path: str, why: str) -> InputError:
     return InputError(path, f"not a valid Parquet file (corrupt or truncated footer): {why}")
@@ -383,7 +389,7 @@ def plan(
     a run of row groups of about ``blocksize`` bytes, or with ``per_shard`` of that many row
     groups."""
     first = _open(files[0])
-    schema = first.file.schema_arrow
+    schema = first.schema
     if isinstance(columns, str):
         columns = [columns]
     key = _choose_index(files[0], schema, index, columns)
@@ -429,7 +435,7 @@ def plan(
     shards: list[Shard] = []
     for path in files:
         footer = first if path == files[0] else _open(path)
-        _check_schema(path, footer.file.schema_arrow, files[0], schema)
+        _check_schema(path, footer.schema, files[0], schema)
         values = partitioning.of(path) if partitioning else ()
         possible, left = hive.keep(values, filters)  # partition terms decided on the folders
         mine = dict(part, filters=left, partition=values)
@@ -465,7 +471,7 @@ def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
 def _null_columns(footer: _Footer, row_groups: list[int], columns) -> tuple[str, ...]:
     """Integer and boolean ``columns`` that may hold a null in ``row_groups``: a column chunk's
     statistics count one, or it has no null count to say it cannot."""
-    schema = footer.file.schema_arrow
+    schema = footer.schema
     candidates = {
         c
         for c in columns
@@ -487,7 +493,7 @@ def _range_at(footer: _Footer, ranged: dict | None, row_group: int):
     """(first value, step, name) of the file's stored RangeIndex at ``row_group``'s first row."""
     if ranged is None:
         return None
-    own = _stored_range(footer.file.schema_arrow) or {"start": 0, "step": 1}
+    own = _stored_range(footer.schema) or {"start": 0, "step": 1}
     meta = footer.file.metadata
     before = sum(meta.row_group(i).num_rows for i in range(row_group))
     return (own["start"] + own["step"] * before, own["step"], ranged.get("name"))
