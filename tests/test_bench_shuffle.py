@@ -72,6 +72,11 @@ def test_bench_shuffle_host(tmp_path, protocol):
     assert records["raw"]["bytes"] == 16 << 20
     assert all(s > 0 for s in records["raw"]["round_trip_seconds"])
     assert "rows and sum(z) checked" in records["gpudirect"]["note"]
+    # where each dg run's stage spent its time, inside the run's own time
+    dg = records["gpudirect"]
+    for seconds, phases in zip(dg["runs"], dg["phases"], strict=True):
+        assert {"shuffle: split", "shuffle: combine"} <= set(phases), phases
+        assert max(phases.values()) <= seconds, phases
 
     checks = {c["check"]: c for c in result["checks"]}
     assert sorted(checks) == ["faster of Dask's shuffles", "raw single-buffer transfer"]

@@ -286,6 +286,22 @@ def wait_released(client, baseline: int = 0) -> None:
 CLOSE_TIMEOUT = 60
 
 
+def _last_stage(dask_worker) -> dict[str, float]:
+    from ..shuffle.plugin import service
+
+    return service(dask_worker).last_phases
+
+
+def stage_phases(client) -> dict[str, float]:
+    """The phases of the last shuffle stage (split, send, wait for peers, combine), each the
+    longest over the workers, named ``"shuffle: <phase>"``; asked after the clock stopped."""
+    out: dict[str, float] = {}
+    for phases in client.run(_last_stage).values():
+        for phase, seconds in phases.items():
+            out[f"shuffle: {phase}"] = max(out.get(f"shuffle: {phase}", 0.0), seconds)
+    return out
+
+
 def stop_cluster(cluster, client, bench: str) -> None:
     """Close ``client``, then ``cluster`` within CLOSE_TIMEOUT: a close that hangs (seen with
     UCXX on a loaded CPU machine, after every measurement was taken) must not hang the run."""

@@ -40,6 +40,7 @@ from .common import (
     progress_bar,
     resolve_run,
     result_head,
+    stage_phases,
     start_cluster,
     stop_cluster,
     wait_released,
@@ -147,6 +148,8 @@ def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Cal
         inputs, out, phases = _pipeline(client, method, paths, key)
         wait(out)
         seconds = time.perf_counter() - start
+        if phases:  # dg's: where its shuffle stage spent the time, the slowest worker's
+            phases = {**phases, **stage_phases(client)}
         failed = [f for f in futures_of(out) if f.status != "finished"]
         if failed:
             raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")

@@ -120,9 +120,24 @@ CHECK_HEADER = ("check", "ratio", "target", "result")
 
 
 def _phases(rec: dict) -> str:
-    """dg's seconds per phase in its last run (plan, read, shuffle, group-by), where kept."""
+    """dg's seconds per phase in its last run (plan, read, shuffle, group-by), where kept, with
+    the shuffle stage's own phases (the slowest worker's) in brackets after the shuffle."""
     last = (rec.get("phases") or [{}])[-1]
-    return "; last run: " + ", ".join(f"{k} {s:.2f} s" for k, s in last.items()) if last else ""
+    if not last:
+        return ""
+    stage = ", ".join(
+        f"{k.removeprefix('shuffle: ')} {s:.2f}"
+        for k, s in last.items()
+        if k.startswith("shuffle: ")
+    )
+    parts = []
+    for name, seconds in last.items():
+        if name.startswith("shuffle: "):
+            continue
+        parts.append(
+            f"{name} {seconds:.2f} s" + (f" ({stage})" if name == "shuffle" and stage else "")
+        )
+    return "; last run: " + ", ".join(parts)
 
 
 def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:

@@ -54,6 +54,7 @@ from .common import (
     progress_bar,
     resolve_run,
     result_head,
+    stage_phases,
     start_cluster,
     stop_cluster,
     wait_released,
@@ -242,7 +243,14 @@ def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
                 f"the input has {frame.rows} and {frame.z_sum}"
             )
         note = f"{df.npartitions} -> {out.npartitions} partitions; rows and sum(z) checked"
-        return {"seconds": seconds, "note": note}
+        if method not in ("gpudirect", "rapidsmpf"):
+            return {"seconds": seconds, "note": note}
+        phases = stage_phases(client)  # where dg's stage spent the time, the slowest worker's
+        _log(
+            "stage: "
+            + ", ".join(f"{k.removeprefix('shuffle: ')} {s:.2f} s" for k, s in phases.items())
+        )
+        return {"seconds": seconds, "note": note, "phases": phases}
 
     return run
 

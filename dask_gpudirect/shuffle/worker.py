@@ -313,6 +313,8 @@ class ShuffleService:
         self.built: dict[str, dict[Key, int]] = {}
         # shuffle id -> why it ended, to refuse late pieces; the oldest are forgotten
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # the seconds of each phase of the last stage that ran here (split, send, wait, combine)
+        self.last_phases: dict[str, float] = {}
 
     def handlers(self) -> dict[str, Any]:
         """The comm handlers peers call."""
@@ -465,6 +467,7 @@ class ShuffleService:
             return self._exchange(exchange, inputs, run, clock)
         finally:
             self.on_loop(self.close, exchange.id, "finished")
+            self.last_phases = dict(clock.seconds)
             logger.info("shuffle %s on %s: %s", exchange.id, self.worker.address, clock)
 
     def _exchange(self, exchange: Exchange, inputs, run: ShuffleRun, clock: _Phases) -> int:
