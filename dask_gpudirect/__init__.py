@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from . import config  # noqa: F401  (loads the gpudirect.* defaults into dask.config)
 from .collections import read_binary, read_parquet
-from .errors import ClusterError, ConfigError, GPUDirectError, InputError, ShuffleError
+from .errors import (
+    ClusterError,
+    ConfigError,
+    GPUDirectError,
+    InputError,
+    OptionError,
+    ShuffleError,
+)
 from .ledger import report
 from .plugin import GPUDirectPlugin
 from .shuffle.api import shuffle, shuffle_array
@@ -17,6 +24,7 @@ __all__ = [
     "GPUDirectPlugin",
     "InputError",
     "LocalCUDACluster",
+    "OptionError",
     "read_binary",
     "read_parquet",
     "report",

@@ -6,10 +6,22 @@ import click
 
 from .bench import bench
 from .demo import demo
+from .errors import GPUDirectError
 from .probe import probe
 
 
-@click.group()
+class _Commands(click.Group):
+    """The library's errors as one-line messages (exit status 1), not tracebacks: the library
+    raises its own error family, never command-line types."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except GPUDirectError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="dask-gpudirect")
 def main() -> None:
     """Dask loading straight into GPU memory, and the path every byte took."""

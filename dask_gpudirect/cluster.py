@@ -113,5 +113,5 @@ def survey(
     ensure_plugins(client)
     workers = client.run(_describe, entries=entries, listing=listing)
     if not workers:
-        raise RuntimeError("the cluster has no workers")
+        raise ClusterError("the cluster has no workers")
     return workers

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .errors import InputError
+from .errors import InputError, OptionError
 
 #: Dask's default ``parquet_file_extension``: the files a directory read takes.
 PARQUET_EXTENSIONS = (".parq", ".parquet", ".pq")
@@ -34,7 +34,7 @@ def check_kwargs(function: str, kwargs: dict[str, Any]) -> None:
     for name in kwargs:
         if name in REFUSED:
             raise InputError(None, f"{function}(): {name}= is not supported: {REFUSED[name]}")
-        raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+        raise OptionError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
 #: ``split_row_groups`` values that mean partitions by bytes (``blocksize``), small files joined.

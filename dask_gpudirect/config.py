@@ -13,6 +13,8 @@ from typing import Any
 import dask.config
 import yaml
 
+from .errors import OptionError
+
 _YAML = pathlib.Path(__file__).with_name("gpudirect.yaml")
 
 with _YAML.open() as f:
@@ -34,7 +36,7 @@ def resolve_options(overrides: dict[str, Any]) -> dict[str, Any]:
     """Plugin options: Dask config, with the constructor's keywords on top."""
     unknown = sorted(set(overrides) - set(PLUGIN_OPTIONS))
     if unknown:
-        raise TypeError(
+        raise OptionError(
             f"unknown GPUDirectPlugin option(s) {unknown}; known: {sorted(PLUGIN_OPTIONS)}"
         )
     options = {name: dask.config.get(key) for name, key in PLUGIN_OPTIONS.items()}

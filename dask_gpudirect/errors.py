@@ -1,7 +1,8 @@
 """The errors dask-gpudirect raises, one family, so users can catch them and tests assert on them.
 
 Each is also the built-in a Dask user would expect: bad input and bad config are ``ValueError``s,
-a failed shuffle a ``RuntimeError``.
+an unknown keyword a ``TypeError``, a failed shuffle or an unfit cluster a ``RuntimeError``. The
+command line turns them into messages (``cli.py``); the library raises no command-line types.
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ class ConfigError(GPUDirectError, ValueError):
     """A ``gpudirect.*`` config value that cannot be used; raised where it is read."""
 
 
+class OptionError(GPUDirectError, TypeError):
+    """A keyword argument a function or the plugin does not take: a ``TypeError``, as Python
+    raises for an unknown keyword."""
+
+
 class ClusterError(GPUDirectError, RuntimeError):
-    """A cluster that cannot start on this machine (``dg.LocalCUDACluster`` without a GPU)."""
+    """A cluster that cannot do what was asked: ``dg.LocalCUDACluster`` without a GPU, a worker
+    without the plugin or without a GPU for ``target="device"``, a cluster with no workers."""
 
 
 class ShuffleError(GPUDirectError, RuntimeError):

@@ -17,6 +17,7 @@ import dask.config
 from dask.utils import parse_timedelta
 
 from .connection import connected
+from .errors import InputError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -188,12 +189,12 @@ def report(
     import pandas as pd
 
     if by not in _VIEWS:
-        raise ValueError(f"by={by!r}: use one of {', '.join(map(repr, _VIEWS))}")
+        raise InputError(None, f"by={by!r}: use one of {', '.join(map(repr, _VIEWS))}")
     if window is not None and by == "shard":
-        raise ValueError("window= splits the worker and path views, not by='shard'")
+        raise InputError(None, "window= splits the worker and path views, not by='shard'")
     seconds = None if window is None else parse_timedelta(window)
     if seconds is not None and seconds <= 0:
-        raise ValueError(f"window={window!r}: must be longer than zero")
+        raise InputError(None, f"window={window!r}: must be longer than zero")
     df = records(client)
     keys = _VIEWS[by]
     if by == "shard":

@@ -11,6 +11,7 @@ from distributed import WorkerPlugin, get_worker
 from . import access, ledger, metrics, targets
 from .config import resolve_options
 from .cuda import gpu_count
+from .errors import ClusterError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class GPUDirectPlugin(WorkerPlugin):
         with self._lock:
             if name not in self._targets:
                 if name == "device" and not self.gpus:
-                    raise RuntimeError(
+                    raise ClusterError(
                         f"worker {self.address} has no usable GPU, so it cannot load to "
                         "target='device'; use target='host'"
                     )
@@ -92,7 +93,7 @@ def current_plugin() -> GPUDirectPlugin:
     worker = get_worker()
     plugin = worker.plugins.get(GPUDirectPlugin.name)
     if plugin is None:
-        raise RuntimeError(
+        raise ClusterError(
             f"worker {worker.address} has no GPUDirectPlugin: register it with "
             "client.register_plugin(dask_gpudirect.GPUDirectPlugin())"
         )

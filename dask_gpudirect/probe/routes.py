@@ -9,8 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-import click
-
+from ..errors import ClusterError
 from ..ledger import COPIES
 from .facts import _gbps, _measure_storage, endpoint_transports, worker_facts
 
@@ -219,7 +218,7 @@ def probe_cluster(client: Client, quick: bool = False, nbytes: int = 256 << 20) 
     ensure_plugins(client)
     facts = client.run(worker_facts)
     if not facts:
-        raise click.ClickException("the cluster has no workers")
+        raise ClusterError("the cluster has no workers")
     workers = [facts[a] for a in sorted(facts)]
     in_node, across = _pairs(workers)
     one = "one worker" if len(workers) == 1 else "one worker per host"
