@@ -13,7 +13,7 @@ from .cuda import gpu_count
 from .dashboard import DashboardPlugin
 from .errors import ClusterError
 from .placement import PlacementPlugin
-from .plugin import GPUDirectPlugin
+from .plugin import GPUDirectPlugin, current_plugin
 from .shuffle.plugin import ShuffleSchedulerPlugin, ShuffleWorkerPlugin
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def _has_plugin(dask_worker) -> bool:
 
 
 async def _describe(dask_worker, entries: list[str], listing: discovery.Listing) -> dict:
-    plugin = dask_worker.plugins[GPUDirectPlugin.name]
+    plugin = current_plugin(dask_worker)
     # listing a large directory off the event loop: the worker keeps answering meanwhile
     views = await asyncio.to_thread(discovery.views, entries, listing)
     names = ("host", "device") if plugin.gpus else ("host",)

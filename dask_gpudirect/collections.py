@@ -26,8 +26,9 @@ from .cluster import survey
 from .connection import connected
 from .errors import InputError
 from .formats import binary, hive, parquet
+from .loading import load, load_partition
 from .placement import assign, join_small, planners
-from .shards import combine, load
+from .shards import combine
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -236,7 +237,7 @@ def read_parquet(
             joined = [(shard,) for shard in plan.shards]
         partitions = assign(joined, found.readable)
         frame = dd.from_map(
-            parquet.load_partition,
+            load_partition,
             partitions,
             meta=meta,
             label="gpudirect-read-parquet",

@@ -18,8 +18,8 @@ from dask.task_spec import DataNode, Task
 from distributed import SchedulerPlugin
 
 from .errors import InputError
-from .formats.parquet import load_partition
-from .shards import Shard, load
+from .loading import load, load_partition
+from .shards import Shard
 
 
 def _least_loaded(paths: list[str], load: dict[str, int], readable: dict[str, set[str]]) -> str:

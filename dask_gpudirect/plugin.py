@@ -88,9 +88,10 @@ def _register_cudf_with_dask() -> None:
         logger.warning("dask_cudf is missing: Dask will not know the size of cuDF partitions")
 
 
-def current_plugin() -> GPUDirectPlugin:
-    """The plugin of the worker running this task, or a clear error if it was never registered."""
-    worker = get_worker()
+def current_plugin(worker=None) -> GPUDirectPlugin:
+    """The plugin of ``worker`` (default: the worker running this task), or a clear error if it
+    was never registered: the one way the package reaches a worker's plugin."""
+    worker = worker or get_worker()
     plugin = worker.plugins.get(GPUDirectPlugin.name)
     if plugin is None:
         raise ClusterError(

@@ -1,9 +1,9 @@
 """Shards: the unit of loading. A shard is some byte ranges of one file plus how to decode them.
 
 Planning (on workers that see the files) turns paths into shards without reading data;
-:func:`load` (worker) reads a binary shard's ranges onto the worker's target and decodes them
-(a Parquet partition's shards are loaded together: ``formats.parquet.load_partition``). Formats
-add a ``part`` that knows how; everything else about a shard is format-agnostic.
+The task bodies that read shards on a worker are in :mod:`dask_gpudirect.loading`; here is the
+data type alone. Formats add a ``part`` that knows how to decode; everything else about a shard
+is format-agnostic.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 import os
 import pickle
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from .errors import InputError
 from .stamps import Stamp
@@ -22,7 +22,7 @@ from .stamps import Stamp
 class Part(Protocol):
     """What a format knows about one shard: how to turn its bytes into a table or array
     (binary parts: ``decode(target, buffer)``; Parquet parts are decoded a partition at a
-    time, ``formats.parquet.load_partition``)."""
+    time, ``loading.load_partition``)."""
 
     def label(self) -> str | None:
         """Which piece of the file this is, where the first byte range does not say."""
@@ -65,20 +65,6 @@ class Shard:
         return f"{os.path.basename(self.path)}@{where}"
 
 
-def load(shard: Shard) -> Any:
-    """Task body: read ``shard`` on this worker's target and decode it."""
-    from .plugin import current_plugin
-
-    plugin = current_plugin()
-    target = plugin.target(shard.target)
-    try:  # the read checks the worker's own roots and the stamp: the planning is not trusted
-        buffer = target.read(shard)
-    except InputError as exc:
-        raise elsewhere(shard, plugin.address, exc) from None
-    with decoding(shard):
-        return shard.part.decode(target, buffer)
-
-
 @contextlib.contextmanager
 def decoding(*shards: Shard) -> Iterator[None]:
     """Decode errors as an :class:`InputError` naming the file (of ``shards``, the first)."""
@@ -93,17 +79,6 @@ def decoding(*shards: Shard) -> Iterator[None]:
         raise InputError(
             shards[0].path, f"cannot decode {names}: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-def elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
-    """``exc``, saying why the shard was read here when placement chose a worker now gone."""
-    if shard.worker in (None, here):
-        return exc
-    return InputError(
-        shard.path,
-        f"{exc.problem} (read on {here} because {shard.worker}, where placement put it, "
-        "left the cluster)",
-    )
 
 
 class Plan(Protocol):

@@ -24,7 +24,7 @@ from util import compute, dask_command, shards_of, spawn, start_cluster
 import dask_gpudirect as dg
 from dask_gpudirect import access
 from dask_gpudirect.errors import ConfigError
-from dask_gpudirect.shards import load
+from dask_gpudirect.loading import load
 
 
 @pytest.fixture(scope="module")

@@ -98,8 +98,8 @@ def test_bench_shuffle_host(tmp_path, protocol):
 
 def test_targets_apply_only_where_gpus_exchange():
     """With one worker every row stays on its GPU: the ratios are shown, the targets are not."""
-    from dask_gpudirect.bench.common import judge
     from dask_gpudirect.bench.shuffle_report import checks_of
+    from dask_gpudirect.bench.tables import judge
 
     records = [
         {"key": key, "status": "ok", "gbps_per_gpu": gbps}

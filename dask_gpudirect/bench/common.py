@@ -14,7 +14,6 @@ import logging
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -457,53 +456,3 @@ def finish(result: dict, target: str, print_result, outputs: tuple) -> None:
         if result.get("error"):
             why += f"; the run stopped: {result['error']}"
         raise SystemExit(f"{why}: see the table and the log")
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Lines of a Markdown table (``|`` in cells escaped)."""
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "| " + " | ".join("---" for _ in header) + " |",
-    ]
-    for row in rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-    return lines
-
-
-def print_table(
-    title: str,
-    header: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    notes: Sequence[str],
-    right: Sequence[str] = ("GB/s",),
-) -> None:
-    """The rich table printed at the end of a run, then its footnotes."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for name in header:
-        table.add_column(name, justify="right" if name in right else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    console = Console(width=max(140, shutil.get_terminal_size((140, 24)).columns))
-    console.print(table)
-    for note in notes:
-        console.print(note, markup=False, highlight=False)
-
-
-def footnote(notes: list[str], note: str) -> int:
-    """The number of ``note`` among a table's footnotes, added if new."""
-    if note not in notes:
-        notes.append(note)
-    return notes.index(note) + 1
-
-
-def judge(ratio: float | None, want: float | None, at_most: bool = False) -> str:
-    """A target's verdict: ``-`` without a target, ``not run`` without a ratio, else pass/miss
-    (``ratio >= want``, or ``ratio <= want`` for a bound ``at_most``)."""
-    if want is None:
-        return "-"
-    if ratio is None:
-        return "not run"
-    return "pass" if (ratio <= want if at_most else ratio >= want) else "miss"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .common import footnote, judge, markdown_table, print_table
+from .tables import footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
 METHODS = ("gpudirect", "rapidsmpf", "polars", "tasks", "p2p")

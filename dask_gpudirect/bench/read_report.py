@@ -6,7 +6,7 @@ judged and rendered again without measuring anything.
 
 from __future__ import annotations
 
-from .common import footnote, judge, markdown_table, print_table
+from .tables import footnote, judge, markdown_table, print_table
 
 LABELS = {
     "h2d-pinned": {"device": "pinned host->device copy (ceiling)"},

@@ -6,7 +6,8 @@ anything; every figure here is one a child run measured.
 
 from __future__ import annotations
 
-from .common import MULTICAST_OFF, footnote, markdown_table, print_table
+from .common import MULTICAST_OFF
+from .tables import footnote, markdown_table, print_table
 
 
 def count_text(n: int, opts: dict) -> str:

@@ -133,9 +133,9 @@ def _incoming(key: str, dask_worker=None) -> list[dict]:
 
 
 def _clear_ledger(dask_worker) -> None:
-    plugin = dask_worker.plugins.get("gpudirect")
-    if plugin is not None:
-        plugin.ledger.clear()
+    from ..plugin import current_plugin
+
+    current_plugin(dask_worker).ledger.clear()
 
 
 def _ucx_environment() -> dict[str, str]:

@@ -6,7 +6,7 @@ judged and rendered again without a cluster.
 
 from __future__ import annotations
 
-from .common import footnote, judge, markdown_table, print_table
+from .tables import footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
 METHODS = ("gpudirect", "rapidsmpf", "tasks", "p2p", "raw")

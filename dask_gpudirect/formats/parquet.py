@@ -20,7 +20,7 @@ from .. import filters as dnf
 from .. import stamps
 from ..access import opened, pread_exact
 from ..errors import InputError
-from ..shards import Shard, coalesce, elsewhere
+from ..shards import Shard, coalesce
 from . import hive
 
 #: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
@@ -116,34 +116,6 @@ def finish(parts: Sequence[ParquetPart], helpers, frame):
     return finished(
         frame, helpers, part.categorical, part.nulls, part.index, name, part.partition_types
     )
-
-
-def load_partition(shards: tuple[Shard, ...]) -> Any:
-    """Task body of one partition of one or more shards (small files joined): decoded on the
-    worker's target in runs (:func:`runs`; the device target decodes a run in one libcudf
-    call), each run finished, then put end to end with a fresh index as one shard's frame has
-    (or the files' own index, where the reader restores one)."""
-    from dask.dataframe.dispatch import concat
-
-    from ..plugin import current_plugin
-    from ..targets import module
-
-    plugin = current_plugin()
-    target = plugin.target(shards[0].target)
-    grouped = runs(shards, target.decodes_runs)
-    try:
-        decoded = target.read_parquet(grouped)
-    except InputError as exc:
-        shard = next((s for s in shards if s.path == exc.path), shards[0])
-        raise elsewhere(shard, plugin.address, exc) from None
-    helpers = module(target.name)
-    frames = [
-        finish([s.part for s in run], helpers, frame)
-        for run, frame in zip(grouped, decoded, strict=True)
-    ]
-    if len(frames) == 1:
-        return frames[0]
-    return concat(frames, ignore_index=not shards[0].part.indexed)
 
 
 def finished(

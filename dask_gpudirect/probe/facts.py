@@ -34,9 +34,9 @@ NO_GPU = "no GPU: no CUDA driver or no visible device"
 
 def worker_facts(dask_worker) -> dict[str, Any]:
     """This worker's host, GPU, kvikio, GDS and comms (run by ``client.run``)."""
-    from ..plugin import GPUDirectPlugin
+    from ..plugin import current_plugin
 
-    plugin = dask_worker.plugins[GPUDirectPlugin.name]
+    plugin = current_plugin(dask_worker)
     gpu, gpu_reason, peers = None, NO_GPU, []
     if plugin.gpus:
         try:

@@ -294,7 +294,7 @@ def test_device_reads_through_the_checked_descriptor(cuda_tcp, tmp_path):
     after planning fails the read, on the device target as on the host."""
     import dataclasses
 
-    from dask_gpudirect.shards import load
+    from dask_gpudirect.loading import load
 
     data, outside = tmp_path / "data", tmp_path / "outside"
     data.mkdir()

@@ -1,0 +1,64 @@
+"""The task bodies that load shards on a worker: a binary shard, a Parquet partition.
+
+Each reads through the worker's :class:`~dask_gpudirect.plugin.GPUDirectPlugin` (its targets,
+roots and ledger) and raises an :class:`~dask_gpudirect.errors.InputError` that names the file,
+saying also where a shard was read when its planned worker had left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dask.dataframe.dispatch import concat
+
+from .errors import InputError
+from .formats import parquet
+from .plugin import current_plugin
+from .shards import Shard, decoding
+from .targets import module
+
+
+def load(shard: Shard) -> Any:
+    """Task body: read ``shard`` on this worker's target and decode it."""
+    plugin = current_plugin()
+    target = plugin.target(shard.target)
+    try:  # the read checks the worker's own roots and the stamp: the planning is not trusted
+        buffer = target.read(shard)
+    except InputError as exc:
+        raise elsewhere(shard, plugin.address, exc) from None
+    with decoding(shard):
+        return shard.part.decode(target, buffer)
+
+
+def load_partition(shards: tuple[Shard, ...]) -> Any:
+    """Task body of one partition of one or more shards (small files joined): decoded on the
+    worker's target in runs (``parquet.runs``; the device target decodes a run in one libcudf
+    call), each run finished, then put end to end with a fresh index as one shard's frame has
+    (or the files' own index, where the reader restores one)."""
+    plugin = current_plugin()
+    target = plugin.target(shards[0].target)
+    grouped = parquet.runs(shards, target.decodes_runs)
+    try:
+        decoded = target.read_parquet(grouped)
+    except InputError as exc:
+        shard = next((s for s in shards if s.path == exc.path), shards[0])
+        raise elsewhere(shard, plugin.address, exc) from None
+    helpers = module(target.name)
+    frames = [
+        parquet.finish([s.part for s in run], helpers, frame)
+        for run, frame in zip(grouped, decoded, strict=True)
+    ]
+    if len(frames) == 1:
+        return frames[0]
+    return concat(frames, ignore_index=not shards[0].part.indexed)
+
+
+def elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
+    """``exc``, saying why the shard was read here when placement chose a worker now gone."""
+    if shard.worker in (None, here):
+        return exc
+    return InputError(
+        shard.path,
+        f"{exc.problem} (read on {here} because {shard.worker}, where placement put it, "
+        "left the cluster)",
+    )
