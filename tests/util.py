@@ -15,6 +15,7 @@ import cloudpickle
 import dask
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from dask.dataframe.shuffle import partitioning_index
@@ -249,3 +250,42 @@ def worker_config(client, values: dict):
     finally:
         for worker, previous in old.items():
             client.run(set_config, previous, workers=[worker])
+
+
+# --- Parquet of every kind of column (issue 15) --------------------------------------------------
+
+NESTED_ROWS = 40  # per file, in two row groups
+
+
+def nested_columns(k: int) -> dict[str, pa.Array]:
+    ks = range(k * NESTED_ROWS, (k + 1) * NESTED_ROWS)
+    point = pa.struct([("a", pa.int32()), ("b", pa.string())])
+    return {
+        "id": pa.array(ks, pa.int64()),
+        "map": pa.array(
+            [None if i % 7 == 0 else [(f"k{j}", i + j) for j in range(i % 3)] for i in ks],
+            pa.map_(pa.string(), pa.int32()),
+        ),
+        "list_of_struct": pa.array(
+            [[{"a": i + j, "b": f"s{j}"} for j in range(i % 4)] for i in ks], pa.list_(point)
+        ),
+        "struct_of_list": pa.array(
+            [None if i % 5 == 0 else {"x": list(range(i % 3)), "y": f"y{i}"} for i in ks],
+            pa.struct([("x", pa.list_(pa.int64())), ("y", pa.string())]),
+        ),
+        "deep": pa.array(
+            [[[{"a": i, "b": None}] * (i % 2)] * (i % 3) for i in ks],
+            pa.list_(pa.list_(point)),
+        ),
+        "half": pa.array(np.arange(len(ks), dtype=np.float16) / 4, pa.float16()),
+    }
+
+
+def write_nested_parquet(directory) -> list[str]:
+    """Three files of :func:`nested_columns`, two row groups each: maps, lists of structs,
+    structs of lists, a list of lists of structs, float16."""
+    paths = []
+    for k in range(3):
+        paths.append(os.path.join(directory, f"part-{k}.parquet"))
+        pq.write_table(pa.table(nested_columns(k)), paths[-1], row_group_size=NESTED_ROWS // 2)
+    return paths
