@@ -13,19 +13,10 @@ import dataclasses
 import os
 import pickle
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from .errors import InputError
 from .stamps import Stamp
-
-
-class Part(Protocol):
-    """What a format knows about one shard: how to turn its bytes into a table or array
-    (binary parts: ``decode(target, buffer)``; Parquet parts are decoded a partition at a
-    time, ``loading.load_partition``)."""
-
-    def label(self) -> str | None:
-        """Which piece of the file this is, where the first byte range does not say."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +32,9 @@ class Shard:
     ranges: tuple[tuple[int, int], ...]
     base: int
     size: int
-    part: Part
+    # what the format knows of the shard: how to decode it (formats.binary.BinaryPart,
+    # formats.parquet.ParquetPart), and its label(); None for the probe's raw reads
+    part: Any
     target: str = "host"
     worker: str | None = None
     stamp: Stamp | None = None
@@ -86,6 +79,7 @@ class Plan(Protocol):
 
     shards: list[Shard]
     first: str  # the first file planned: the one the others were checked against
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # each format's plan is a dataclass
 
     def check_against(self, head: Plan) -> None:
         """Raise an InputError naming ``self.first`` if its files disagree with ``head``'s."""
@@ -94,11 +88,13 @@ class Plan(Protocol):
 def combine(plans: Sequence[Plan | InputError]) -> Plan:
     """One plan from the plans of single files, in file order, as if planned in one pass: the
     first file's error, or the first file that disagrees with the first, is raised."""
+    checked: list[Plan] = []
     for plan in plans:
         if isinstance(plan, InputError):
             raise plan
-        plan.check_against(plans[0])
-    return dataclasses.replace(plans[0], shards=[s for p in plans for s in p.shards])
+        plan.check_against(checked[0] if checked else plan)
+        checked.append(plan)
+    return dataclasses.replace(checked[0], shards=[s for p in checked for s in p.shards])
 
 
 def coalesce(ranges: Sequence[tuple[int, int]], gap: int = 0) -> tuple[tuple[int, int], ...]:
