@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -279,6 +280,20 @@ def nested_columns(k: int) -> dict[str, pa.Array]:
         ),
         "half": pa.array(np.arange(len(ks), dtype=np.float16) / 4, pa.float16()),
     }
+
+
+#: apache/parquet-testing's files, where ``scripts/parquet-corpus.sh`` put them.
+CORPUS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".corpus")
+
+
+#: Why the corpus tests skip where it is missing.
+NO_CORPUS = f"no Parquet corpus in {CORPUS}: run scripts/parquet-corpus.sh first"
+
+
+def corpus_files() -> list[str]:
+    """The public corpus of unusual Parquet files (Impala, Spark, parquet-mr, Arrow and Rust
+    writers), empty where it was not fetched."""
+    return sorted(glob.glob(os.path.join(CORPUS, "parquet-testing", "data", "*.parquet")))
 
 
 def write_nested_parquet(directory) -> list[str]:
