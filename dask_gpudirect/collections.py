@@ -21,7 +21,7 @@ from dask.task_spec import Task
 from dask.utils import parse_bytes
 from distributed import Client
 
-from . import compat, discovery, targets
+from . import compat, discovery, plan_cache, targets
 from .cluster import survey
 from .connection import connected
 from .errors import InputError
@@ -102,11 +102,12 @@ def _prepare(
 
 
 def _plan_each(files: list[str], planner, args: tuple) -> list:
-    """Each file planned on its own, a bad file's InputError kept in its place."""
+    """Each file planned on its own (or as it was before, if unchanged: :mod:`.plan_cache`),
+    a bad file's InputError kept in its place."""
     plans = []
     for path in files:
         try:
-            plans.append(planner([path], *args))
+            plans.append(plan_cache.plans.plan(path, planner, args))
         except InputError as exc:
             plans.append(exc)
     return plans
@@ -129,7 +130,9 @@ def _plan(client: Client, found: discovery.Found, planner, *args):
     plan = combine([by_file[path] for path in found.files])
     # a copy of a file on another node was modified at another time: its reads accept that too
     shards = [
-        dataclasses.replace(s, stamp=s.stamp.seen_as(found.mtimes.get(s.path, ())))
+        s
+        if found.mtimes.get(s.path, set()) <= s.stamp.mtimes
+        else dataclasses.replace(s, stamp=s.stamp.seen_as(found.mtimes[s.path]))
         for s in plan.shards
     ]
     return dataclasses.replace(plan, shards=shards)

@@ -15,7 +15,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dask_gpudirect"
 
 TOOLS = ("probe", "bench", "demo", "cli")
 WORKER_SIDE = (
-    "access", "stamps", "shards", "loading", "targets", "formats", "filters", "plugin",
+    "access", "stamps", "shards", "plan_cache", "loading", "targets", "formats", "filters", "plugin",
     "preload", "metrics", "shuffle.worker", "shuffle.split", "shuffle.buffer",
     "shuffle.rapidsmpf_engine",
 )  # fmt: skip

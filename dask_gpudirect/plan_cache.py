@@ -1,0 +1,74 @@
+"""Plans of single files, kept by the worker that made them.
+
+An ETL job run again, or a training loop reading the same shards every epoch, plans the same
+unchanged files each time: a footer read and parsed per Parquet file, about 1 ms a file, so a
+quarter of a second for 256 files before any data moves. A worker keeps each file's plan under
+the file's identity (device, inode, size, modification and change times in ns) and the planning
+arguments, and plans again only where one of them changed. Nothing is trusted blindly: every
+read still checks the allowed roots on the file it opens and the shard's stamp against it
+(:mod:`.stamps`), and errors are never kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import dask.config
+
+KEY = "gpudirect.planning.cache-files"
+
+
+class PlanCache:
+    """At most ``gpudirect.planning.cache-files`` plans, the least recently used dropped
+    first; thread-safe (a worker plans in threads)."""
+
+    def __init__(self) -> None:
+        self._plans: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0  # plans given again, for tests and logs
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def plan(self, path: str, planner: Callable[..., Any], args: tuple) -> Any:
+        """``planner([path], *args)``, or the plan it gave before for this very file."""
+        entries = int(dask.config.get(KEY))
+        key = _key(path, planner, args) if entries > 0 else None
+        if key is not None:
+            with self._lock:
+                if key in self._plans:
+                    self._plans.move_to_end(key)
+                    self.hits += 1
+                    return self._plans[key]
+        plan = planner([path], *args)
+        if key is not None:
+            with self._lock:
+                self._plans[key] = plan
+                while len(self._plans) > entries:
+                    self._plans.popitem(last=False)
+        return plan
+
+
+def _key(path: str, planner: Callable[..., Any], args: tuple) -> tuple | None:
+    """The file's identity and the planning's, or None where either cannot be taken (the
+    planner then says what is wrong with the file)."""
+    try:
+        info = os.stat(path)
+        arguments = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    except (OSError, pickle.PicklingError, TypeError, AttributeError):
+        return None
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return (path, identity, planner, arguments)
+
+
+#: This process's cache: a worker's plans, shared by its reads.
+plans = PlanCache()

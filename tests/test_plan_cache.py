@@ -1,0 +1,98 @@
+"""A worker plans an unchanged file once (``gpudirect.planning.cache-files``): reading the same
+files again reads no footer, and any change to a file, or to the read's options, plans anew."""
+
+from __future__ import annotations
+
+import os
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+from util import assert_same_frame, compute, expected_parquet
+
+import dask_gpudirect as dg
+from dask_gpudirect.formats import parquet
+from dask_gpudirect.plan_cache import PlanCache
+
+ARGS = (None, None, 2**20, "host")  # columns, filters, blocksize, target
+
+
+def write(path, start: int, n: int = 1000) -> str:
+    pd.DataFrame({"x": np.arange(start, start + n), "y": np.ones(n)}).to_parquet(path)
+    return str(path)
+
+
+class Counting:
+    """A planner that counts its calls, around the real Parquet one."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, files, *args):
+        self.calls += 1
+        return parquet.plan(files, *args)
+
+
+def test_an_unchanged_file_is_planned_once(tmp_path):
+    path, cache, planner = write(tmp_path / "a.parquet", 0), PlanCache(), Counting()
+    first = cache.plan(path, planner, ARGS)
+    assert cache.plan(path, planner, ARGS) is first
+    assert (planner.calls, cache.hits) == (1, 1)
+
+
+def test_a_rewritten_file_is_planned_again(tmp_path):
+    path, cache, planner = write(tmp_path / "a.parquet", 0), PlanCache(), Counting()
+    first = cache.plan(path, planner, ARGS)
+    info = os.stat(path)
+    write(path, 1000)  # the same size; the modification time put back as it was
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+    again = cache.plan(path, planner, ARGS)
+    assert planner.calls == 2 and again.shards[0].stamp.crc != first.shards[0].stamp.crc
+
+
+def test_other_options_are_planned_again(tmp_path):
+    path, cache, planner = write(tmp_path / "a.parquet", 0), PlanCache(), Counting()
+    cache.plan(path, planner, ARGS)
+    cache.plan(path, planner, (["x"], None, 2**20, "host"))
+    cache.plan(path, planner, (None, [("x", ">", 5)], 2**20, "host"))
+    assert planner.calls == 3
+
+
+def test_errors_are_not_kept(tmp_path):
+    path, cache, planner = tmp_path / "bad.parquet", PlanCache(), Counting()
+    path.write_bytes(b"not parquet at all")
+    for _ in range(2):
+        with pytest.raises(dg.InputError, match="not a valid Parquet file"):
+            cache.plan(str(path), planner, ARGS)
+    assert planner.calls == 2 and len(cache) == 0
+
+
+def test_the_least_recently_used_go_first_and_zero_keeps_none(tmp_path):
+    paths = [write(tmp_path / f"{k}.parquet", k) for k in range(3)]
+    cache, planner = PlanCache(), Counting()
+    with dask.config.set({"gpudirect.planning.cache-files": 2}):
+        for path in [*paths, paths[2], paths[0]]:  # 0 was dropped for 2; 2 was kept
+            cache.plan(path, planner, ARGS)
+    assert (planner.calls, len(cache)) == (4, 2)
+    with dask.config.set({"gpudirect.planning.cache-files": 0}):
+        cache.clear()
+        cache.plan(paths[0], planner, ARGS)
+        cache.plan(paths[0], planner, ARGS)
+    assert (planner.calls, len(cache)) == (6, 0)
+
+
+def _hits(dask_worker) -> int:
+    from dask_gpudirect.plan_cache import plans
+
+    return plans.hits
+
+
+def test_a_second_read_plans_from_the_workers_cache(tcp, tmp_path):
+    paths = [write(tmp_path / f"part-{k}.parquet", 1000 * k) for k in range(4)]
+    before = sum(tcp.run(_hits).values())
+    first = compute(tcp, dg.read_parquet(paths, client=tcp))
+    again = compute(tcp, dg.read_parquet(paths, client=tcp))
+    assert sum(tcp.run(_hits).values()) - before == len(paths)
+    assert_same_frame(again, first)
+    assert_same_frame(again, expected_parquet(paths))
