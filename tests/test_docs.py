@@ -184,10 +184,15 @@ def host_cluster(plugins=None, protocol=None):
     ``protocol`` says: on the host target UCX would move host memory all the same, and starting
     and closing it costs this 2-core CI half a minute a page."""
     from distributed import LocalCluster
+    from util import PatientNanny  # the runner's sys.path[0] is tests/
 
     del protocol
     return LocalCluster(
-        n_workers=2, threads_per_worker=1, dashboard_address=":0", plugins=plugins or set()
+        n_workers=2,
+        threads_per_worker=1,
+        dashboard_address=":0",
+        plugins=plugins or set(),
+        worker_class=PatientNanny,
     )
 
 
@@ -217,8 +222,8 @@ def run_page(page: pathlib.Path) -> None:
         if isinstance(value, Client):
             cluster = value.cluster
             value.close()
-            if cluster is not None:  # workers slow to stop on a loaded machine are not a fault
-                cluster.close(timeout=120)
+            if cluster is not None:  # workers slow to stop on a loaded machine are not a fault:
+                cluster.close(timeout=120)  # PatientNanny gives each 30 s, not 5
 
 
 if __name__ == "__main__":

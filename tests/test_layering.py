@@ -15,8 +15,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dask_gpudirect"
 
 TOOLS = ("probe", "bench", "demo", "cli")
 WORKER_SIDE = (
-    "access", "stamps", "shards", "plan_cache", "loading", "targets", "formats", "filters", "plugin",
-    "preload", "metrics", "shuffle.worker", "shuffle.split", "shuffle.buffer",
+    "access", "stamps", "shards", "plan_cache", "loading", "targets", "formats", "filters",
+    "plugin", "preload", "metrics", "shuffle.worker", "shuffle.split", "shuffle.buffer",
     "shuffle.rapidsmpf_engine",
 )  # fmt: skip
 CLIENT_SIDE = (

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from distributed import Client, LocalCluster
-from util import assert_hash_partitions, partitions
+from util import PatientNanny, assert_hash_partitions, partitions
 
 import dask_gpudirect as dg
 
@@ -37,6 +37,7 @@ def client(security):
             security=security,
             dashboard_address=None,
             host="127.0.0.1",
+            worker_class=PatientNanny,
         ) as cluster,
         Client(cluster, security=security) as c,
     ):
