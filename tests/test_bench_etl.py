@@ -19,7 +19,8 @@ from dask_gpudirect.bench.etl import etl
 from dask_gpudirect.bench.etl_report import checks_of
 
 METHODS = ["gpudirect", "tasks", "p2p"]
-QUERIES = ["many-keys", "unique-key"]
+QUERIES = ["many-keys", "unique-key"]  # the shuffles; "scan" is the read alone
+SCAN_METHODS = ["gpudirect", "tasks"]  # on the host target
 
 
 @pytest.mark.timeout(HANG_GUARD + 60)
@@ -44,7 +45,8 @@ def test_bench_etl_host(tmp_path):
     ]
 
     by = {(r["query"], r["key"]): r for r in result["records"]}
-    assert sorted(by) == sorted((q, m) for q in QUERIES for m in METHODS)
+    runs = [(q, m) for q in QUERIES for m in METHODS] + [("scan", m) for m in SCAN_METHODS]
+    assert sorted(by) == sorted(runs)
     for rec in by.values():
         assert rec["status"] == "ok", rec
         assert len(rec["runs"]) == 2 and rec["seconds"] > 0 and rec["gbps"] > 0, rec
@@ -60,9 +62,11 @@ def test_bench_etl_host(tmp_path):
             assert {"shuffle: split", "shuffle: combine"} <= set(stage), rec
             assert max(stage.values()) <= pipeline["shuffle"], rec
         assert by[query, "tasks"]["phases"] == [{}, {}]  # Dask's pipeline is one graph
-    for query, groups in [("many-keys", 256), ("unique-key", data["rows"])]:
+    for phases in by["scan", "gpudirect"]["phases"]:  # the read alone, no shuffle
+        assert list(phases) == ["plan", "read"], phases
+    for query, groups in [("many-keys", 256), ("unique-key", data["rows"]), ("scan", data["rows"])]:
         fingerprints = result["fingerprints"][query]
-        assert sorted(fingerprints) == sorted(METHODS)
+        assert sorted(fingerprints) == sorted(SCAN_METHODS if query == "scan" else METHODS)
         for fp in fingerprints.values():  # every row counted once, every key in one partition
             assert fp["z"] == data["z_sum"] and fp["groups"] == groups, (query, fp)
 
@@ -73,25 +77,36 @@ def test_bench_etl_host(tmp_path):
         ratio = by[query, "tasks"]["seconds"] / by[query, "gpudirect"]["seconds"]
         assert speedup["ratio"] == pytest.approx(ratio)
         assert speedup["target"] is None and speedup["result"] == "-"  # targets: GPUs only
+    assert checks["scan: gpudirect, tasks give one result"]["result"] == "pass"
+    read = checks["scan: dg's speed-up over Dask's read_parquet"]
+    assert read["ratio"] == pytest.approx(
+        by["scan", "tasks"]["seconds"] / by["scan", "gpudirect"]["seconds"]
+    )
     markdown = out["md"].read_text()
     assert "| many-keys | dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p') |" in (
         markdown
     )
+    assert "| scan | dd.read_parquet(...).persist() |" in markdown
     assert "cudf-polars" not in markdown and "rapidsmpf" not in markdown  # GPU-only methods
     assert out["png"].stat().st_size > 0
 
 
-def _result(fingerprints: dict, z_sum: int, seconds: dict) -> dict:
+def _result(fingerprints: dict, z_sum: int, seconds: dict, queries=QUERIES) -> dict:
     records = [
         {"key": key, "query": query, "status": "ok", "seconds": s}
-        for query in QUERIES
+        for query in queries
         for key, s in seconds.items()
     ]
     return {
         "records": records,
-        "fingerprints": {query: fingerprints for query in QUERIES},
+        "fingerprints": {query: fingerprints for query in queries},
         "data": {"z_sum": z_sum},
     }
+
+
+def _shuffle_checks(*args) -> list[dict]:
+    """The checks of the two shuffle queries (the scan, not in these results, left out)."""
+    return [c for c in checks_of(*args) if not c["check"].startswith("scan:")]
 
 
 def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
@@ -100,19 +115,19 @@ def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
     rounding = {**good, "x": 1.5 * (1 + 1e-12)}  # float sums added in another order
     seconds = {"gpudirect": 1.0, "tasks": 5.0}
 
-    ok = checks_of(_result({"gpudirect": good, "tasks": rounding}, 500, seconds), "device", 2)
+    ok = _shuffle_checks(_result({"gpudirect": good, "tasks": rounding}, 500, seconds), "device", 2)
     assert [(c["result"], c["target"]) for c in ok] == [("pass", None), ("pass", 4.0)] * 2
     assert ok[1]["ratio"] == pytest.approx(5.0)
 
-    wrong = checks_of(_result({"gpudirect": split, "tasks": good}, 500, seconds), "device", 2)
+    wrong = _shuffle_checks(_result({"gpudirect": split, "tasks": good}, 500, seconds), "device", 2)
     assert wrong[0]["result"] == "miss"
-    lost = checks_of(_result({"gpudirect": good, "tasks": good}, 501, seconds), "device", 2)
+    lost = _shuffle_checks(_result({"gpudirect": good, "tasks": good}, 501, seconds), "device", 2)
     assert lost[0]["result"] == "miss"  # both agree, but not with the data written
-    slow = checks_of(
+    slow = _shuffle_checks(
         _result({"gpudirect": good}, 500, {"gpudirect": 2.0, "tasks": 5.0}), "device", 2
     )
     assert slow[1]["result"] == "miss"
-    one_gpu = checks_of(_result({"gpudirect": good}, 500, seconds), "device", 1)
+    one_gpu = _shuffle_checks(_result({"gpudirect": good}, 500, seconds), "device", 1)
     assert one_gpu[1]["target"] is None and one_gpu[1]["result"] == "-"
 
 
@@ -131,6 +146,23 @@ def test_both_engines_are_judged_against_tasks_and_cudf_polars():
         assert (ours["ratio"], ours["result"]) == (1.5, "pass")
         tasks = checks[f"{query}: dg on RapidsMPF's speed-up over Dask's task shuffle"]
         assert (tasks["ratio"], tasks["target"], tasks["result"]) == (8.0, 4.0, "pass")
+
+
+def test_the_scan_is_judged_against_dask_and_cudf_polars_on_any_gpu_count():
+    """The read alone: dg at least as fast as Dask's read_parquet and cudf-polars' scan, on one
+    GPU as on many (no exchange is involved); no target on the host target."""
+    good = {"groups": 1000, "z": 500, "kz": 7000, "x": 1.5}
+    seconds = {"gpudirect": 2.0, "polars": 1.0, "tasks": 3.0}
+    result = _result(dict.fromkeys(seconds, good), 500, seconds, ["scan"])
+    checks = {c["check"]: c for c in checks_of(result, "device", 1)}
+    assert checks["scan: gpudirect, polars, tasks give one result"]["result"] == "pass"
+    dask = checks["scan: dg's speed-up over Dask's read_parquet"]
+    assert (dask["ratio"], dask["target"], dask["result"]) == (1.5, 1.0, "pass")
+    polars = checks["scan: dg's speed-up over cudf-polars DaskEngine"]
+    assert (polars["ratio"], polars["target"], polars["result"]) == (0.5, 1.0, "miss")
+    host = {c["check"]: c for c in checks_of(result, "host", 2)}
+    assert host["scan: dg's speed-up over Dask's read_parquet"]["target"] is None
+    assert not any("rapidsmpf" in name for name in checks if name.startswith("scan:"))
 
 
 @pytest.mark.parametrize(

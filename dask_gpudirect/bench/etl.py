@@ -13,7 +13,9 @@ The pipeline users run, from Parquet files this command writes, in one cluster a
   (``engine.execute``) as the others' are persisted.
 
 Two queries: one key column with about ``--keys`` distinct values (2^24 by default) and one
-nearly unique key. Each pipeline runs once to warm up and ``--repeat`` more times; a run is the
+nearly unique key; and the read alone (``scan``: dg.read_parquet, Dask's read_parquet and
+cudf-polars' scan_parquet, the four columns kept in memory), so that the read's share is seen.
+Each pipeline runs once to warm up and ``--repeat`` more times; a run is the
 whole pipeline, graph building included, until every output partition is in memory. After the
 clock stops each result is reduced to a fingerprint (groups, sum of z, a key-weighted sum of z,
 sum of x), and every method of a query must give the same one: rows lost or a key split over two
@@ -46,7 +48,17 @@ from .common import (
     wait_released,
 )
 from .datasets import dataset
-from .etl_report import DEVICE_ONLY, METHODS, QUERIES, checks_of, markdown, print_result, same
+from .etl_report import (
+    DEVICE_ONLY,
+    METHODS,
+    QUERIES,
+    SCAN,
+    SCAN_METHODS,
+    checks_of,
+    markdown,
+    print_result,
+    same,
+)
 from .timing import _Interrupted, _measure, _record
 
 #: Measurement order per query: P2P, the slowest, last.
@@ -83,7 +95,9 @@ def _fingerprint(part, key: str) -> dict:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, object, dict]:
+def _pipeline(
+    client, method: str, paths: list[str], key: str, query: str
+) -> tuple[int, object, dict]:
     """The read's partition count, the query's collection, persisted, and for dg the seconds
     of each phase (planning, reading, shuffling, grouping: each waited for, so that a missed
     target says where the time went). Each library cuts the files into partitions its own way."""
@@ -100,6 +114,8 @@ def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, obj
         df = df.persist()
         wait(df)
         clock("read")
+        if query == SCAN:
+            return df.npartitions, df, clock.seconds
         shuffled = dg.shuffle(df, key, client=client, engine=engine)
         clock("shuffle")
         meta = _sum_by(shuffled._meta, key)
@@ -110,6 +126,8 @@ def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, obj
     import dask.dataframe as dd
 
     df = dd.read_parquet(paths, columns=columns)
+    if query == SCAN:
+        return df.npartitions, df.persist(), {}
     out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=method)
     return df.npartitions, out.persist(), {}
 
@@ -139,16 +157,18 @@ def _fingerprint_of(client, out, key: str) -> dict:
     return total
 
 
-def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Callable[[], dict]:
+def _etl_run(
+    client, method: str, paths: list[str], key: str, query: str, seen: dict
+) -> Callable[[], dict]:
     """One timed run; its fingerprint goes into ``seen[method]``, checked across methods later."""
     from distributed import futures_of, wait
 
     def run() -> dict:
         start = time.perf_counter()
-        inputs, out, phases = _pipeline(client, method, paths, key)
+        inputs, out, phases = _pipeline(client, method, paths, key, query)
         wait(out)
         seconds = time.perf_counter() - start
-        if phases:  # dg's: where its shuffle stage spent the time, the slowest worker's
+        if phases and query != SCAN:  # dg's: where its shuffle stage spent the time
             phases = {**phases, **stage_phases(client)}
         failed = [f for f in futures_of(out) if f.status != "finished"]
         if failed:
@@ -162,15 +182,17 @@ def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Cal
     return run
 
 
-def _polars_run(engine, paths: list[str], key: str, seen: dict) -> Callable[[], dict]:
+def _polars_run(engine, paths: list[str], key: str, query: str, seen: dict) -> Callable[[], dict]:
     """One timed cudf-polars query, its result left on the GPUs; fingerprinted there after."""
     import polars as pl
 
     def run() -> dict:
         sums = [pl.col(c).sum() for c in ("x", "y", "z")]
-        query = pl.scan_parquet(paths).select([key, "x", "y", "z"]).group_by(key).agg(sums)
+        plan = pl.scan_parquet(paths).select([key, "x", "y", "z"])
+        if query != SCAN:
+            plan = plan.group_by(key).agg(sums)
         start = time.perf_counter()
-        out = engine.execute(query)
+        out = engine.execute(plan)
         seconds = time.perf_counter() - start
         with out:
             fp = (
@@ -226,7 +248,7 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
             for query, key in QUERIES.items():
                 seen = result["fingerprints"].setdefault(query, {})
                 _log(f"{query}: measuring polars")
-                run = _polars_run(engine, paths, key, seen)
+                run = _polars_run(engine, paths, key, query, seen)
                 rec = _measured("polars", query, run, nbytes, opts, lambda: None)
                 result["records"].append({**rec, "query": query})
     finally:
@@ -253,7 +275,7 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
         }
         for query, key in QUERIES.items():
             seen = result["fingerprints"].setdefault(query, {})
-            for method in [m for m in RUN_ORDER if m in opts["methods"]]:
+            for method in _methods(opts["methods"], query, RUN_ORDER):
                 try:
                     rec = _one(client, method, query, key, paths, nbytes, opts, seen, target)
                 except _Interrupted as stop:  # keep the runs it finished
@@ -265,6 +287,11 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
                     client.restart()
     finally:
         stop_cluster(cluster, client, "etl")
+
+
+def _methods(chosen: list[str], query: str, order: tuple[str, ...]) -> list[str]:
+    """The chosen methods that run ``query``, in ``order``: the scan has no shuffle to choose."""
+    return [m for m in order if m in chosen and (query != SCAN or m in SCAN_METHODS)]
 
 
 def _cudf_backend() -> None:
@@ -280,7 +307,7 @@ def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
     if method == "p2p" and target == "device":
         return _record(method, "not run", note="Dask's P2P group-by takes pandas only")
     _log(f"{query}: measuring {method}")
-    run = _etl_run(client, method, paths, key, seen)
+    run = _etl_run(client, method, paths, key, query, seen)
     return _measured(method, query, run, nbytes, opts, partial(wait_released, client, 0))
 
 
@@ -387,7 +414,8 @@ def etl(
         "fingerprints": {},
     }
     try:
-        with progress_bar("etl", result["records"], len(chosen) * len(QUERIES), progress):
+        runs = sum(len(_methods(chosen, q, METHODS)) for q in QUERIES)
+        with progress_bar("etl", result["records"], runs, progress):
             _run(result, opts, target, paths, data["bytes"])
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True

@@ -122,18 +122,20 @@ def _shuffle_panels(result: dict) -> list[dict]:
 
 def _etl_panels(result: dict) -> list[dict]:
     """One panel per query: each pipeline's Parquet GB/s end to end, dg's target against tasks."""
-    from .etl_report import LABELS, METHODS, QUERIES
+    from .etl_report import METHODS, QUERIES, label
 
     panels = []
     for query in QUERIES:
         by = {r["key"]: r for r in result["records"] if r.get("query") == query}
+        if not by:  # a result of before the scan was measured
+            continue
         rows, index = [], {}
         for key in METHODS:
             if key in by:
                 index[key] = len(rows)
                 kind = "dg" if key in ("gpudirect", "rapidsmpf") else "baseline"
-                label = LABELS[key][result["target"]]
-                rows.append(_row(label, by[key], by[key].get("gbps"), kind))
+                name = label(key, query, result["target"])
+                rows.append(_row(name, by[key], by[key].get("gbps"), kind))
         targets = [
             (index[c["path"]], c["target"] * by[c["baseline"]]["gbps"], c)
             for c in result["checks"]
