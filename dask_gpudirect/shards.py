@@ -33,7 +33,7 @@ class Shard:
     base: int
     size: int
     # what the format knows of the shard: how to decode it (formats.binary.BinaryPart,
-    # formats.parquet.ParquetPart), and its label(); None for the probe's raw reads
+    # formats.parquet.ParquetPart), and its label()
     part: Any
     target: str = "host"
     worker: str | None = None
@@ -53,8 +53,7 @@ class Shard:
     @property
     def name(self) -> str:
         """Short label for logs and the ledger."""
-        label = self.part.label() if self.part is not None else None  # the probe's raw reads
-        where = label or (self.ranges[0][0] if self.ranges else 0)
+        where = self.part.label() or (self.ranges[0][0] if self.ranges else 0)
         return f"{os.path.basename(self.path)}@{where}"
 
 

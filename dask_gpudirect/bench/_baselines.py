@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from ..measure import pinned_copy, timed_runs
+
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 
@@ -76,16 +78,6 @@ def record(key: str, cache: str, **fields) -> dict:
     return rec
 
 
-def timed_runs(fn: Callable[[], int], repeat: int) -> tuple[int, list[float]]:
-    """Call ``fn`` ``repeat`` times; returns its byte count and the wall times."""
-    runs, nbytes = [], 0
-    for _ in range(max(1, repeat)):
-        start = time.perf_counter()
-        nbytes = fn()
-        runs.append(time.perf_counter() - start)
-    return nbytes, runs
-
-
 def guarded(key: str, cache: str, fn: Callable[[], dict]) -> dict:
     try:
         return fn()
@@ -116,29 +108,9 @@ def device_info() -> dict:
     }
 
 
-def _pinned_copy(nbytes: int) -> Callable[[], int]:
-    """A warmed-up copy of ``nbytes`` from a pinned host buffer to a device buffer, waited for."""
-    import cupy
-    import numpy as np
-
-    rt = cupy.cuda.runtime
-    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-    host = np.frombuffer(pinned, dtype=np.uint8, count=nbytes)
-    host.fill(1)  # fault the pages in before timing
-    dev = cupy.empty(nbytes, dtype=cupy.uint8)
-
-    def copy() -> int:
-        rt.memcpy(dev.data.ptr, pinned.ptr, nbytes, rt.memcpyHostToDevice)
-        rt.deviceSynchronize()
-        return nbytes
-
-    copy()  # warm-up
-    return copy
-
-
 def pinned_ceiling(nbytes: int = 1 << 30, repeat: int = 5) -> dict:
     """Pinned host buffer -> device buffer with one ``cudaMemcpy``: median of ``repeat``."""
-    return _ceiling_record(_pinned_copy(nbytes), nbytes, repeat)
+    return _ceiling_record(pinned_copy(nbytes), nbytes, repeat)
 
 
 def _ceiling_record(copy: Callable[[], int], nbytes: int, repeat: int) -> dict:
@@ -216,7 +188,7 @@ def copy_group(
 def pinned_ceiling_group(rank: int, size: int, sync_dir: str, nbytes: int = 1 << 30) -> dict:
     """This process's GPU in a group of ``size`` (one process each): see :func:`copy_group`."""
     try:
-        copy = _pinned_copy(nbytes)
+        copy = pinned_copy(nbytes)
     except BaseException:
         _Turns(sync_dir, rank, 0).mark("failed")
         raise

@@ -10,7 +10,6 @@ import contextlib
 import datetime
 import importlib.metadata
 import json
-import logging
 import os
 import platform
 import shlex
@@ -18,7 +17,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import click
 
@@ -281,10 +279,6 @@ def wait_released(client, baseline: int = 0) -> None:
         time.sleep(0.05)
 
 
-#: Seconds a benchmark's cluster gets to close before its processes are killed.
-CLOSE_TIMEOUT = 60
-
-
 def _last_stage(dask_worker) -> dict[str, float]:
     from ..shuffle.plugin import service
 
@@ -299,113 +293,6 @@ def stage_phases(client) -> dict[str, float]:
         for phase, seconds in phases.items():
             out[f"shuffle: {phase}"] = max(out.get(f"shuffle: {phase}", 0.0), seconds)
     return out
-
-
-def stop_cluster(cluster, client, bench: str) -> None:
-    """Close ``client``, then ``cluster`` within CLOSE_TIMEOUT: a close that hangs (seen with
-    UCXX on a loaded CPU machine, after every measurement was taken) must not hang the run."""
-    client.close()
-    if cluster is None:
-        return
-    try:
-        cluster.close(timeout=CLOSE_TIMEOUT)
-    except TimeoutError:  # workers slow to stop after the measurements: not a failed run
-        log(bench, f"the cluster did not close in {CLOSE_TIMEOUT} s; its processes were killed")
-
-
-def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size: str | None):
-    """Worker processes that share the GPUs round-robin: two workers on one H200 stand in for
-    two GPUs where only one is lent. dask-cuda names its workers by GPU and so starts one per
-    GPU; this is a SpecCluster of Nannies, each given its GPU by ``CUDA_VISIBLE_DEVICES``, with
-    the RMM pool and CuPy's RMM allocator set up as dask-cuda sets them."""
-    from distributed import Client, Nanny, Scheduler, SpecCluster
-    from distributed.worker_memory import parse_memory_limit
-
-    import dask_gpudirect as dg
-
-    gpus = gpu_count()
-    spec = {
-        f"gpu{i % gpus}-{i}": {
-            "cls": Nanny,
-            "options": {
-                "nthreads": threads,
-                "protocol": protocol,
-                # as dask-cuda: the host's memory shared by the workers (a Nanny's default, a
-                # share by threads, is 8 GiB of a 16-core host: Dask then spills device frames)
-                "memory_limit": parse_memory_limit(
-                    "auto", 1, total_cores=workers, logger=logging.getLogger(__name__)
-                ),
-                "env": {"CUDA_VISIBLE_DEVICES": str(i % gpus)},
-                # as dask-cuda starts its workers: a CUDA context before UCX starts, so that
-                # UCX sees GPU memory (without it device buffers cross by slow host staging)
-                "preload": ["dask_cuda.initialize"],
-                "preload_argv": ["--create-cuda-context"],
-            },
-        }
-        for i in range(workers)
-    }
-    scheduler = {"cls": Scheduler, "options": {"protocol": protocol, "dashboard_address": None}}
-    cluster = SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.WARNING)
-    client = Client(cluster)
-    client.run(_use_rmm, rmm_pool_size)
-    client.register_plugin(dg.GPUDirectPlugin())
-    return cluster, client
-
-
-def _use_rmm(pool_size: str | None) -> None:
-    """RMM for cuDF and CuPy in this worker, with a pool of ``pool_size`` where given."""
-    import cupy
-    import rmm
-    from dask.utils import parse_bytes
-    from rmm.allocators.cupy import rmm_cupy_allocator
-
-    if pool_size:
-        rmm.reinitialize(pool_allocator=True, initial_pool_size=parse_bytes(pool_size))
-    cupy.cuda.set_allocator(rmm_cupy_allocator)
-
-
-def start_cluster(
-    target: str,
-    workers: int,
-    threads: int,
-    protocol: str,
-    rmm_pool_size: str | None,
-    **cuda_options: Any,
-):
-    """The benchmark's cluster and client, with ``GPUDirectPlugin`` on every worker.
-
-    Device target: ``dg.LocalCUDACluster`` (one worker per GPU; ``cuda_options`` go to it, e.g.
-    ``enable_nvlink``); with more workers than GPUs, :func:`_shared_gpu_cluster`. Host target:
-    a ``LocalCluster`` of worker processes.
-    """
-    from distributed import Client, LocalCluster
-
-    import dask_gpudirect as dg
-
-    if target == "device":
-        if workers and workers > gpu_count():
-            return _shared_gpu_cluster(workers, threads, protocol, rmm_pool_size)
-        cluster = dg.LocalCUDACluster(
-            n_workers=workers,
-            threads_per_worker=threads,
-            protocol=protocol,
-            rmm_pool_size=rmm_pool_size,
-            dashboard_address=None,
-            plugins={dg.GPUDirectPlugin()},
-            **cuda_options,
-        )
-        client = Client(cluster)
-    else:
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=threads,
-            protocol=protocol,
-            processes=True,
-            dashboard_address=None,
-        )
-        client = Client(cluster)
-        client.register_plugin(dg.GPUDirectPlugin())
-    return cluster, client
 
 
 def write_outputs(

@@ -29,6 +29,7 @@ from functools import partial
 import click
 
 from ..cuda import gpu_count
+from ..measure import start_cluster, stop_cluster
 from .common import (
     TARGET_OPTION,
     cluster_options,
@@ -41,8 +42,6 @@ from .common import (
     resolve_run,
     result_head,
     stage_phases,
-    start_cluster,
-    stop_cluster,
     wait_released,
 )
 from .datasets import dataset
@@ -230,7 +229,7 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
                 rec = _measured("polars", query, run, nbytes, opts, lambda: None)
                 result["records"].append({**rec, "query": query})
     finally:
-        stop_cluster(cluster, client, "etl")
+        stop_cluster(cluster, client, _log)
 
 
 def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
@@ -264,7 +263,7 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
                     _log(f"restarting the cluster after {method} timed out")
                     client.restart()
     finally:
-        stop_cluster(cluster, client, "etl")
+        stop_cluster(cluster, client, _log)
 
 
 def _cudf_backend() -> None:

@@ -51,6 +51,7 @@ import click
 
 from ..cuda import gpu_count
 from ..discovery import data_files
+from ..measure import start_cluster, stop_cluster
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
 from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
@@ -60,8 +61,6 @@ from .common import (
     output_options,
     progress_bar,
     result_head,
-    start_cluster,
-    stop_cluster,
     visible_devices,
     wait_released,
 )
@@ -257,7 +256,7 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
             measure = partial(_cold_dask, client, "dask-default", nbytes, dask_default, None)
             recs.append(_guard("dask-default", "cold", measure))
     finally:
-        stop_cluster(cluster, client, "read")
+        stop_cluster(cluster, client, _log)
 
 
 def _cold_dask(client, key, nbytes, build, check):

@@ -42,6 +42,7 @@ from functools import partial
 
 import click
 
+from ..measure import pair_transfer, start_cluster, stop_cluster
 from .common import (
     GIB,
     TARGET_OPTION,
@@ -55,8 +56,6 @@ from .common import (
     resolve_run,
     result_head,
     stage_phases,
-    start_cluster,
-    stop_cluster,
     wait_released,
 )
 from .shuffle_report import DEVICE_ONLY, METHODS, checks_of, markdown, print_result
@@ -106,30 +105,6 @@ def _partition(rows: int, seed: int, target: str):
 def _meta(target: str):
     """The frame's empty meta, cut from one row: CuPy's generators are not asked for zero."""
     return _partition(1, 0, target).iloc[:0]
-
-
-def _buffer(nbytes: int, target: str):
-    """The raw transfer's buffer, written once so that its memory is really there."""
-    if target == "device":
-        import cupy
-
-        return cupy.full(nbytes, 1, dtype=cupy.uint8)
-    import numpy
-
-    return numpy.full(nbytes, 1, dtype=numpy.uint8)
-
-
-def _size(buffer) -> int:
-    return int(buffer.nbytes)
-
-
-def _incoming(key: str, dask_worker=None) -> list[dict]:
-    """This worker's logged fetches of ``key``: seconds and bytes, as the worker measured them."""
-    return [
-        {"duration": e["duration"], "total": e["total"], "who": e["who"]}
-        for e in dask_worker.transfer_incoming_log
-        if key in e["keys"]
-    ]
 
 
 def _clear_ledger(dask_worker) -> None:
@@ -255,33 +230,6 @@ def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
     return run
 
 
-def _raw_run(client, a: str, b: str, nbytes: int, target: str) -> Callable[[], dict]:
-    """One buffer made on ``a``, then fetched by a task on ``b``: the fetch as ``b`` logged it."""
-    from distributed import wait
-
-    def run() -> dict:
-        buf = client.submit(
-            _buffer, nbytes, target, workers=[a], allow_other_workers=False, pure=False
-        )
-        wait(buf)
-        start = time.perf_counter()
-        size = client.submit(
-            _size, buf, workers=[b], allow_other_workers=False, pure=False
-        ).result()
-        round_trip = time.perf_counter() - start
-        fetches = client.run(_incoming, buf.key, workers=[b])[b]
-        del buf
-        if size != nbytes or len(fetches) != 1:
-            raise RuntimeError(f"{b} logged {len(fetches)} fetches of the buffer, size {size}")
-        return {
-            "seconds": fetches[0]["duration"],
-            "round_trip_seconds": round_trip,
-            "note": f"{a} -> {b}; time from {b}'s transfer_incoming_log",
-        }
-
-    return run
-
-
 # --- the run --------------------------------------------------------------------------------------
 
 
@@ -375,7 +323,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
                 client.restart()
                 frame.df = None
     finally:
-        stop_cluster(cluster, client, "shuffle")
+        stop_cluster(cluster, client, _log)
 
 
 def _one_method(
@@ -387,7 +335,7 @@ def _one_method(
             return _record("raw", "not run", note="needs two workers"), False
         nbytes = opts["raw_mib"] << 20
         _log(f"measuring raw: a {nbytes / 1e9:.2f} GB buffer, budget {budget():.0f} s")
-        run = _raw_run(client, addresses[0], addresses[1], nbytes, frame.target)
+        run = pair_transfer(client, addresses[0], addresses[1], nbytes, frame.target)
         after = partial(wait_released, client, 0)  # the raw transfer runs before the frame
         return _measure("raw", run, nbytes, 1, opts["repeat"], budget(), after)
     if frame.df is None:

@@ -245,9 +245,11 @@ def _measure_storage(nbytes: int) -> dict[str, Any]:
     """Write ``nbytes`` into this worker's local directory and read them twice with the plugin's
     target (a reader of its own, so the cluster's ledger stays the user's); the faster read
     counts. The file was just written, so this is the page-cache-warm rate."""
+    import numpy as np
     from distributed import get_worker
 
     from .. import targets
+    from ..formats.binary import BinaryPart
     from ..plugin import current_plugin
     from ..shards import Shard
 
@@ -261,7 +263,8 @@ def _measure_storage(nbytes: int) -> dict[str, Any]:
             chunk = bytes(min(nbytes, 16 << 20))
             for start in range(0, nbytes, len(chunk)):
                 f.write(chunk[: nbytes - start])
-        shard = Shard(path, ((0, nbytes),), 0, nbytes, part=None, target=name)
+        part = BinaryPart(np.dtype(np.uint8), (nbytes,))  # raw bytes: never decoded
+        shard = Shard(path, ((0, nbytes),), 0, nbytes, part, target=name)
         for _ in range(2):
             target.read(shard)
     finally:

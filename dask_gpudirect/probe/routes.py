@@ -73,10 +73,10 @@ def _host_to_gpu(client, w: dict, quick: bool, nbytes: int) -> dict:
     reason = "cudaMemcpy from pinned host memory: one DMA copy"
     if quick:
         return _measurement([w["address"]], "pinned-copy", 1, None, reason)
-    from ..bench._baselines import pinned_ceiling
+    from ..measure import pinned_gbps
 
     try:
-        gbps = _run_on(client, w["address"], pinned_ceiling, nbytes, 3)["gbps"]
+        gbps = _run_on(client, w["address"], pinned_gbps, nbytes, 3)
     except Exception as exc:  # one failed measurement must not stop the probe
         return _measurement([w["address"]], "pinned-copy", 1, None, _failed(exc))
     return _measurement([w["address"]], "pinned-copy", 1, gbps, reason)
@@ -136,16 +136,16 @@ def pair_route(
 def _pair(client, a: dict, b: dict, same_node: bool, quick: bool, nbytes: int) -> dict:
     """A buffer made on ``a`` and fetched by a task on ``b``, timed by ``b``'s own log of the
     fetch. A small transfer goes first (and alone with ``quick``): it opens the endpoint."""
-    from ..bench.shuffle import _raw_run
+    from ..measure import pair_transfer
 
     target = "device" if a["gpus"] and b["gpus"] else "host"
     names = [a["address"], b["address"]]
     try:
-        _raw_run(client, *names, OPENING_TRANSFER, target)()
+        pair_transfer(client, *names, OPENING_TRANSFER, target)()
         seconds = (
             None
             if quick
-            else min(_raw_run(client, *names, nbytes, target)()["seconds"] for _ in range(2))
+            else min(pair_transfer(client, *names, nbytes, target)()["seconds"] for _ in range(2))
         )
         transports = None
         if b["comms"]["protocol"] == "ucxx":
