@@ -13,7 +13,7 @@ from .errors import (
     OptionError,
     ShuffleError,
 )
-from .ledger import report
+from .ledger_report import report
 from .plugin import GPUDirectPlugin
 from .shuffle.api import shuffle, shuffle_array
 

@@ -24,7 +24,7 @@ WORKER_SIDE = (
 )  # fmt: skip
 CLIENT_SIDE = (
     "discovery", "placement", "collections", "cluster", "connection", "dashboard", "progress",
-    "shuffle.api", "shuffle.coordinator",
+    "ledger_report", "shuffle.api", "shuffle.coordinator",
 )  # fmt: skip
 
 
