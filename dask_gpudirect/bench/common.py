@@ -26,14 +26,6 @@ from .plot import check_matplotlib, draw
 
 GIB = 1 << 30
 
-#: NVLink multicast off in every process a bench starts: on the lent multi-GPU machines a
-#: program that uses it can put the host's shared GPUs out of service.
-MULTICAST_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-
 VERSIONED = [
     "dask-gpudirect",
     "dask",
@@ -224,10 +216,10 @@ def cpu_name() -> str:
 
 def child_env(changes: dict[str, str | None]) -> dict[str, str]:
     """The environment of a bench's child process: this one's with ``changes`` (None removes a
-    name), NVLink multicast off, and this source tree first on PYTHONPATH."""
+    name), and this source tree first on PYTHONPATH."""
     import dask_gpudirect
 
-    env = {**os.environ, **MULTICAST_OFF}
+    env = dict(os.environ)
     for name, value in changes.items():
         if value is None:
             env.pop(name, None)

@@ -7,7 +7,7 @@ they write: every figure in it is one a child run measured. A row names why it h
 Why one process per run: each GPU count gets its own cluster, with nothing left over from the
 last (GPU memory, RMM pools, UCX endpoints, kvikio settings), and a run that hangs or crashes
 costs its own cells only. On the device target a child sees the first N GPUs
-(``CUDA_VISIBLE_DEVICES``); every child has NVLink multicast off (``common.MULTICAST_OFF``).
+(``CUDA_VISIBLE_DEVICES``); every child has this process's environment besides.
 A child runs in a process group of its own: at its limit it gets SIGINT (it then writes what it
 measured), and ``GRACE_S`` later its whole group, Dask workers included, gets SIGKILL.
 
@@ -31,7 +31,6 @@ import click
 
 from ..cuda import gpu_count
 from .common import (
-    MULTICAST_OFF,
     TARGET_OPTION,
     child_env,
     cpu_name,
@@ -353,7 +352,6 @@ def scale(
         **result_head("scale", target, gpus, opts),
         "device": names[0] if names else f"CPU {cpu_name()}",
         "device_names": names,
-        "environment": MULTICAST_OFF,
         "runs": [],
     }
     deadline = started + time_limit - RESERVE_S if time_limit else None

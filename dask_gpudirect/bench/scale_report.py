@@ -6,7 +6,6 @@ anything; every figure here is one a child run measured.
 
 from __future__ import annotations
 
-from .common import MULTICAST_OFF
 from .tables import footnote, markdown_table, print_table
 
 
@@ -187,8 +186,7 @@ def _setup_lines(result: dict) -> list[str]:
         f"- command: `{result['command']}`",
         f"- read args: `{o['read_args']}` (and `--files {o['files']} --dir {o['dir']}`)",
         f"- shuffle args: `{o['shuffle_args']}`",
-        f"- protocol: {o['protocol']}; environment of every run: "
-        + ", ".join(f"{k}={v}" for k, v in MULTICAST_OFF.items()),
+        f"- protocol: {o['protocol']}",
     ]
 
 
