@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "LocalCUDACluster":  # imported on use: dask-cuda is the optional cuda13 extra
         from . import cluster
 
