@@ -28,7 +28,7 @@ CLOSE_TIMEOUT = 60
 
 def start_cluster(
     target: str,
-    workers: int,
+    workers: int | None,
     threads: int,
     protocol: str,
     rmm_pool_size: str | None,

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..measure import pinned_copy, timed_runs
 
@@ -67,9 +68,16 @@ def warm_page_cache(files: list[str]) -> int:
         return sum(pool.map(_read_through, files))
 
 
-def record(key: str, cache: str, **fields) -> dict:
+def record(key: str, cache: str, **fields: Any) -> dict:
     """One measurement: ``status`` is ``ok``, ``not run`` or ``error``."""
-    rec = {"key": key, "cache": cache, "status": "ok", "bytes": 0, "seconds": None, "runs": []}
+    rec: dict[str, Any] = {
+        "key": key,
+        "cache": cache,
+        "status": "ok",
+        "bytes": 0,
+        "seconds": None,
+        "runs": [],
+    }
     rec.update(fields)
     if rec["status"] == "ok" and rec["seconds"]:
         rec["gbps"] = rec["bytes"] / rec["seconds"] / 1e9
@@ -230,12 +238,12 @@ def parquet_per_file(key: str, files: list[str], device: bool, cache: str, repea
     if device:
         import cudf
 
-        def read(path):
+        def read(path: str) -> Any:
             return cudf.read_parquet(path)
     else:
         import pyarrow.parquet as pq
 
-        def read(path):
+        def read(path: str) -> Any:
             return pq.read_table(path)
 
     def run() -> int:
@@ -313,11 +321,11 @@ def _dropped(key: str) -> dict | None:
     return None if reason is None else record(key, "cold", status="not run", note=reason)
 
 
-def _cold_naive(files, device):
+def _cold_naive(files: list[str], device: bool) -> dict:
     return _dropped("naive") or naive(files, device, "cold")
 
 
-def _cold_parquet(key, files, device):
+def _cold_parquet(key: str, files: list[str], device: bool) -> dict:
     return _dropped(key) or parquet_per_file(key, files, device, "cold", 1)
 
 

@@ -16,13 +16,22 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ..cuda import gpu_count
 from ..progress import Bar
 from .plot import check_matplotlib, draw
+
+if TYPE_CHECKING:
+    from distributed import Client, Worker
+
+#: A click command, given options by a decorator.
+F = TypeVar("F", bound=Callable[..., Any])
+#: A result as Markdown: each benchmark's report renders its own.
+Markdown = Callable[[dict], str]
 
 GIB = 1 << 30
 
@@ -45,7 +54,7 @@ VERSIONED = [
 ]
 
 
-def _plottable(ctx, param, path: str | None) -> str | None:
+def _plottable(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
     """``--plot``'s path, once matplotlib is known to be there: at the start, not after the run."""
     if path:
         check_matplotlib()
@@ -78,7 +87,7 @@ TARGET_OPTION = click.option(
 )
 
 
-def cluster_options(command):
+def cluster_options(command: F) -> F:
     """``--workers``, ``--threads-per-worker``, ``--protocol`` and ``--rmm-pool-size``: the
     cluster of ``bench shuffle`` and ``bench etl``, resolved by :func:`resolve_run`."""
     for option in reversed(
@@ -139,7 +148,7 @@ def device_only(chosen: list[str], only: Sequence[str], target: str, by_default:
     return [m for m in chosen if m not in only]
 
 
-def output_options(command):
+def output_options(command: F) -> F:
     """``--json``, ``--markdown``, ``--plot`` and ``--progress``: what every benchmark writes
     and shows."""
     for option in reversed(
@@ -214,7 +223,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def child_env(changes: dict[str, str | None]) -> dict[str, str]:
+def child_env(changes: Mapping[str, str | None]) -> dict[str, str]:
     """The environment of a bench's child process: this one's with ``changes`` (None removes a
     name), and this source tree first on PYTHONPATH."""
     import dask_gpudirect
@@ -256,7 +265,7 @@ def device_names() -> list[str]:
     return [names[d] for d in visible_devices() if d in names] or list(names.values())
 
 
-def held_keys(dask_worker) -> int:
+def held_keys(dask_worker: Worker) -> int:
     """Keys a worker holds (run on the workers): a measurement waits for zero before the next."""
     try:
         return len(dask_worker.data)
@@ -264,20 +273,20 @@ def held_keys(dask_worker) -> int:
         return 0
 
 
-def wait_released(client, baseline: int = 0) -> None:
+def wait_released(client: Client, baseline: int = 0) -> None:
     """Until the workers hold no more keys than ``baseline`` (the input), or 30 s."""
     deadline = time.monotonic() + 30
     while sum(client.run(held_keys).values()) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-def _last_stage(dask_worker) -> dict[str, float]:
+def _last_stage(dask_worker: Worker) -> dict[str, float]:
     from ..shuffle.plugin import service
 
     return service(dask_worker).last_phases
 
 
-def stage_phases(client) -> dict[str, float]:
+def stage_phases(client: Client) -> dict[str, float]:
     """The phases of the last shuffle stage (split, send, wait for peers, combine), each the
     longest over the workers, named ``"shuffle: <phase>"``; asked after the clock stopped."""
     out: dict[str, float] = {}
@@ -291,7 +300,7 @@ def write_outputs(
     result: dict,
     json_path: str | None,
     md_path: str | None,
-    markdown,
+    markdown: Markdown,
     plot_path: str | None = None,
 ) -> None:
     """``result`` as JSON, ``markdown(result)`` as Markdown and its bar chart, where asked for."""
@@ -321,7 +330,7 @@ def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
     }
 
 
-def finish(result: dict, target: str, print_result, outputs: tuple) -> None:
+def finish(result: dict, target: str, print_result: Callable[[dict], None], outputs: tuple) -> None:
     """Name the device where it was not found, write ``outputs`` (``write_outputs``' paths and
     renderer) and print the result; then exit non-zero if a measurement or the run failed."""
     result["device"] = result["device"] or (

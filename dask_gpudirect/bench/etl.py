@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -48,6 +49,12 @@ from .datasets import dataset
 from .etl_report import DEVICE_ONLY, METHODS, QUERIES, checks_of, markdown, print_result, same
 from .timing import _Interrupted, _measure, _record
 
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    from distributed import Client
+
+    from ..targets import Frame
+
 #: Measurement order per query: P2P, the slowest, last.
 RUN_ORDER = ("gpudirect", "rapidsmpf", "tasks", "p2p")
 #: Measured in a cluster of their own, after the others.
@@ -63,12 +70,12 @@ def _log(message: str) -> None:
 # --- on the workers -----------------------------------------------------------------------------
 
 
-def _sum_by(part, key: str):
+def _sum_by(part: Frame, key: str) -> Frame:
     """One output partition of dg's pipeline: the group-by sum of the rows the shuffle put here."""
     return part.groupby(key).sum()
 
 
-def _fingerprint(part, key: str) -> dict:
+def _fingerprint(part: Frame, key: str) -> dict:
     """What two correct results of one query share, from one partition of group-by sums."""
     flat = part.reset_index()
     return {
@@ -82,7 +89,9 @@ def _fingerprint(part, key: str) -> dict:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, object, dict]:
+def _pipeline(
+    client: Client, method: str, paths: list[str], key: str
+) -> tuple[int, dd.DataFrame, dict]:
     """The read's partition count, the query's collection, persisted, and for dg the seconds
     of each phase (planning, reading, shuffling, grouping: each waited for, so that a missed
     target says where the time went). Each library cuts the files into partitions its own way."""
@@ -116,7 +125,7 @@ def _pipeline(client, method: str, paths: list[str], key: str) -> tuple[int, obj
 class _Clock:
     """Seconds since the last call, by phase name."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.last = time.perf_counter()
 
@@ -126,7 +135,7 @@ class _Clock:
         self.last = now
 
 
-def _fingerprint_of(client, out, key: str) -> dict:
+def _fingerprint_of(client: Client, out: dd.DataFrame, key: str) -> dict:
     """The fingerprint of a whole result, summed from its partitions' on the workers."""
     import dask
 
@@ -138,7 +147,9 @@ def _fingerprint_of(client, out, key: str) -> dict:
     return total
 
 
-def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Callable[[], dict]:
+def _etl_run(
+    client: Client, method: str, paths: list[str], key: str, seen: dict
+) -> Callable[[], dict]:
     """One timed run; its fingerprint goes into ``seen[method]``, checked across methods later."""
     from distributed import futures_of, wait
 
@@ -161,7 +172,7 @@ def _etl_run(client, method: str, paths: list[str], key: str, seen: dict) -> Cal
     return run
 
 
-def _polars_run(engine, paths: list[str], key: str, seen: dict) -> Callable[[], dict]:
+def _polars_run(engine: Any, paths: list[str], key: str, seen: dict) -> Callable[[], dict]:
     """One timed cudf-polars query, its result left on the GPUs; fingerprinted there after."""
     import polars as pl
 
@@ -274,7 +285,17 @@ def _cudf_backend() -> None:
     dask.config.set({"dataframe.backend": "cudf"})
 
 
-def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
+def _one(
+    client: Client,
+    method: str,
+    query: str,
+    key: str,
+    paths: list[str],
+    nbytes: int,
+    opts: dict,
+    seen: dict,
+    target: str,
+) -> dict:
     """One method on one query, or why it was not run."""
     if method == "p2p" and target == "device":
         return _record(method, "not run", note="Dask's P2P group-by takes pandas only")
@@ -283,7 +304,14 @@ def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
     return _measured(method, query, run, nbytes, opts, partial(wait_released, client, 0))
 
 
-def _measured(method, query, run, nbytes, opts, after) -> dict:
+def _measured(
+    method: str,
+    query: str,
+    run: Callable[[], dict],
+    nbytes: int,
+    opts: dict,
+    after: Callable[[], None],
+) -> dict:
     """``run`` measured within the method's time budget; a failure recorded, not raised."""
     try:
         rec, _ = _measure(
@@ -343,29 +371,29 @@ def _measured(method, query, run, nbytes, opts, after) -> dict:
 )
 @output_options
 def etl(
-    target,
-    root,
-    gib,
-    files,
-    keys,
-    workers,
-    threads_per_worker,
-    protocol,
-    repeat,
-    rmm_pool_size,
-    methods,
-    method_timeout,
-    json_path,
-    md_path,
-    plot_path,
-    progress,
-):
+    target: str,
+    root: str,
+    gib: float,
+    files: int,
+    keys: int,
+    workers: int | None,
+    threads_per_worker: int,
+    protocol: str | None,
+    repeat: int,
+    rmm_pool_size: str | None,
+    methods: str | None,
+    method_timeout: float,
+    json_path: str | None,
+    md_path: str | None,
+    plot_path: str | None,
+    progress: bool,
+) -> None:
     """Parquet -> shuffle -> group-by sum: dg against Dask (dask_cudf on the GPU), end to end."""
     target, gpus, chosen, workers, protocol = resolve_run(
         target, methods or ",".join(METHODS), METHODS, workers, protocol
     )
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
-    opts = {
+    opts: dict[str, Any] = {
         "gib": gib,
         "files": files,
         "keys": keys,
@@ -378,9 +406,10 @@ def etl(
         "method_timeout": method_timeout,
     }
     paths, data = dataset(root, "etl", gib, files, keys=keys)
+    names = device_names() if target == "device" else []
     result = {
         **result_head("etl", target, gpus, opts),
-        "device": (device_names() or [None])[0] if target == "device" else None,
+        "device": names[0] if names else None,
         "data": data,
         "records": [],
         "fingerprints": {},

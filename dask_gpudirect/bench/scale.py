@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import click
 
@@ -234,7 +235,7 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
 @click.command(name="scale")
 @click.option(
     "--gpus",
-    "counts",
+    "counts_text",
     default=None,
     help="comma-separated GPU counts (workers on the host target) [default: 1 and all visible "
     "GPUs; 1,2 on the host target]",
@@ -293,23 +294,23 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
 )
 @output_options
 def scale(
-    counts,
-    target,
-    protocol,
-    benches,
-    read_args,
-    shuffle_args,
-    files,
-    data_dir,
-    runs_dir,
-    read_limit,
-    shuffle_limit,
-    time_limit,
-    json_path,
-    md_path,
-    plot_path,
-    progress,
-):
+    counts_text: str | None,
+    target: str,
+    protocol: str | None,
+    benches: str,
+    read_args: str,
+    shuffle_args: str,
+    files: int | None,
+    data_dir: str | None,
+    runs_dir: str | None,
+    read_limit: float,
+    shuffle_limit: float,
+    time_limit: float | None,
+    json_path: str | None,
+    md_path: str | None,
+    plot_path: str | None,
+    progress: bool,
+) -> None:
     """bench read and bench shuffle on 1, 2, ... GPUs (one worker each): a scaling table."""
     started = time.monotonic()
     gpus = gpu_count()
@@ -320,7 +321,7 @@ def scale(
     chosen = [b.strip() for b in benches.split(",") if b.strip()]
     if not chosen or set(chosen) - set(BENCHES):
         raise click.UsageError(f"--benches {benches!r}: choose from {', '.join(BENCHES)}")
-    counts = _counts(counts, target, gpus)
+    counts = _counts(counts_text, target, gpus)
     temporary = []
     if data_dir is None:
         data_dir = tempfile.mkdtemp(prefix="dask-gpudirect-scale-data-")
@@ -331,7 +332,7 @@ def scale(
         runs_dir = tempfile.mkdtemp(prefix="dask-gpudirect-scale-runs-")
         temporary.append(runs_dir)
     os.makedirs(runs_dir, exist_ok=True)
-    opts = {
+    opts: dict[str, Any] = {
         "gpus": counts,
         "target": target,
         "protocol": protocol or ("ucxx" if target == "device" else "tcp"),

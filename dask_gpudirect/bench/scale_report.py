@@ -47,7 +47,7 @@ def _read_figures(result: dict) -> dict:
 
 def _shuffle_figures(result: dict) -> dict:
     by = {r["key"]: r for r in result.get("records", [])}
-    check = next(
+    check: dict = next(
         (c for c in result.get("checks", []) if c["check"] == "faster of Dask's shuffles"), {}
     )
     return {

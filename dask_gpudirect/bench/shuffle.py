@@ -39,6 +39,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -61,6 +62,12 @@ from .common import (
 from .shuffle_report import DEVICE_ONLY, METHODS, checks_of, markdown, print_result
 from .timing import _Interrupted, _measure, _record
 
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    from distributed import Client, Worker
+
+    from ..targets import Frame
+
 #: Bytes per row of the frame: int64 key, float64 x and y, int64 z.
 ROW_BYTES = 32
 KEY_RANGE = 1 << 62
@@ -79,7 +86,7 @@ def _log(message: str) -> None:
 # --- on the workers ---------------------------------------------------------------------------
 
 
-def _partition(rows: int, seed: int, target: str):
+def _partition(rows: int, seed: int, target: str) -> Frame:
     """One partition of the frame: cuDF from CuPy random on the device target, else pandas."""
     if target == "device":
         import cudf
@@ -102,12 +109,12 @@ def _partition(rows: int, seed: int, target: str):
     )
 
 
-def _meta(target: str):
+def _meta(target: str) -> Frame:
     """The frame's empty meta, cut from one row: CuPy's generators are not asked for zero."""
     return _partition(1, 0, target).iloc[:0]
 
 
-def _clear_ledger(dask_worker) -> None:
+def _clear_ledger(dask_worker: Worker) -> None:
     from ..plugin import current_plugin
 
     current_plugin(dask_worker).ledger.clear()
@@ -123,11 +130,11 @@ def _ucx_environment() -> dict[str, str]:
 class _Frame:
     """The input frame, made on the workers; made again after a restart."""
 
-    def __init__(self, client, target: str, gib: float, partitions: int):
+    def __init__(self, client: Client, target: str, gib: float, partitions: int):
         self.client, self.target = client, target
         self.rows = max(partitions, int(gib * GIB) // ROW_BYTES)
         self.partitions = partitions
-        self.df = None
+        self.df: dd.DataFrame | None = None
         self.nbytes = self.z_sum = self.held = 0
 
     def make(self) -> dict:
@@ -184,18 +191,19 @@ class _Frame:
         }
 
 
-def _counts(client, df) -> tuple[int, int]:
+def _counts(client: Client, df: dd.DataFrame) -> tuple[int, int]:
     """Rows of ``df`` and the sum of its ``z`` column, computed on the cluster."""
     rows, z_sum = client.compute([df.map_partitions(len).sum(), df["z"].sum()], sync=True)
     return int(rows), int(z_sum)
 
 
-def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
+def _shuffle_run(client: Client, frame: _Frame, method: str) -> Callable[[], dict]:
     """One timed shuffle of ``frame`` by ``method``, checked after the clock stops."""
     from distributed import futures_of, wait
 
     def run() -> dict:
         df = frame.df
+        assert df is not None, "the frame is made before the shuffles"
         if method == "gpudirect":
             client.run(_clear_ledger)  # so that the ledger read after the runs holds the last one
         start = time.perf_counter()
@@ -233,7 +241,7 @@ def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
 # --- the run --------------------------------------------------------------------------------------
 
 
-def _ledger(client) -> list[dict]:
+def _ledger(client: Client) -> list[dict]:
     """dg's ledger rows of the shuffle (``op`` shuffle or spill), per worker and path."""
     import dask_gpudirect as dg
 
@@ -327,7 +335,13 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
 
 
 def _one_method(
-    client, method: str, frame: _Frame, addresses: list[str], opts: dict, budget, into: dict
+    client: Client,
+    method: str,
+    frame: _Frame,
+    addresses: list[str],
+    opts: dict,
+    budget: Callable[[], float],
+    into: dict,
 ) -> tuple[dict, bool]:
     """Measure ``method`` within ``budget()`` seconds; (record, whether a run timed out)."""
     if method == "raw":
@@ -414,24 +428,24 @@ def _counts_option(value: str | None) -> list[int] | None:
 )
 @output_options
 def shuffle(
-    target,
-    gib,
-    workers,
-    threads_per_worker,
-    protocol,
-    ucx_transports,
-    partitions,
-    repeat,
-    rmm_pool_size,
-    methods,
-    raw_mib,
-    method_timeout,
-    time_limit,
-    json_path,
-    md_path,
-    plot_path,
-    progress,
-):
+    target: str,
+    gib: float,
+    workers: int | None,
+    threads_per_worker: int,
+    protocol: str | None,
+    ucx_transports: str,
+    partitions: list[int] | None,
+    repeat: int,
+    rmm_pool_size: str | None,
+    methods: str | None,
+    raw_mib: int | None,
+    method_timeout: float,
+    time_limit: float | None,
+    json_path: str | None,
+    md_path: str | None,
+    plot_path: str | None,
+    progress: bool,
+) -> None:
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
     target, gpus, chosen, workers, protocol = resolve_run(
         target, methods or ",".join(METHODS), METHODS, workers, protocol
@@ -439,7 +453,7 @@ def shuffle(
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
-    opts = {
+    opts: dict[str, Any] = {
         "gib": gib,
         "workers": workers,
         "threads_per_worker": threads_per_worker,
