@@ -19,7 +19,7 @@ TOOLS = ("probe", "bench", "demo", "cli", "measure")
 SHARED = "measure"
 WORKER_SIDE = (
     "access", "stamps", "shards", "loading", "targets", "formats", "filters", "plugin",
-    "preload", "metrics", "shuffle.worker", "shuffle.split", "shuffle.buffer",
+    "preload", "metrics", "ledger", "shuffle.worker", "shuffle.split", "shuffle.buffer",
     "shuffle.rapidsmpf_engine",
 )  # fmt: skip
 CLIENT_SIDE = (
