@@ -29,6 +29,7 @@ docs: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check dask_gpudirect tests examples
 	$(VENV)/bin/ruff format --check dask_gpudirect tests examples
+	$(VENV)/bin/mypy  # the package, as [tool.mypy] in pyproject.toml says
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff format dask_gpudirect tests examples

@@ -13,7 +13,7 @@ from .errors import (
     OptionError,
     ShuffleError,
 )
-from .ledger import report
+from .ledger_report import report
 from .plugin import GPUDirectPlugin
 from .shuffle.api import shuffle, shuffle_array
 
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "LocalCUDACluster":  # imported on use: dask-cuda is the optional cuda13 extra
         from . import cluster
 

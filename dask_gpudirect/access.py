@@ -118,7 +118,9 @@ def _opened_path(fd: int) -> str:
     except OSError:  # no /proc: macOS and the BSDs answer F_GETPATH
         import fcntl
 
-        return os.fsdecode(fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024))).rstrip("\0")
+        # typeshed has F_GETPATH on macOS only, where it exists
+        name = fcntl.fcntl(fd, fcntl.F_GETPATH, bytes(1024))  # type: ignore[attr-defined]
+        return os.fsdecode(name).rstrip("\0")
 
 
 @contextlib.contextmanager

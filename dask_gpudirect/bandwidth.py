@@ -7,7 +7,7 @@ how much a worker's totals grew between its last two heartbeats, so it lags by o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bokeh.core.properties import without_property_validation
 from bokeh.models import (
@@ -16,8 +16,8 @@ from bokeh.models import (
     FactorRange,
     HoverTool,
     NumeralTickFormatter,
-    Title,
 )
+from bokeh.models.annotations.labels import Title
 from bokeh.palettes import Category20
 from bokeh.plotting import figure
 from dask.utils import format_bytes
@@ -28,6 +28,10 @@ from distributed.utils import log_errors
 
 from .ledger import COPIES
 from .metrics import HEARTBEAT
+
+if TYPE_CHECKING:
+    from bokeh.document import Document
+    from distributed import Scheduler
 
 #: One color per path, the same on every page load.
 COLORS: dict[str, str] = dict(zip(COPIES, Category20[len(COPIES)], strict=True))
@@ -51,7 +55,7 @@ class PathBandwidth(DashboardComponent):
     """One bar per worker and path: the bytes/s that path carried over the last heartbeat."""
 
     @log_errors
-    def __init__(self, scheduler, **kwargs):
+    def __init__(self, scheduler: Scheduler, **kwargs: Any) -> None:
         DashboardComponent.__init__(self)
         self.scheduler = scheduler
         self.samples: dict[str, dict[str, Any]] = {}  # worker -> its latest heartbeat sample
@@ -93,7 +97,7 @@ class PathBandwidth(DashboardComponent):
 
     @without_property_validation
     @log_errors
-    def update(self):
+    def update(self) -> None:
         data: dict[str, list] = {name: [] for name in self.source.data}
         workers = self.scheduler.workers
         for gone in self.samples.keys() - workers.keys():
@@ -121,7 +125,7 @@ class PathBandwidth(DashboardComponent):
 
 
 @log_errors
-def bandwidth_doc(scheduler, extra, doc):
+def bandwidth_doc(scheduler: Scheduler, extra: dict[str, Any], doc: Document) -> None:
     bandwidth = PathBandwidth(scheduler, sizing_mode="stretch_both")
     bandwidth.update()
     add_periodic_callback(doc, bandwidth, 500)

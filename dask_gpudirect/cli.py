@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from .bench import bench
@@ -14,7 +16,7 @@ class _Commands(click.Group):
     """The library's errors as one-line messages (exit status 1), not tracebacks: the library
     raises its own error family, never command-line types."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except GPUDirectError as exc:

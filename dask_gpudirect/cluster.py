@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
-from distributed import Client, WorkerPlugin
+from distributed import Client, Scheduler, Worker, WorkerPlugin
 
 from . import discovery, targets
 from .cuda import gpu_count
@@ -58,11 +58,13 @@ if dask_cuda is not None:
             return spec
 
 
-def _has_plugin(dask_worker) -> bool:
+def _has_plugin(dask_worker: Worker) -> bool:
     return GPUDirectPlugin.name in dask_worker.plugins
 
 
-async def _describe(dask_worker, entries: list[str], listing: discovery.Listing) -> dict:
+async def _describe(
+    dask_worker: Worker, entries: list[str], listing: discovery.Listing
+) -> dict[str, Any]:
     plugin = current_plugin(dask_worker)
     # listing a large directory off the event loop: the worker keeps answering meanwhile
     views = await asyncio.to_thread(discovery.views, entries, listing)
@@ -71,7 +73,7 @@ async def _describe(dask_worker, entries: list[str], listing: discovery.Listing)
     return {**plugin.describe(), "views": views, "memory": memory}
 
 
-def _registered(dask_scheduler) -> dict[str, list[str]]:
+def _registered(dask_scheduler: Scheduler) -> dict[str, list[str]]:
     """The worker and scheduler plugins the scheduler holds, by name."""
     workers, scheduler = dask_scheduler.worker_plugins, dask_scheduler.plugins
     return {"worker": list(workers), "scheduler": list(scheduler)}

@@ -18,8 +18,9 @@ import dask.dataframe as dd
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
+from dask.typing import Key
 from dask.utils import parse_bytes
-from distributed import Client
+from distributed import Client, Worker
 
 from . import compat, discovery, plan_cache, targets
 from .cluster import survey
@@ -28,10 +29,10 @@ from .errors import InputError
 from .formats import binary, hive, parquet
 from .loading import load, load_partition
 from .placement import assign, join_small, planners
-from .shards import combine
+from .shards import P, combine
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
 
 #: ``blocksize="auto"``: the device target's is this share of the smallest worker's GPU memory.
@@ -90,7 +91,10 @@ class _Setting:
 
 
 def _prepare(
-    client: Client | None, paths, target, listing: discovery.Listing = discovery.FLAT
+    client: Client | None,
+    paths: str | os.PathLike | Iterable[str | os.PathLike],
+    target: str | None,
+    listing: discovery.Listing = discovery.FLAT,
 ) -> _Setting:
     """The client, the files and who can read them, and the chosen target."""
     client = connected(client)
@@ -101,10 +105,10 @@ def _prepare(
     return _Setting(client, found, _resolve_target(target, workers), workers)
 
 
-def _plan_each(files: list[str], planner, args: tuple) -> list:
+def _plan_each(files: list[str], planner: Callable[..., P], args: tuple) -> list[P | InputError]:
     """Each file planned on its own (or as it was before, if unchanged: :mod:`.plan_cache`),
     a bad file's InputError kept in its place."""
-    plans = []
+    plans: list[P | InputError] = []
     for path in files:
         try:
             plans.append(plan_cache.plans.plan(path, planner, args))
@@ -113,25 +117,27 @@ def _plan_each(files: list[str], planner, args: tuple) -> list:
     return plans
 
 
-async def _plan_here(dask_worker, groups: dict[str, list[str]], planner, args: tuple) -> list:
+async def _plan_here(
+    dask_worker: Worker, groups: dict[str, list[str]], planner: Callable[..., P], args: tuple
+) -> list[P | InputError]:
     """This worker's share of the planning, its footer and header reads off the event loop."""
     return await asyncio.to_thread(_plan_each, groups[dask_worker.address], planner, args)
 
 
-def _plan(client: Client, found: discovery.Found, planner, *args):
+def _plan(client: Client, found: discovery.Found, planner: Callable[..., P], *args: Any) -> P:
     """``planner`` run on each file by a worker that can read it, merged into one plan."""
     groups = planners(found.files, found.readable)
     planned = client.run(
         _plan_here, groups=groups, planner=planner, args=args, workers=list(groups)
     )
-    by_file = {}
+    by_file: dict[str, P | InputError] = {}
     for worker, files in groups.items():
         by_file.update(zip(files, planned[worker], strict=True))
     plan = combine([by_file[path] for path in found.files])
     # a copy of a file on another node was modified at another time: its reads accept that too
     shards = [
         s
-        if found.mtimes.get(s.path, set()) <= s.stamp.mtimes
+        if s.stamp is None or found.mtimes.get(s.path, set()) <= s.stamp.mtimes
         else dataclasses.replace(s, stamp=s.stamp.seen_as(found.mtimes[s.path]))
         for s in plan.shards
     ]
@@ -284,7 +290,7 @@ def read_binary(
     shards = [shard for (shard,) in assign([(s,) for s in plan.shards], found.readable)]
     name = "gpudirect-read-binary-" + tokenize(shards)
     trailing = (0,) * len(plan.record_shape)
-    graph = {
+    graph: dict[Key, Task] = {
         (name, i, *trailing): Task((name, i, *trailing), load, s) for i, s in enumerate(shards)
     }
     meta = module.empty_array(plan.dtype, 1 + len(plan.record_shape))

@@ -11,9 +11,13 @@ scheduler, and only where Distributed serves its dashboard.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from distributed import Scheduler, SchedulerPlugin
 from tornado.ioloop import IOLoop
+
+if TYPE_CHECKING:
+    from bokeh.server.tornado import BokehTornado
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +51,7 @@ class DashboardPlugin(SchedulerPlugin):
         app.start()
 
 
-def _dask_dashboard(scheduler: Scheduler):
+def _dask_dashboard(scheduler: Scheduler) -> BokehTornado | None:
     """The Bokeh server of Distributed's dashboard on ``scheduler``, or None if it has none."""
     try:
         from bokeh.server.tornado import BokehTornado

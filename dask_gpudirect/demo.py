@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
@@ -15,6 +16,10 @@ from rich.table import Table
 
 from .cuda import gpu_count
 from .progress import Bar, wait
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from distributed import SpecCluster
 
 
 def write_sample(root: pathlib.Path, files: int = 4, rows: int = 200_000) -> None:
@@ -35,7 +40,7 @@ def write_sample(root: pathlib.Path, files: int = 4, rows: int = 200_000) -> Non
         np.save(root / "npy" / f"shard-{i}.npy", rng.standard_normal((rows // 8, 16), dtype="f4"))
 
 
-def _start_cluster(workers: int):
+def _start_cluster(workers: int) -> tuple[SpecCluster, str]:
     if gpu_count():
         from . import GPUDirectPlugin, LocalCUDACluster
 
@@ -46,7 +51,7 @@ def _start_cluster(workers: int):
     return cluster, "LocalCluster (no GPU found: host target)"
 
 
-def _table(title: str, frame) -> Table:
+def _table(title: str, frame: pd.DataFrame) -> Table:
     table = Table(title=title)
     for column in frame.columns:
         numeric = frame[column].dtype.kind in "if"

@@ -22,7 +22,7 @@ class InputError(GPUDirectError, ValueError):
         self.problem = problem
         super().__init__(f"{self.path}: {problem}" if self.path else problem)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[str | None, str]]:
         return type(self), (self.path, self.problem)
 
 
@@ -51,5 +51,5 @@ class ShuffleError(GPUDirectError, RuntimeError):
         self.secondary = secondary
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[str, bool]]:
         return type(self), (str(self), self.secondary)

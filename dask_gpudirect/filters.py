@@ -64,7 +64,7 @@ def columns_of(filters: Filters | None) -> list[str]:
     return list(seen)
 
 
-def to_expression(filters: Filters | None):
+def to_expression(filters: Filters | None) -> Any:
     """The pyarrow expression for ``filters``, used to prune row groups by their statistics."""
     if filters is None:
         return None

@@ -3,6 +3,8 @@
 The ledger is what makes the package honest about the path bytes took: every read says which
 route it used (``gds``, ``kvikio-compat``, ``posix-host``), every shuffle transfer how it crossed
 between workers (``ucx-device``, ``tcp-host-staged``, ...), and how many copies that route costs.
+This is the worker-side store; the client gathers and sums it
+(:mod:`dask_gpudirect.ledger_report`).
 """
 
 from __future__ import annotations
@@ -11,17 +13,12 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dask.config
-from dask.utils import parse_timedelta
-
-from .connection import connected
-from .errors import InputError
 
 if TYPE_CHECKING:
-    import pandas as pd
-    from distributed import Client
+    from distributed import Worker
 
 #: Where a worker keeps its ledger: ``worker.extensions[EXTENSION]``.
 EXTENSION = "gpudirect-ledger"
@@ -122,7 +119,7 @@ class Ledger:
             )
         return record
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dataclasses.asdict(r) for r in self._records]
 
@@ -142,7 +139,7 @@ class Ledger:
             self._records = collections.deque(self._records, maxlen=max_records)
 
 
-def of(worker) -> Ledger:
+def of(worker: Worker) -> Ledger:
     """``worker``'s ledger, made on first use: one per worker, shared by the readers and the
     shuffle, and kept when a plugin is registered again (so its counts never reset)."""
     extension = worker.extensions.get(EXTENSION)
@@ -150,82 +147,3 @@ def of(worker) -> Ledger:
         max_records = int(dask.config.get("gpudirect.ledger.max-records"))
         extension = worker.extensions[EXTENSION] = Ledger(worker.address, max_records)
     return extension
-
-
-def _worker_records(dask_worker) -> list[dict]:
-    return of(dask_worker).records()
-
-
-def records(client: Client | None = None) -> pd.DataFrame:
-    """Every ledger record of every worker, one row each."""
-    import pandas as pd
-
-    client = connected(client)
-    rows = [row for rs in client.run(_worker_records).values() for row in rs]
-    columns = [f.name for f in dataclasses.fields(Record)]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def report(
-    client: Client | None = None, by: str = "worker", window: str | float | None = None
-) -> pd.DataFrame:
-    """The cluster's ledger, summed into one of three views.
-
-    - ``by="worker"`` (default): per worker, op and path. Columns ``worker, op, path, count,
-      bytes, seconds, copies, GB/s``.
-    - ``by="path"``: per op and path over the whole cluster (the same columns less ``worker``).
-    - ``by="shard"``: every loaded shard (reads only), slowest first (lowest GB/s). Columns
-      ``shard, file, worker, path, count, bytes, seconds, GB/s``; ``count`` is how often that
-      worker loaded it.
-
-    ``window`` (``"10s"``, seconds, a timedelta) also splits the worker and path views into
-    windows of that length by the time each record was made (when its read or transfer ended);
-    a leading ``window`` column holds each window's start (UTC). Windows without records are
-    left out.
-
-    ``copies`` is what the path costs per byte; ``GB/s`` is bytes over the summed seconds of the
-    reads or transfers (per reader, not the window's throughput).
-    """
-    import pandas as pd
-
-    if by not in _VIEWS:
-        raise InputError(None, f"by={by!r}: use one of {', '.join(map(repr, _VIEWS))}")
-    if window is not None and by == "shard":
-        raise InputError(None, "window= splits the worker and path views, not by='shard'")
-    seconds = None if window is None else parse_timedelta(window)
-    if seconds is not None and seconds <= 0:
-        raise InputError(None, f"window={window!r}: must be longer than zero")
-    df = records(client)
-    keys = _VIEWS[by]
-    if by == "shard":
-        out = _summed(df[df["op"] == "read"], keys).drop(columns="copies")
-        return out.sort_values(["GB/s", "seconds"], ascending=[True, False], ignore_index=True)
-    if seconds is not None:
-        start = (df["time"].astype(float) // seconds) * seconds
-        df = df.assign(window=pd.to_datetime(start, unit="s", utc=True))
-        keys = ["window", *keys]
-    return _summed(df, keys)
-
-
-#: The keys each view of :func:`report` sums over.
-_VIEWS: dict[str, list[str]] = {
-    "worker": ["worker", "op", "path"],
-    "path": ["op", "path"],
-    "shard": ["shard", "file", "worker", "path"],
-}
-
-
-def _summed(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """``df``'s records summed per ``keys``: count, bytes, seconds, copies (per byte), GB/s."""
-    out = (
-        df.groupby(keys, as_index=False)
-        .agg(
-            count=("bytes", "size"),
-            bytes=("bytes", "sum"),
-            seconds=("seconds", "sum"),
-            copies=("copies", "max"),
-        )
-        .sort_values(keys, ignore_index=True)
-    )
-    out["GB/s"] = (out["bytes"] / out["seconds"].where(out["seconds"] > 0) / 1e9).fillna(0.0)
-    return out

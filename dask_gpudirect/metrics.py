@@ -29,7 +29,7 @@ _lock = threading.Lock()
 class LedgerCollector(PrometheusCollector):
     """The running totals of this process's ledgers as ``dask_gpudirect_*_total`` counters."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(server=None)  # one per process, not per server: see the module doc
         self.subsystem = "gpudirect"
         self.ledgers: dict[str, Ledger] = {}

@@ -15,7 +15,8 @@ import math
 from typing import Any
 
 from dask.task_spec import DataNode, Task
-from distributed import SchedulerPlugin
+from dask.typing import Key
+from distributed import Scheduler, SchedulerPlugin
 
 from .errors import InputError
 from .loading import load, load_partition
@@ -120,7 +121,7 @@ class PlacementPlugin(SchedulerPlugin):
     name = "gpudirect-placement"
     idempotent = True
 
-    def update_graph(self, scheduler, *, tasks, **kwargs) -> None:
+    def update_graph(self, scheduler: Scheduler, *, tasks: list[Key], **kwargs: Any) -> None:
         for key in tasks:
             ts = scheduler.tasks.get(key)
             if ts is None or ts.run_spec is None:

@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import Any
 
-from distributed import WorkerPlugin, get_worker
+from distributed import Worker, WorkerPlugin, get_worker
 
 from . import access, ledger, metrics, targets
 from .config import resolve_options
@@ -36,7 +36,7 @@ class GPUDirectPlugin(WorkerPlugin):
         resolve_options(options)  # reject unknown keywords in the caller's process
         self.overrides = options
 
-    def setup(self, worker) -> None:
+    def setup(self, worker: Worker) -> None:
         access.roots()  # a bad gpudirect.allowed-roots fails the worker's start, not a read
         self.options = resolve_options(self.overrides)
         self.address = worker.address
@@ -53,7 +53,7 @@ class GPUDirectPlugin(WorkerPlugin):
             "gpudirect on %s: %d GPU(s), options %s", worker.address, self.gpus, self.options
         )
 
-    def teardown(self, worker) -> None:
+    def teardown(self, worker: Worker) -> None:
         metrics.unexport(worker, self.ledger)
         for target in self._targets.values():
             target.close()
@@ -88,12 +88,12 @@ def _register_cudf_with_dask() -> None:
         logger.warning("dask_cudf is missing: Dask will not know the size of cuDF partitions")
 
 
-def current_plugin(worker=None) -> GPUDirectPlugin:
+def current_plugin(worker: Worker | None = None) -> GPUDirectPlugin:
     """The plugin of ``worker`` (default: the worker running this task), or a clear error if it
     was never registered: the one way the package reaches a worker's plugin."""
     worker = worker or get_worker()
     plugin = worker.plugins.get(GPUDirectPlugin.name)
-    if plugin is None:
+    if not isinstance(plugin, GPUDirectPlugin):
         raise ClusterError(
             f"worker {worker.address} has no GPUDirectPlugin: register it with "
             "client.register_plugin(dask_gpudirect.GPUDirectPlugin())"

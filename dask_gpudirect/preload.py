@@ -14,6 +14,7 @@ under ``dask cuda worker`` set options with ``DASK_GPUDIRECT__*`` variables, not
 from __future__ import annotations
 
 import click
+from distributed import Worker
 
 from .plugin import GPUDirectPlugin
 
@@ -25,13 +26,13 @@ from .plugin import GPUDirectPlugin
 @click.option("--gpudirect-compat-mode", type=click.Choice(["AUTO", "ON", "OFF"]), default=None)
 @click.option("--create-cuda-context/--no-create-cuda-context", hidden=True, default=False)
 def dask_setup(
-    worker,
-    gpudirect_target,
-    gpudirect_threads,
-    gpudirect_task_size,
-    gpudirect_compat_mode,
-    create_cuda_context,  # dask cuda worker's flag for its own preload: not ours to act on
-):
+    worker: Worker,
+    gpudirect_target: str | None,
+    gpudirect_threads: int | None,
+    gpudirect_task_size: str | None,
+    gpudirect_compat_mode: str | None,
+    create_cuda_context: bool,  # dask cuda worker's flag for its own preload: not ours to act on
+) -> None:
     options = {
         "target": gpudirect_target,
         "threads": gpudirect_threads,

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 if TYPE_CHECKING:
-    from distributed import Client, Future
+    from distributed import Client, Future, Worker
 
 #: Seconds between polls of the work a bar follows.
 POLL_INTERVAL = 0.5
@@ -107,7 +107,9 @@ class Bar:
     def __enter__(self) -> Bar:
         return self
 
-    def __exit__(self, kind, error, traceback) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any
+    ) -> None:
         self.close(stopped=kind is not None)
 
 
@@ -132,12 +134,15 @@ def wait(client: Client, futures: list[Future], bar: Bar | None = None) -> None:
             bar.update(len(futures) - len(pending))
 
 
-def _received(dask_worker, shuffle_id: str) -> int:
+def _received(dask_worker: Worker, shuffle_id: str) -> int:
     """Input partitions whose rows for this worker's outputs have arrived here (on a worker)."""
     from .shuffle.plugin import service
 
     run = service(dask_worker).runs.get(shuffle_id)
-    return sum(len(inputs) for inputs, _, _ in run.received.values()) if run is not None else 0
+    if run is None:
+        return 0
+    chunks = (chunk for group in run.received.values() for chunk in group.values())
+    return len({i for inputs, _, _ in chunks for i in inputs})
 
 
 class ShuffleProgress:
@@ -180,6 +185,8 @@ class ShuffleProgress:
     def __enter__(self) -> ShuffleProgress:
         return self
 
-    def __exit__(self, kind, error, traceback) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: Any
+    ) -> None:
         if self.bar is not None:
             self.bar.close(stopped=kind is not None)

@@ -13,7 +13,7 @@ import dataclasses
 import os
 import pickle
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from .errors import InputError
 from .stamps import Stamp
@@ -33,7 +33,7 @@ class Shard:
     base: int
     size: int
     # what the format knows of the shard: how to decode it (formats.binary.BinaryPart,
-    # formats.parquet.ParquetPart), and its label(); None for the probe's raw reads
+    # formats.parquet.ParquetPart), and its label()
     part: Any
     target: str = "host"
     worker: str | None = None
@@ -53,8 +53,7 @@ class Shard:
     @property
     def name(self) -> str:
         """Short label for logs and the ledger."""
-        label = self.part.label() if self.part is not None else None  # the probe's raw reads
-        where = label or (self.ranges[0][0] if self.ranges else 0)
+        where = self.part.label() or (self.ranges[0][0] if self.ranges else 0)
         return f"{os.path.basename(self.path)}@{where}"
 
 
@@ -77,18 +76,28 @@ def decoding(*shards: Shard) -> Iterator[None]:
 class Plan(Protocol):
     """A format's plan of some files: their shards, and what every file must agree on."""
 
-    shards: list[Shard]
-    first: str  # the first file planned: the one the others were checked against
-    __dataclass_fields__: ClassVar[dict[str, Any]]  # each format's plan is a dataclass
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # each format's plan is a (frozen) dataclass
 
-    def check_against(self, head: Plan) -> None:
+    @property
+    def shards(self) -> list[Shard]: ...
+
+    @property
+    def first(self) -> str:
+        """The first file planned: the one the others were checked against."""
+        ...
+
+    def check_against(self, head: Self) -> None:
         """Raise an InputError naming ``self.first`` if its files disagree with ``head``'s."""
 
 
-def combine(plans: Sequence[Plan | InputError]) -> Plan:
+#: One format's plan (a :class:`Plan`): what planning a format's files gives back.
+P = TypeVar("P", bound=Plan)
+
+
+def combine(plans: Sequence[P | InputError]) -> P:
     """One plan from the plans of single files, in file order, as if planned in one pass: the
     first file's error, or the first file that disagrees with the first, is raised."""
-    checked: list[Plan] = []
+    checked: list[P] = []
     for plan in plans:
         if isinstance(plan, InputError):
             raise plan

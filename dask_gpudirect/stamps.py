@@ -41,13 +41,11 @@ class Stamp:
 
 def take(file: Opened, probe: tuple[int, int] | None = None, data: bytes | None = None) -> Stamp:
     """The stamp of ``file``; ``data`` is the probe's bytes if the caller already read them."""
-    if probe is not None and data is None:
-        data = pread_exact(file, probe[1], probe[0])
+    crc = None
+    if probe is not None:
+        crc = zlib.crc32(pread_exact(file, probe[1], probe[0]) if data is None else data)
     return Stamp(
-        size=file.stat.st_size,
-        mtimes=frozenset({file.stat.st_mtime_ns}),
-        probe=probe,
-        crc=None if probe is None else zlib.crc32(data),
+        size=file.stat.st_size, mtimes=frozenset({file.stat.st_mtime_ns}), probe=probe, crc=crc
     )
 
 

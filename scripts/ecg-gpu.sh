@@ -25,8 +25,7 @@ set -uo pipefail
 
 OUT_DIR=${1:?usage: scripts/ecg-gpu.sh OUT_DIR}
 mkdir -p "$OUT_DIR"
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/lent-machine.sh"  # PYTHONPATH, multicast off
 SIZE=${ECG_SIZE:-large}
 GIB=${ECG_GIB:-}
 DATA=${ECG_DATA:-/var/tmp/dask-gpudirect-ecg/$SIZE}

@@ -20,10 +20,7 @@ set -uo pipefail
 
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-# NVLink multicast stays off on the lent multi-GPU machines (bench scale sets it in its runs too)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "${BASH_SOURCE[0]}")/lent-machine.sh"  # PYTHONPATH, multicast off
 PYTHON=${PYTHON:-python3}
 BENCH_TARGET=${BENCH_TARGET:-device}                    # host: exercise the script on a CPU machine
 BENCH_DIR=${BENCH_DIR:-/var/tmp/dask-gpudirect-bench}    # bench read's data, kept and reused

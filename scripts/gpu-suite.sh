@@ -17,8 +17,7 @@ set -uo pipefail
 
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/lent-machine.sh"  # PYTHONPATH, multicast off
 BENCH_DIR=${BENCH_DIR:-/var/tmp/dask-gpudirect-bench}    # a disk, not tmpfs: the cache is dropped
 BINARY_GIB=${BINARY_GIB:-8}
 PARQUET_GIB=${PARQUET_GIB:-3}

@@ -12,8 +12,7 @@ set -uo pipefail
 
 OUT=${OUT:-$PWD/scaling-out}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
+source "$(dirname "${BASH_SOURCE[0]}")/lent-machine.sh"  # PYTHONPATH, multicast off
 PYTHON=${PYTHON:-python3}
 BENCH_TARGET=${BENCH_TARGET:-device}
 GIB=${GIB:-8}

@@ -11,7 +11,7 @@ import pytest
 from util import clear_ledgers, compute, shards_of
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 from dask_gpudirect.ledger import COPIES, Ledger
 
 
@@ -75,7 +75,7 @@ def test_records_name_file_and_shard(tcp, files):
     df = dg.read_parquet(pq_path, blocksize=1, client=tcp)
     clear_ledgers(tcp)
     compute(tcp, df)
-    records = ledger.records(tcp)
+    records = ledger_report.records(tcp)
     assert len(records) == df.npartitions == 10
     assert set(records["file"]) == {pq_path}
     assert set(records["shard"]) == {s.name for s in shards_of(df).values()}
@@ -91,7 +91,7 @@ def test_a_failed_read_is_not_recorded(tcp, files, tmp_path):
         f.truncate(os.path.getsize(npy_path) - 12)
     with pytest.raises(dg.InputError, match="changed since it was planned"):
         compute(tcp, x)
-    assert ledger.records(tcp).empty
+    assert ledger_report.records(tcp).empty
 
 
 def test_ledger_is_bounded():

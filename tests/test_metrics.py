@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from util import clear_ledgers, compute
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 from dask_gpudirect.ledger import COPIES, Ledger
 from dask_gpudirect.metrics import LedgerCollector
 
@@ -85,7 +85,7 @@ def test_scraped_counters_grow_by_what_the_ledger_recorded(client, tmp_path):
     clear_ledgers(client)
     compute(client, x)
     dg.shuffle(df, "k", npartitions=4, client=client)
-    records = ledger.records(client)
+    records = ledger_report.records(client)
 
     assert {"read", "shuffle"} <= set(records["op"])
     expected = recorded(records)

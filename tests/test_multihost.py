@@ -48,7 +48,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
@@ -194,7 +194,7 @@ def spread(cluster, client, pdf: pd.DataFrame, workers: list[str]):
 
 def moved(cluster, client) -> pd.DataFrame:
     """Shuffle records of pieces that went to another worker, with the hosts at both ends."""
-    records = ledger.records(client)
+    records = ledger_report.records(client)
     records = records[(records["op"] == "shuffle") & (records["path"] != "local")].copy()
     records["src"] = records["worker"].map(cluster.host_of)
     records["dst"] = records["peer"].map(cluster.host_of)
@@ -219,7 +219,7 @@ def test_each_host_reads_its_own_files(tcp_hosts, data):
     got = compute(client, arr)
     np.testing.assert_array_equal(got, np.arange(len(paths) * ROWS))
 
-    reads = ledger.records(client)
+    reads = ledger_report.records(client)
     reads = reads[reads["op"] == "read"]
     assert set(reads["file"]) == set(paths)
     for worker, path in zip(reads["worker"], reads["file"], strict=True):

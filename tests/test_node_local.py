@@ -31,7 +31,7 @@ from distributed import WorkerPlugin
 from util import clear_ledgers, compute, shards_of
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -128,7 +128,7 @@ def test_files_only_the_workers_see_are_planned_and_read_on_their_host(hosts, fi
     arr = dg.read_binary(f"{LOCAL}/*.npy", client=client)
     np.testing.assert_array_equal(compute(client, arr), np.arange(5 * ROWS))
 
-    reads = ledger.records(client)
+    reads = ledger_report.records(client)
     reads = reads[reads["op"] == "read"]
     assert set(reads["file"]) == {p for ps in files.values() for p in ps}
     for worker, path in zip(reads["worker"], reads["file"], strict=True):

@@ -22,7 +22,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 
 N = 600
 
@@ -198,7 +198,7 @@ def test_projection_reads_fewer_bytes(tcp, tmp_path):
     def bytes_read(**kwargs):
         clear_ledgers(tcp)
         read(tcp, path, **kwargs)
-        return int(ledger.records(tcp)["bytes"].sum())
+        return int(ledger_report.records(tcp)["bytes"].sum())
 
     everything = bytes_read()
     one = bytes_read(columns=["c3"])
@@ -241,10 +241,10 @@ def test_filters_prune_row_groups(tcp, tmp_path):
 
     clear_ledgers(tcp)
     compute(tcp, everything)
-    all_bytes = int(ledger.records(tcp)["bytes"].sum())
+    all_bytes = int(ledger_report.records(tcp)["bytes"].sum())
     clear_ledgers(tcp)
     got = compute(tcp, pruned)
-    pruned_bytes = int(ledger.records(tcp)["bytes"].sum())
+    pruned_bytes = int(ledger_report.records(tcp)["bytes"].sum())
     assert pruned_bytes < all_bytes * 0.5
     assert_same_frame(got, expected_parquet(path, filters=filters))
 

@@ -15,7 +15,7 @@ import pytest
 from util import clear_ledgers, compute
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 
 YEARS, REGIONS = (2023, 2024), ("eu", "us")
 
@@ -100,7 +100,7 @@ def test_filters_on_partition_keys_prune_folders(tcp, tmp_path, filters):
     clear_ledgers(tcp)
     got = compute(tcp, dg.read_parquet(tmp_path, filters=filters, client=tcp))
     same_as_dask(got, tmp_path, filters=filters)
-    reads = ledger.records(tcp).query("op == 'read'")
+    reads = ledger_report.records(tcp).query("op == 'read'")
     kept = {(int(y), r) for y, r in zip(got["year"], got["region"].astype(object), strict=True)}
     for path, rows in reads.groupby("file"):
         year = int(path.split("year=")[1].split(os.sep)[0])

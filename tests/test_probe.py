@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from util import HANG_GUARD
 
 from dask_gpudirect.cli import main
-from dask_gpudirect.ledger import records
+from dask_gpudirect.ledger_report import records
 from dask_gpudirect.probe import LABELS, _gds_reason, pair_route, parse_ep_info
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "probe.md"

@@ -209,7 +209,7 @@ def test_a_worker_that_joins_later_gets_the_plugin_and_takes_part(tmp_path):
         assert [o["threads"] for o in options_by_worker(client)] == [3, 3]
         arr = dg.read_binary(tmp_path / "x.npy", blocksize=4000, client=client)  # 8 chunks
         np.testing.assert_array_equal(client.compute(arr).result(), np.arange(4000))
-        readers = set(dg.ledger.records(client).query("op == 'read'").worker)
+        readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
         assert readers == set(client.scheduler_info()["workers"])
 
 

@@ -15,7 +15,7 @@ import pytest
 from util import clear_ledgers, compute, shards_of
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 from dask_gpudirect.ledger import Record
 
 SUMS = ["count", "bytes", "seconds", "copies", "GB/s"]
@@ -32,7 +32,7 @@ def loaded(client, tmp_path):
     clear_ledgers(client)
     compute(client, x)
     dg.shuffle(dd.from_pandas(pdf, npartitions=3), "k", client=client)
-    return x, ledger.records(client)
+    return x, ledger_report.records(client)
 
 
 def test_default_view_is_per_worker_op_and_path(client, loaded):
@@ -104,7 +104,7 @@ def test_a_window_longer_than_the_run_is_the_plain_view(client, loaded):
 
 
 def fake_records(rows: list[tuple[str, str, str, int, float]]) -> pd.DataFrame:
-    """Records of (worker, op, path, bytes, time), one second each, as ``ledger.records``."""
+    """Records of (worker, op, path, bytes, time), one second each, as ``ledger_report.records``."""
     return pd.DataFrame(
         [
             dataclasses.asdict(
@@ -135,7 +135,7 @@ def test_windows_split_by_record_time(monkeypatch):
             ("a", "shuffle", "ucx-device", 800, t0 + 35),
         ]
     )
-    monkeypatch.setattr(ledger, "records", lambda client: records)
+    monkeypatch.setattr(ledger_report, "records", lambda client: records)
     report = dg.report(None, by="path", window="10s")
     start = pd.Timestamp(t0, unit="s", tz="UTC")
     assert report[["window", "op", "path", "count", "bytes"]].values.tolist() == [

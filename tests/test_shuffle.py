@@ -26,7 +26,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 
 REMOTE = {"tcp": "tcp-host", "ucxx": "ucx-host"}  # the ledger path of a piece that moved
 
@@ -167,7 +167,7 @@ def test_one_worker(client):
     clear_ledgers(client)
     out = dg.shuffle(df, "k", npartitions=4, client=client)
     assert_hash_partitions(partitions(client, out), pdf, "k", 4)
-    records = ledger.records(client)
+    records = ledger_report.records(client)
     records = records[records["op"] == "shuffle"]
     assert set(records["path"]) == {"local"}
     assert set(records["worker"]) == {worker}
@@ -192,7 +192,7 @@ def test_ledger_records_each_piece(client):
         outputs = partitions(client, out)
         assert_hash_partitions(outputs, pdf, "k", 4)
 
-        records = ledger.records(client)
+        records = ledger_report.records(client)
         assert set(records["op"]) == {"shuffle"}  # nothing spilled under the default limits
         assert len(set(records["shard"])) == 1  # the shuffle's id
         protocol = client.scheduler.address.split("://")[0]

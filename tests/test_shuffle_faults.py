@@ -48,7 +48,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger
+from dask_gpudirect import ledger_report
 from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.shuffle.plugin import ShuffleWorkerPlugin
 from dask_gpudirect.shuffle.plugin import service as shuffle_service
@@ -170,7 +170,7 @@ def wait_until_clean(client, timeout: float = 20) -> dict:
 
 
 def shuffle_records(client) -> pd.DataFrame:
-    records = ledger.records(client)
+    records = ledger_report.records(client)
     return records[records["op"] == "shuffle"]
 
 
@@ -201,7 +201,7 @@ def test_spills_to_disk_and_is_right(cluster):
     outputs = partitions(cluster, out)
     assert_hash_partitions(outputs, pdf, "k", 4)
 
-    records = ledger.records(cluster)
+    records = ledger_report.records(cluster)
     spills = records[records["op"] == "spill"]
     assert set(spills["path"]) == {"host-to-disk"}
     assert set(spills["worker"]) == set(cluster.nthreads())  # both workers spilled
@@ -218,7 +218,7 @@ def test_shuffle_array_spills_and_is_right(cluster):
     got = compute(cluster, y)
     assert (got[:, 1] == got[:, 0] + 1).all()
     np.testing.assert_array_equal(np.sort(got[:, 0]), data[:, 0])
-    spills = ledger.records(cluster)
+    spills = ledger_report.records(cluster)
     spills = spills[spills["op"] == "spill"]
     assert set(spills["path"]) == {"host-to-disk"} and spills["bytes"].sum() >= 0.8 * data.nbytes
     wait_until_clean(cluster)
@@ -233,7 +233,7 @@ def test_memory_precheck_refuses_before_moving_data(cluster):
         dg.shuffle(df, "k", client=cluster)
     assert any(w in str(info.value) for w in cluster.nthreads())  # names the worker
     assert "host-limit" in str(info.value)  # and the knobs to raise
-    assert ledger.records(cluster).empty  # nothing was sent, kept or spilled
+    assert ledger_report.records(cluster).empty  # nothing was sent, kept or spilled
     assert cluster.run(shuffle_state) == before  # no run was even started
     # a shuffle that fits still runs
     small = frame(500, keys=10, seed=1)
@@ -249,7 +249,7 @@ def test_disk_limit_reached_mid_shuffle(cluster):
         dg.shuffle(df, "k", npartitions=2, client=cluster)
     assert "gpudirect.shuffle.disk-limit" in str(info.value)
     wait_until_clean(cluster)  # the spill files of the failed run are gone
-    spills = ledger.records(cluster)
+    spills = ledger_report.records(cluster)
     spills = spills[spills["op"] == "spill"]
     assert 0 < spills.groupby("worker")["bytes"].sum().max() <= 64 * 1024  # the limit held
     # the cluster still shuffles what fits
@@ -601,7 +601,7 @@ def test_bad_shuffle_options(tcp, kwargs, match):
     df = dd.from_pandas(frame(100, keys=5), npartitions=2)
     with pytest.raises(dg.InputError, match=match):
         dg.shuffle(df, client=tcp, **kwargs)
-    assert ledger.records(tcp).empty
+    assert ledger_report.records(tcp).empty
 
 
 @pytest.mark.parametrize(
@@ -619,7 +619,7 @@ def test_bad_shuffle_array_options(tcp, make, seed, match):
     clear_ledgers(tcp)
     with pytest.raises(dg.InputError, match=match):
         dg.shuffle_array(make(), seed=seed, client=tcp)
-    assert ledger.records(tcp).empty
+    assert ledger_report.records(tcp).empty
 
 
 def test_not_a_dask_collection(tcp):
@@ -643,7 +643,7 @@ def test_an_input_that_fails_raises_its_own_error(tcp):
     clear_ledgers(tcp)
     with pytest.raises(ValueError, match="partition 1 is broken"):
         dg.shuffle(df, "k", client=tcp)
-    assert ledger.records(tcp).empty
+    assert ledger_report.records(tcp).empty
     assert not any(s["runs"] for s in tcp.run(shuffle_state).values())
 
 

@@ -58,7 +58,7 @@ def test_load_and_shuffle_over_tls(client, tmp_path):
     pdf = pd.DataFrame({"k": rng.integers(0, 20, 400), "v": np.arange(400)})
     out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=3, client=client)
     assert_hash_partitions(partitions(client, out), pdf, "k", 3)
-    paths = set(dg.ledger.records(client).query("op == 'shuffle'").path)
+    paths = set(dg.ledger_report.records(client).query("op == 'shuffle'").path)
     assert paths <= {"tcp-host", "local"} and "tcp-host" in paths  # TLS runs over TCP sockets
 
 

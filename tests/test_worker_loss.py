@@ -37,7 +37,7 @@ def test_shards_of_a_worker_that_died_are_read_by_the_others(tmp_path):
         assert placed_on_victim  # balanced placement gave it shards to lose
         client.run(_add_plugin, workers=[victim])  # on the victim only, not kept by the scheduler
         np.testing.assert_array_equal(client.compute(arr).result(), expected)
-        readers = set(dg.ledger.records(client).query("op == 'read'").worker)
+        readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
         assert victim not in client.scheduler_info()["workers"]  # it did die
         assert victim not in readers and readers  # its shards came from the other workers
         client.wait_for_workers(

@@ -25,6 +25,9 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..measure import pinned_copy, timed_runs
 
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -65,25 +68,22 @@ def warm_page_cache(files: list[str]) -> int:
         return sum(pool.map(_read_through, files))
 
 
-def record(key: str, cache: str, **fields) -> dict:
+def record(key: str, cache: str, **fields: Any) -> dict:
     """One measurement: ``status`` is ``ok``, ``not run`` or ``error``."""
-    rec = {"key": key, "cache": cache, "status": "ok", "bytes": 0, "seconds": None, "runs": []}
+    rec: dict[str, Any] = {
+        "key": key,
+        "cache": cache,
+        "status": "ok",
+        "bytes": 0,
+        "seconds": None,
+        "runs": [],
+    }
     rec.update(fields)
     if rec["status"] == "ok" and rec["seconds"]:
         rec["gbps"] = rec["bytes"] / rec["seconds"] / 1e9
     else:
         rec["gbps"] = None
     return rec
-
-
-def timed_runs(fn: Callable[[], int], repeat: int) -> tuple[int, list[float]]:
-    """Call ``fn`` ``repeat`` times; returns its byte count and the wall times."""
-    runs, nbytes = [], 0
-    for _ in range(max(1, repeat)):
-        start = time.perf_counter()
-        nbytes = fn()
-        runs.append(time.perf_counter() - start)
-    return nbytes, runs
 
 
 def guarded(key: str, cache: str, fn: Callable[[], dict]) -> dict:
@@ -116,29 +116,9 @@ def device_info() -> dict:
     }
 
 
-def _pinned_copy(nbytes: int) -> Callable[[], int]:
-    """A warmed-up copy of ``nbytes`` from a pinned host buffer to a device buffer, waited for."""
-    import cupy
-    import numpy as np
-
-    rt = cupy.cuda.runtime
-    pinned = cupy.cuda.alloc_pinned_memory(nbytes)
-    host = np.frombuffer(pinned, dtype=np.uint8, count=nbytes)
-    host.fill(1)  # fault the pages in before timing
-    dev = cupy.empty(nbytes, dtype=cupy.uint8)
-
-    def copy() -> int:
-        rt.memcpy(dev.data.ptr, pinned.ptr, nbytes, rt.memcpyHostToDevice)
-        rt.deviceSynchronize()
-        return nbytes
-
-    copy()  # warm-up
-    return copy
-
-
 def pinned_ceiling(nbytes: int = 1 << 30, repeat: int = 5) -> dict:
     """Pinned host buffer -> device buffer with one ``cudaMemcpy``: median of ``repeat``."""
-    return _ceiling_record(_pinned_copy(nbytes), nbytes, repeat)
+    return _ceiling_record(pinned_copy(nbytes), nbytes, repeat)
 
 
 def _ceiling_record(copy: Callable[[], int], nbytes: int, repeat: int) -> dict:
@@ -216,7 +196,7 @@ def copy_group(
 def pinned_ceiling_group(rank: int, size: int, sync_dir: str, nbytes: int = 1 << 30) -> dict:
     """This process's GPU in a group of ``size`` (one process each): see :func:`copy_group`."""
     try:
-        copy = _pinned_copy(nbytes)
+        copy = pinned_copy(nbytes)
     except BaseException:
         _Turns(sync_dir, rank, 0).mark("failed")
         raise
@@ -258,12 +238,12 @@ def parquet_per_file(key: str, files: list[str], device: bool, cache: str, repea
     if device:
         import cudf
 
-        def read(path):
+        def read(path: str) -> Any:
             return cudf.read_parquet(path)
     else:
         import pyarrow.parquet as pq
 
-        def read(path):
+        def read(path: str) -> Any:
             return pq.read_table(path)
 
     def run() -> int:
@@ -341,11 +321,11 @@ def _dropped(key: str) -> dict | None:
     return None if reason is None else record(key, "cold", status="not run", note=reason)
 
 
-def _cold_naive(files, device):
+def _cold_naive(files: list[str], device: bool) -> dict:
     return _dropped("naive") or naive(files, device, "cold")
 
 
-def _cold_parquet(key, files, device):
+def _cold_parquet(key: str, files: list[str], device: bool) -> dict:
     return _dropped(key) or parquet_per_file(key, files, device, "cold", 1)
 
 

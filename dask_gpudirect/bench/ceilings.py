@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 
 from ._baselines import record
 from .common import GIB, child_env
@@ -31,7 +32,9 @@ def run_baselines(spec: dict, env: dict[str, str | None], timeout: float) -> dic
     return _baseline_processes([(spec, env)], timeout)[0]
 
 
-def _baseline_processes(jobs: list[tuple[dict, dict[str, str | None]]], timeout: float) -> list:
+def _baseline_processes(
+    jobs: Sequence[tuple[dict, Mapping[str, str | None]]], timeout: float
+) -> list:
     """Run one ``_baselines`` process per (spec, env changes), all at once; their outputs."""
     with tempfile.TemporaryDirectory(prefix="dg-bench-") as tmp:
         procs, outs = [], []
@@ -42,6 +45,7 @@ def _baseline_processes(jobs: list[tuple[dict, dict[str, str | None]]], timeout:
                 procs.append((subprocess.Popen(cmd, env=child_env(env)), spec["out"]))
             deadline = time.monotonic() + timeout
             for proc, path in procs:
+                code: int | str
                 try:
                     code = proc.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:

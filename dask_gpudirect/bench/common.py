@@ -10,15 +10,14 @@ import contextlib
 import datetime
 import importlib.metadata
 import json
-import logging
 import os
 import platform
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -26,15 +25,15 @@ from ..cuda import gpu_count
 from ..progress import Bar
 from .plot import check_matplotlib, draw
 
-GIB = 1 << 30
+if TYPE_CHECKING:
+    from distributed import Client, Worker
 
-#: NVLink multicast off in every process a bench starts: on the lent multi-GPU machines a
-#: program that uses it can put the host's shared GPUs out of service.
-MULTICAST_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
+#: A click command, given options by a decorator.
+F = TypeVar("F", bound=Callable[..., Any])
+#: A result as Markdown: each benchmark's report renders its own.
+Markdown = Callable[[dict], str]
+
+GIB = 1 << 30
 
 VERSIONED = [
     "dask-gpudirect",
@@ -55,7 +54,7 @@ VERSIONED = [
 ]
 
 
-def _plottable(ctx, param, path: str | None) -> str | None:
+def _plottable(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
     """``--plot``'s path, once matplotlib is known to be there: at the start, not after the run."""
     if path:
         check_matplotlib()
@@ -88,7 +87,7 @@ TARGET_OPTION = click.option(
 )
 
 
-def cluster_options(command):
+def cluster_options(command: F) -> F:
     """``--workers``, ``--threads-per-worker``, ``--protocol`` and ``--rmm-pool-size``: the
     cluster of ``bench shuffle`` and ``bench etl``, resolved by :func:`resolve_run`."""
     for option in reversed(
@@ -149,7 +148,7 @@ def device_only(chosen: list[str], only: Sequence[str], target: str, by_default:
     return [m for m in chosen if m not in only]
 
 
-def output_options(command):
+def output_options(command: F) -> F:
     """``--json``, ``--markdown``, ``--plot`` and ``--progress``: what every benchmark writes
     and shows."""
     for option in reversed(
@@ -224,12 +223,12 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def child_env(changes: dict[str, str | None]) -> dict[str, str]:
+def child_env(changes: Mapping[str, str | None]) -> dict[str, str]:
     """The environment of a bench's child process: this one's with ``changes`` (None removes a
-    name), NVLink multicast off, and this source tree first on PYTHONPATH."""
+    name), and this source tree first on PYTHONPATH."""
     import dask_gpudirect
 
-    env = {**os.environ, **MULTICAST_OFF}
+    env = dict(os.environ)
     for name, value in changes.items():
         if value is None:
             env.pop(name, None)
@@ -266,7 +265,7 @@ def device_names() -> list[str]:
     return [names[d] for d in visible_devices() if d in names] or list(names.values())
 
 
-def held_keys(dask_worker) -> int:
+def held_keys(dask_worker: Worker) -> int:
     """Keys a worker holds (run on the workers): a measurement waits for zero before the next."""
     try:
         return len(dask_worker.data)
@@ -274,24 +273,20 @@ def held_keys(dask_worker) -> int:
         return 0
 
 
-def wait_released(client, baseline: int = 0) -> None:
+def wait_released(client: Client, baseline: int = 0) -> None:
     """Until the workers hold no more keys than ``baseline`` (the input), or 30 s."""
     deadline = time.monotonic() + 30
     while sum(client.run(held_keys).values()) > baseline and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
-#: Seconds a benchmark's cluster gets to close before its processes are killed.
-CLOSE_TIMEOUT = 60
-
-
-def _last_stage(dask_worker) -> dict[str, float]:
+def _last_stage(dask_worker: Worker) -> dict[str, float]:
     from ..shuffle.plugin import service
 
     return service(dask_worker).last_phases
 
 
-def stage_phases(client) -> dict[str, float]:
+def stage_phases(client: Client) -> dict[str, float]:
     """The phases of the last shuffle stage (split, send, wait for peers, combine), each the
     longest over the workers, named ``"shuffle: <phase>"``; asked after the clock stopped."""
     out: dict[str, float] = {}
@@ -301,118 +296,11 @@ def stage_phases(client) -> dict[str, float]:
     return out
 
 
-def stop_cluster(cluster, client, bench: str) -> None:
-    """Close ``client``, then ``cluster`` within CLOSE_TIMEOUT: a close that hangs (seen with
-    UCXX on a loaded CPU machine, after every measurement was taken) must not hang the run."""
-    client.close()
-    if cluster is None:
-        return
-    try:
-        cluster.close(timeout=CLOSE_TIMEOUT)
-    except TimeoutError:  # workers slow to stop after the measurements: not a failed run
-        log(bench, f"the cluster did not close in {CLOSE_TIMEOUT} s; its processes were killed")
-
-
-def _shared_gpu_cluster(workers: int, threads: int, protocol: str, rmm_pool_size: str | None):
-    """Worker processes that share the GPUs round-robin: two workers on one H200 stand in for
-    two GPUs where only one is lent. dask-cuda names its workers by GPU and so starts one per
-    GPU; this is a SpecCluster of Nannies, each given its GPU by ``CUDA_VISIBLE_DEVICES``, with
-    the RMM pool and CuPy's RMM allocator set up as dask-cuda sets them."""
-    from distributed import Client, Nanny, Scheduler, SpecCluster
-    from distributed.worker_memory import parse_memory_limit
-
-    import dask_gpudirect as dg
-
-    gpus = gpu_count()
-    spec = {
-        f"gpu{i % gpus}-{i}": {
-            "cls": Nanny,
-            "options": {
-                "nthreads": threads,
-                "protocol": protocol,
-                # as dask-cuda: the host's memory shared by the workers (a Nanny's default, a
-                # share by threads, is 8 GiB of a 16-core host: Dask then spills device frames)
-                "memory_limit": parse_memory_limit(
-                    "auto", 1, total_cores=workers, logger=logging.getLogger(__name__)
-                ),
-                "env": {"CUDA_VISIBLE_DEVICES": str(i % gpus)},
-                # as dask-cuda starts its workers: a CUDA context before UCX starts, so that
-                # UCX sees GPU memory (without it device buffers cross by slow host staging)
-                "preload": ["dask_cuda.initialize"],
-                "preload_argv": ["--create-cuda-context"],
-            },
-        }
-        for i in range(workers)
-    }
-    scheduler = {"cls": Scheduler, "options": {"protocol": protocol, "dashboard_address": None}}
-    cluster = SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.WARNING)
-    client = Client(cluster)
-    client.run(_use_rmm, rmm_pool_size)
-    client.register_plugin(dg.GPUDirectPlugin())
-    return cluster, client
-
-
-def _use_rmm(pool_size: str | None) -> None:
-    """RMM for cuDF and CuPy in this worker, with a pool of ``pool_size`` where given."""
-    import cupy
-    import rmm
-    from dask.utils import parse_bytes
-    from rmm.allocators.cupy import rmm_cupy_allocator
-
-    if pool_size:
-        rmm.reinitialize(pool_allocator=True, initial_pool_size=parse_bytes(pool_size))
-    cupy.cuda.set_allocator(rmm_cupy_allocator)
-
-
-def start_cluster(
-    target: str,
-    workers: int,
-    threads: int,
-    protocol: str,
-    rmm_pool_size: str | None,
-    **cuda_options: Any,
-):
-    """The benchmark's cluster and client, with ``GPUDirectPlugin`` on every worker.
-
-    Device target: ``dg.LocalCUDACluster`` (one worker per GPU; ``cuda_options`` go to it, e.g.
-    ``enable_nvlink``); with more workers than GPUs, :func:`_shared_gpu_cluster`. Host target:
-    a ``LocalCluster`` of worker processes.
-    """
-    from distributed import Client, LocalCluster
-
-    import dask_gpudirect as dg
-
-    if target == "device":
-        if workers and workers > gpu_count():
-            return _shared_gpu_cluster(workers, threads, protocol, rmm_pool_size)
-        cluster = dg.LocalCUDACluster(
-            n_workers=workers,
-            threads_per_worker=threads,
-            protocol=protocol,
-            rmm_pool_size=rmm_pool_size,
-            dashboard_address=None,
-            plugins={dg.GPUDirectPlugin()},
-            **cuda_options,
-        )
-        client = Client(cluster)
-    else:
-        cluster = LocalCluster(
-            n_workers=workers,
-            threads_per_worker=threads,
-            protocol=protocol,
-            processes=True,
-            dashboard_address=None,
-        )
-        client = Client(cluster)
-        client.register_plugin(dg.GPUDirectPlugin())
-    return cluster, client
-
-
 def write_outputs(
     result: dict,
     json_path: str | None,
     md_path: str | None,
-    markdown,
+    markdown: Markdown,
     plot_path: str | None = None,
 ) -> None:
     """``result`` as JSON, ``markdown(result)`` as Markdown and its bar chart, where asked for."""
@@ -442,7 +330,7 @@ def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
     }
 
 
-def finish(result: dict, target: str, print_result, outputs: tuple) -> None:
+def finish(result: dict, target: str, print_result: Callable[[dict], None], outputs: tuple) -> None:
     """Name the device where it was not found, write ``outputs`` (``write_outputs``' paths and
     renderer) and print the result; then exit non-zero if a measurement or the run failed."""
     result["device"] = result["device"] or (

@@ -12,7 +12,8 @@ import math
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from .common import GIB, log
 
@@ -42,7 +43,7 @@ def _write_npy(path: str, nbytes: int, seed: int) -> None:
         "shape": (rows, *BINARY_RECORD),
     }
     chunk = np.random.default_rng(seed).random((16 << 20) // dtype.itemsize, dtype=np.float32)
-    view = memoryview(chunk).cast("B")
+    view = chunk.data.cast("B")
     with open(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, header)
         left = rows * record_bytes
@@ -124,10 +125,12 @@ def dataset(
     os.makedirs(directory)
     target = int(gib * GIB)
     start = time.perf_counter()
+    jobs: list[Future[Any]]
     with ThreadPoolExecutor(max(1, min(files, os.cpu_count() or 1))) as pool:
         if kind == "binary":
             jobs = [pool.submit(_write_npy, p, target // files, i) for i, p in enumerate(paths)]
         elif kind == "etl":
+            assert keys is not None, "an etl dataset takes keys"
             rows = max(1, target // ETL_BYTES_PER_ROW // files)
             jobs = [
                 pool.submit(_write_etl_parquet, p, rows, 1000 + i, keys)
@@ -141,7 +144,7 @@ def dataset(
             ]
         written = [job.result() for job in jobs]
     os.sync()  # written back now, so that later drops are quick and warm runs see clean pages
-    info = {"bytes": sum(os.path.getsize(p) for p in paths), "files": files}
+    info: dict[str, Any] = {"bytes": sum(os.path.getsize(p) for p in paths), "files": files}
     if kind == "binary":
         import numpy as np
 

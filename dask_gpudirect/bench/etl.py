@@ -27,10 +27,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..cuda import gpu_count
+from ..measure import start_cluster, stop_cluster
 from .common import (
     TARGET_OPTION,
     cluster_options,
@@ -43,8 +45,6 @@ from .common import (
     resolve_run,
     result_head,
     stage_phases,
-    start_cluster,
-    stop_cluster,
     wait_released,
 )
 from .datasets import dataset
@@ -61,6 +61,12 @@ from .etl_report import (
 )
 from .timing import _Interrupted, _measure, _record
 
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    from distributed import Client
+
+    from ..targets import Frame
+
 #: Measurement order per query: P2P, the slowest, last.
 RUN_ORDER = ("gpudirect", "rapidsmpf", "tasks", "p2p")
 #: Measured in a cluster of their own, after the others.
@@ -76,12 +82,12 @@ def _log(message: str) -> None:
 # --- on the workers -----------------------------------------------------------------------------
 
 
-def _sum_by(part, key: str):
+def _sum_by(part: Frame, key: str) -> Frame:
     """One output partition of dg's pipeline: the group-by sum of the rows the shuffle put here."""
     return part.groupby(key).sum()
 
 
-def _fingerprint(part, key: str) -> dict:
+def _fingerprint(part: Frame, key: str) -> dict:
     """What two correct results of one query share, from one partition of group-by sums."""
     flat = part.reset_index()
     return {
@@ -96,8 +102,8 @@ def _fingerprint(part, key: str) -> dict:
 
 
 def _pipeline(
-    client, method: str, paths: list[str], key: str, query: str
-) -> tuple[int, object, dict]:
+    client: Client, method: str, paths: list[str], key: str, query: str
+) -> tuple[int, dd.DataFrame, dict]:
     """The read's partition count, the query's collection, persisted, and for dg the seconds
     of each phase (planning, reading, shuffling, grouping: each waited for, so that a missed
     target says where the time went). Each library cuts the files into partitions its own way."""
@@ -135,7 +141,7 @@ def _pipeline(
 class _Clock:
     """Seconds since the last call, by phase name."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.last = time.perf_counter()
 
@@ -145,7 +151,7 @@ class _Clock:
         self.last = now
 
 
-def _fingerprint_of(client, out, key: str) -> dict:
+def _fingerprint_of(client: Client, out: dd.DataFrame, key: str) -> dict:
     """The fingerprint of a whole result, summed from its partitions' on the workers."""
     import dask
 
@@ -158,7 +164,7 @@ def _fingerprint_of(client, out, key: str) -> dict:
 
 
 def _etl_run(
-    client, method: str, paths: list[str], key: str, query: str, seen: dict
+    client: Client, method: str, paths: list[str], key: str, query: str, seen: dict
 ) -> Callable[[], dict]:
     """One timed run; its fingerprint goes into ``seen[method]``, checked across methods later."""
     from distributed import futures_of, wait
@@ -182,7 +188,9 @@ def _etl_run(
     return run
 
 
-def _polars_run(engine, paths: list[str], key: str, query: str, seen: dict) -> Callable[[], dict]:
+def _polars_run(
+    engine: Any, paths: list[str], key: str, query: str, seen: dict
+) -> Callable[[], dict]:
     """One timed cudf-polars query, its result left on the GPUs; fingerprinted there after."""
     import polars as pl
 
@@ -252,7 +260,7 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
                 rec = _measured("polars", query, run, nbytes, opts, lambda: None)
                 result["records"].append({**rec, "query": query})
     finally:
-        stop_cluster(cluster, client, "etl")
+        stop_cluster(cluster, client, _log)
 
 
 def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
@@ -286,7 +294,7 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
                     _log(f"restarting the cluster after {method} timed out")
                     client.restart()
     finally:
-        stop_cluster(cluster, client, "etl")
+        stop_cluster(cluster, client, _log)
 
 
 def _methods(chosen: list[str], query: str, order: tuple[str, ...]) -> list[str]:
@@ -302,7 +310,17 @@ def _cudf_backend() -> None:
     dask.config.set({"dataframe.backend": "cudf"})
 
 
-def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
+def _one(
+    client: Client,
+    method: str,
+    query: str,
+    key: str,
+    paths: list[str],
+    nbytes: int,
+    opts: dict,
+    seen: dict,
+    target: str,
+) -> dict:
     """One method on one query, or why it was not run."""
     if method == "p2p" and target == "device":
         return _record(method, "not run", note="Dask's P2P group-by takes pandas only")
@@ -311,7 +329,14 @@ def _one(client, method, query, key, paths, nbytes, opts, seen, target) -> dict:
     return _measured(method, query, run, nbytes, opts, partial(wait_released, client, 0))
 
 
-def _measured(method, query, run, nbytes, opts, after) -> dict:
+def _measured(
+    method: str,
+    query: str,
+    run: Callable[[], dict],
+    nbytes: int,
+    opts: dict,
+    after: Callable[[], None],
+) -> dict:
     """``run`` measured within the method's time budget; a failure recorded, not raised."""
     try:
         rec, _ = _measure(
@@ -371,29 +396,29 @@ def _measured(method, query, run, nbytes, opts, after) -> dict:
 )
 @output_options
 def etl(
-    target,
-    root,
-    gib,
-    files,
-    keys,
-    workers,
-    threads_per_worker,
-    protocol,
-    repeat,
-    rmm_pool_size,
-    methods,
-    method_timeout,
-    json_path,
-    md_path,
-    plot_path,
-    progress,
-):
+    target: str,
+    root: str,
+    gib: float,
+    files: int,
+    keys: int,
+    workers: int | None,
+    threads_per_worker: int,
+    protocol: str | None,
+    repeat: int,
+    rmm_pool_size: str | None,
+    methods: str | None,
+    method_timeout: float,
+    json_path: str | None,
+    md_path: str | None,
+    plot_path: str | None,
+    progress: bool,
+) -> None:
     """Parquet -> shuffle -> group-by sum: dg against Dask (dask_cudf on the GPU), end to end."""
     target, gpus, chosen, workers, protocol = resolve_run(
         target, methods or ",".join(METHODS), METHODS, workers, protocol
     )
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
-    opts = {
+    opts: dict[str, Any] = {
         "gib": gib,
         "files": files,
         "keys": keys,
@@ -406,9 +431,10 @@ def etl(
         "method_timeout": method_timeout,
     }
     paths, data = dataset(root, "etl", gib, files, keys=keys)
+    names = device_names() if target == "device" else []
     result = {
         **result_head("etl", target, gpus, opts),
-        "device": (device_names() or [None])[0] if target == "device" else None,
+        "device": names[0] if names else None,
         "data": data,
         "records": [],
         "fingerprints": {},

@@ -123,7 +123,7 @@ def _speedups(query: str, engine: str, by: dict, goals: dict[str, float | None])
 
 def _agreement(query: str, seen: dict, z_sum: int | None) -> dict:
     methods = sorted(seen)
-    first = seen[methods[0]] if methods else None
+    first = seen[methods[0]] if methods else {}
     agree = bool(first) and all(same(first, seen[m]) for m in methods)
     if agree and z_sum is not None:
         agree = first["z"] == z_sum
@@ -198,7 +198,7 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
 
 
 def _check_rows(result: dict) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
         ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
         want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"

@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 INSTALL_HINT = 'plotting needs matplotlib: pip install "dask-gpudirect[plot]"'
 COLORS = {"dg": "tab:blue", "baseline": "tab:gray", "ceiling": "white"}
@@ -78,7 +81,8 @@ def _read_panels(result: dict) -> list[dict]:
         ("page cache warm", ("-", "warm"), "h2d-pinned"),
         ("page cache dropped", ("cold",), "dd-direct"),
     ):
-        rows, index = [], {}
+        rows: list[dict] = []
+        index: dict[str, int] = {}
         for key, cache in ORDER:
             rec = by.get((key, cache))
             if rec is None or cache not in caches:
@@ -104,7 +108,8 @@ def _shuffle_panels(result: dict) -> list[dict]:
 
     target = result["target"]
     by = {r["key"]: r for r in result["records"]}
-    rows, index = [], {}
+    rows: list[dict] = []
+    index: dict[str, int] = {}
     for key in METHODS:
         if key in by:
             dg = key in ("gpudirect", "rapidsmpf")
@@ -129,7 +134,8 @@ def _etl_panels(result: dict) -> list[dict]:
         by = {r["key"]: r for r in result["records"] if r.get("query") == query}
         if not by:  # a result of before the scan was measured
             continue
-        rows, index = [], {}
+        rows: list[dict] = []
+        index: dict[str, int] = {}
         for key in METHODS:
             if key in by:
                 index[key] = len(rows)
@@ -205,7 +211,7 @@ def _panel(title: str, unit: str, rows: list[dict], targets: list) -> dict:
 # --- drawing -------------------------------------------------------------------------------------
 
 
-def _draw_panel(ax, panel: dict) -> None:
+def _draw_panel(ax: Axes, panel: dict) -> None:
     rows, roof = panel["rows"], panel["ceiling"]
     values = [r["value"] for r in rows if r["value"]] + [v for _, v, _ in panel["targets"]]
     low = 10 ** math.floor(math.log10(min(values) / 2)) if values else 0.1
@@ -262,7 +268,7 @@ def sweep_panel(result: dict) -> dict:
     }
 
 
-def _draw_lines(ax, panel: dict) -> None:
+def _draw_lines(ax: Axes, panel: dict) -> None:
     ax.set_yscale("log")
     if panel.get("xlog"):
         ax.set_xscale("log")

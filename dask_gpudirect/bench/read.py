@@ -45,12 +45,15 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..cuda import gpu_count
 from ..discovery import data_files
+from ..measure import start_cluster, stop_cluster
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
 from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
@@ -60,15 +63,20 @@ from .common import (
     output_options,
     progress_bar,
     result_head,
-    start_cluster,
-    stop_cluster,
     visible_devices,
     wait_released,
 )
 from .datasets import dataset, filesystem
 from .read_report import ORDER, checks_of, markdown, print_result
 
+if TYPE_CHECKING:
+    import dask.array as da
+    import dask.dataframe as dd
+    from distributed import Client
+
 BASELINE_KEYS = ["naive", "cudf-default"]
+#: A check of a persisted collection: what it holds, or a RuntimeError where it is wrong.
+Check = Callable[[Any], str]
 
 
 def _log(message: str) -> None:
@@ -92,7 +100,9 @@ def _kvikio_state() -> dict:
     return out
 
 
-def _persist(client, build, check=None) -> tuple[float, str]:
+def _persist(
+    client: Client, build: Callable[[], Any], check: Check | None = None
+) -> tuple[float, str]:
     """Seconds from ``build()`` to every partition persisted; then release and wait until freed."""
     from distributed import futures_of, wait
 
@@ -109,7 +119,15 @@ def _persist(client, build, check=None) -> tuple[float, str]:
     return seconds, note
 
 
-def _dask_measure(client, key, cache, nbytes, build, repeat, check=None) -> dict:
+def _dask_measure(
+    client: Client,
+    key: str,
+    cache: str,
+    nbytes: int,
+    build: Callable[[], Any],
+    repeat: int,
+    check: Check | None = None,
+) -> dict:
     if cache == "warm":
         _, note = _persist(client, build, check)  # warm-up (worker imports, pools), checked
         runs = [_persist(client, build)[0] for _ in range(max(1, repeat))]
@@ -127,8 +145,8 @@ def _dask_measure(client, key, cache, nbytes, build, repeat, check=None) -> dict
     )
 
 
-def _rows_check(expected: int):
-    def check(frame) -> str:
+def _rows_check(expected: int) -> Check:
+    def check(frame: dd.DataFrame) -> str:
         rows = int(frame.map_partitions(len).compute().sum())
         if rows != expected:
             raise RuntimeError(f"loaded {rows} rows, the files hold {expected}")
@@ -137,8 +155,8 @@ def _rows_check(expected: int):
     return check
 
 
-def _records_check(expected: int):
-    def check(array) -> str:
+def _records_check(expected: int) -> Check:
+    def check(array: da.Array) -> str:
         if array.shape[0] != expected:
             raise RuntimeError(f"array has {array.shape[0]} records, the files hold {expected}")
         return f"{array.shape[0]} records in {array.numblocks[0]} chunks"
@@ -146,11 +164,11 @@ def _records_check(expected: int):
     return check
 
 
-def _spread_check(client, check, into: dict):
+def _spread_check(client: Client, check: Check, into: dict) -> Check:
     """``check``, then what each worker holds of the result, kept in ``into``: placement should
     balance the shards' bytes over the workers."""
 
-    def run(persisted) -> str:
+    def run(persisted: Any) -> str:
         note = check(persisted)
         into.update(_spread(client, persisted))
         share = into["max_over_mean"]
@@ -159,7 +177,7 @@ def _spread_check(client, check, into: dict):
     return run
 
 
-def _spread(client, persisted) -> dict:
+def _spread(client: Client, persisted: Any) -> dict:
     """Bytes and partitions of ``persisted`` per worker (every worker, zeros included)."""
     from distributed import futures_of
 
@@ -179,7 +197,16 @@ def _spread(client, persisted) -> dict:
     }
 
 
-def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold, out) -> None:
+def _cluster_measurements(
+    opts: dict,
+    target: str,
+    bin_dir: str,
+    pq_dir: str,
+    bin_info: dict,
+    pq_info: dict,
+    cold: str | None,
+    out: dict,
+) -> None:
     """dg first (warm, then cold), the dask baseline last: see the module docstring."""
     import dask_gpudirect as dg
 
@@ -199,18 +226,18 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
     try:
         kvikio_log = out.setdefault("worker_kvikio", {})
 
-        def kvikio_snapshot(when):
+        def kvikio_snapshot(when: str) -> None:
             if target == "device":
                 with contextlib.suppress(Exception):
                     kvikio_log[when] = client.run(_kvikio_state)
 
-        def binary():
+        def binary() -> da.Array:
             return dg.read_binary(bin_dir, target=target, client=client)
 
-        def parquet():
+        def parquet() -> dd.DataFrame | dd.Series:
             return dg.read_parquet(pq_dir, target=target, client=client)
 
-        def dask_default():
+        def dask_default() -> dd.DataFrame:
             if target == "device":
                 import dask_cudf
 
@@ -257,17 +284,19 @@ def _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold
             measure = partial(_cold_dask, client, "dask-default", nbytes, dask_default, None)
             recs.append(_guard("dask-default", "cold", measure))
     finally:
-        stop_cluster(cluster, client, "read")
+        stop_cluster(cluster, client, _log)
 
 
-def _cold_dask(client, key, nbytes, build, check):
+def _cold_dask(
+    client: Client, key: str, nbytes: int, build: Callable[[], Any], check: Check | None
+) -> dict:
     reason = drop_page_cache()
     if reason:
         return record(key, "cold", status="not run", note=reason)
     return _dask_measure(client, key, "cold", nbytes, build, 1, check)
 
 
-def _guard(key, cache, fn) -> dict:
+def _guard(key: str, cache: str, fn: Callable[[], dict]) -> dict:
     try:
         return fn()
     except Exception as exc:  # a failed measurement is reported; the others still run
@@ -312,23 +341,23 @@ def _guard(key, cache, fn) -> dict:
 @output_options
 @TARGET_OPTION
 def read(
-    root,
-    binary_gib,
-    parquet_gib,
-    files,
-    workers,
-    threads_per_worker,
-    protocol,
-    rmm_pool_size,
-    repeat,
-    drop_cache,
-    baselines,
-    json_path,
-    md_path,
-    target,
-    plot_path,
-    progress,
-):
+    root: str | None,
+    binary_gib: float,
+    parquet_gib: float,
+    files: int,
+    workers: int,
+    threads_per_worker: int,
+    protocol: str,
+    rmm_pool_size: str | None,
+    repeat: int,
+    drop_cache: bool,
+    baselines: bool,
+    json_path: str | None,
+    md_path: str | None,
+    target: str,
+    plot_path: str | None,
+    progress: bool,
+) -> None:
     """Loading speed of dg.read_parquet / dg.read_binary against the baselines and ceilings.
 
     With --workers N (one per GPU) all GPUs read their own shards at once, against the sum of

@@ -117,7 +117,8 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
             speed = f"{rec['gbps']:.2f}"
         else:
             speed = f"{rec['status']} [{footnote(notes, rec.get('note') or 'no reason given')}]"
-        for i, c in enumerate(checks.get((key, cache)) or [None]):
+        cells: list[dict | None] = list(checks.get((key, cache), [])) or [None]
+        for i, c in enumerate(cells):
             first = i == 0
             head = (label, cache, speed) if first else ("", "", "")
             if c is None:

@@ -7,7 +7,7 @@ they write: every figure in it is one a child run measured. A row names why it h
 Why one process per run: each GPU count gets its own cluster, with nothing left over from the
 last (GPU memory, RMM pools, UCX endpoints, kvikio settings), and a run that hangs or crashes
 costs its own cells only. On the device target a child sees the first N GPUs
-(``CUDA_VISIBLE_DEVICES``); every child has NVLink multicast off (``common.MULTICAST_OFF``).
+(``CUDA_VISIBLE_DEVICES``); every child has this process's environment besides.
 A child runs in a process group of its own: at its limit it gets SIGINT (it then writes what it
 measured), and ``GRACE_S`` later its whole group, Dask workers included, gets SIGKILL.
 
@@ -26,12 +26,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import click
 
 from ..cuda import gpu_count
 from .common import (
-    MULTICAST_OFF,
     TARGET_OPTION,
     child_env,
     cpu_name,
@@ -235,7 +235,7 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
 @click.command(name="scale")
 @click.option(
     "--gpus",
-    "counts",
+    "counts_text",
     default=None,
     help="comma-separated GPU counts (workers on the host target) [default: 1 and all visible "
     "GPUs; 1,2 on the host target]",
@@ -294,23 +294,23 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
 )
 @output_options
 def scale(
-    counts,
-    target,
-    protocol,
-    benches,
-    read_args,
-    shuffle_args,
-    files,
-    data_dir,
-    runs_dir,
-    read_limit,
-    shuffle_limit,
-    time_limit,
-    json_path,
-    md_path,
-    plot_path,
-    progress,
-):
+    counts_text: str | None,
+    target: str,
+    protocol: str | None,
+    benches: str,
+    read_args: str,
+    shuffle_args: str,
+    files: int | None,
+    data_dir: str | None,
+    runs_dir: str | None,
+    read_limit: float,
+    shuffle_limit: float,
+    time_limit: float | None,
+    json_path: str | None,
+    md_path: str | None,
+    plot_path: str | None,
+    progress: bool,
+) -> None:
     """bench read and bench shuffle on 1, 2, ... GPUs (one worker each): a scaling table."""
     started = time.monotonic()
     gpus = gpu_count()
@@ -321,7 +321,7 @@ def scale(
     chosen = [b.strip() for b in benches.split(",") if b.strip()]
     if not chosen or set(chosen) - set(BENCHES):
         raise click.UsageError(f"--benches {benches!r}: choose from {', '.join(BENCHES)}")
-    counts = _counts(counts, target, gpus)
+    counts = _counts(counts_text, target, gpus)
     temporary = []
     if data_dir is None:
         data_dir = tempfile.mkdtemp(prefix="dask-gpudirect-scale-data-")
@@ -332,7 +332,7 @@ def scale(
         runs_dir = tempfile.mkdtemp(prefix="dask-gpudirect-scale-runs-")
         temporary.append(runs_dir)
     os.makedirs(runs_dir, exist_ok=True)
-    opts = {
+    opts: dict[str, Any] = {
         "gpus": counts,
         "target": target,
         "protocol": protocol or ("ucxx" if target == "device" else "tcp"),
@@ -353,7 +353,6 @@ def scale(
         **result_head("scale", target, gpus, opts),
         "device": names[0] if names else f"CPU {cpu_name()}",
         "device_names": names,
-        "environment": MULTICAST_OFF,
         "runs": [],
     }
     deadline = started + time_limit - RESERVE_S if time_limit else None

@@ -39,9 +39,11 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..measure import pair_transfer, start_cluster, stop_cluster
 from .common import (
     GIB,
     TARGET_OPTION,
@@ -55,12 +57,16 @@ from .common import (
     resolve_run,
     result_head,
     stage_phases,
-    start_cluster,
-    stop_cluster,
     wait_released,
 )
 from .shuffle_report import DEVICE_ONLY, METHODS, checks_of, markdown, print_result
 from .timing import _Interrupted, _measure, _record
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
+    from distributed import Client, Worker
+
+    from ..targets import Frame
 
 #: Bytes per row of the frame: int64 key, float64 x and y, int64 z.
 ROW_BYTES = 32
@@ -80,7 +86,7 @@ def _log(message: str) -> None:
 # --- on the workers ---------------------------------------------------------------------------
 
 
-def _partition(rows: int, seed: int, target: str):
+def _partition(rows: int, seed: int, target: str) -> Frame:
     """One partition of the frame: cuDF from CuPy random on the device target, else pandas."""
     if target == "device":
         import cudf
@@ -103,36 +109,12 @@ def _partition(rows: int, seed: int, target: str):
     )
 
 
-def _meta(target: str):
+def _meta(target: str) -> Frame:
     """The frame's empty meta, cut from one row: CuPy's generators are not asked for zero."""
     return _partition(1, 0, target).iloc[:0]
 
 
-def _buffer(nbytes: int, target: str):
-    """The raw transfer's buffer, written once so that its memory is really there."""
-    if target == "device":
-        import cupy
-
-        return cupy.full(nbytes, 1, dtype=cupy.uint8)
-    import numpy
-
-    return numpy.full(nbytes, 1, dtype=numpy.uint8)
-
-
-def _size(buffer) -> int:
-    return int(buffer.nbytes)
-
-
-def _incoming(key: str, dask_worker=None) -> list[dict]:
-    """This worker's logged fetches of ``key``: seconds and bytes, as the worker measured them."""
-    return [
-        {"duration": e["duration"], "total": e["total"], "who": e["who"]}
-        for e in dask_worker.transfer_incoming_log
-        if key in e["keys"]
-    ]
-
-
-def _clear_ledger(dask_worker) -> None:
+def _clear_ledger(dask_worker: Worker) -> None:
     from ..plugin import current_plugin
 
     current_plugin(dask_worker).ledger.clear()
@@ -148,11 +130,11 @@ def _ucx_environment() -> dict[str, str]:
 class _Frame:
     """The input frame, made on the workers; made again after a restart."""
 
-    def __init__(self, client, target: str, gib: float, partitions: int):
+    def __init__(self, client: Client, target: str, gib: float, partitions: int):
         self.client, self.target = client, target
         self.rows = max(partitions, int(gib * GIB) // ROW_BYTES)
         self.partitions = partitions
-        self.df = None
+        self.df: dd.DataFrame | None = None
         self.nbytes = self.z_sum = self.held = 0
 
     def make(self) -> dict:
@@ -209,18 +191,19 @@ class _Frame:
         }
 
 
-def _counts(client, df) -> tuple[int, int]:
+def _counts(client: Client, df: dd.DataFrame) -> tuple[int, int]:
     """Rows of ``df`` and the sum of its ``z`` column, computed on the cluster."""
     rows, z_sum = client.compute([df.map_partitions(len).sum(), df["z"].sum()], sync=True)
     return int(rows), int(z_sum)
 
 
-def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
+def _shuffle_run(client: Client, frame: _Frame, method: str) -> Callable[[], dict]:
     """One timed shuffle of ``frame`` by ``method``, checked after the clock stops."""
     from distributed import futures_of, wait
 
     def run() -> dict:
         df = frame.df
+        assert df is not None, "the frame is made before the shuffles"
         if method == "gpudirect":
             client.run(_clear_ledger)  # so that the ledger read after the runs holds the last one
         start = time.perf_counter()
@@ -255,37 +238,10 @@ def _shuffle_run(client, frame: _Frame, method: str) -> Callable[[], dict]:
     return run
 
 
-def _raw_run(client, a: str, b: str, nbytes: int, target: str) -> Callable[[], dict]:
-    """One buffer made on ``a``, then fetched by a task on ``b``: the fetch as ``b`` logged it."""
-    from distributed import wait
-
-    def run() -> dict:
-        buf = client.submit(
-            _buffer, nbytes, target, workers=[a], allow_other_workers=False, pure=False
-        )
-        wait(buf)
-        start = time.perf_counter()
-        size = client.submit(
-            _size, buf, workers=[b], allow_other_workers=False, pure=False
-        ).result()
-        round_trip = time.perf_counter() - start
-        fetches = client.run(_incoming, buf.key, workers=[b])[b]
-        del buf
-        if size != nbytes or len(fetches) != 1:
-            raise RuntimeError(f"{b} logged {len(fetches)} fetches of the buffer, size {size}")
-        return {
-            "seconds": fetches[0]["duration"],
-            "round_trip_seconds": round_trip,
-            "note": f"{a} -> {b}; time from {b}'s transfer_incoming_log",
-        }
-
-    return run
-
-
 # --- the run --------------------------------------------------------------------------------------
 
 
-def _ledger(client) -> list[dict]:
+def _ledger(client: Client) -> list[dict]:
     """dg's ledger rows of the shuffle (``op`` shuffle or spill), per worker and path."""
     import dask_gpudirect as dg
 
@@ -375,11 +331,17 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
                 client.restart()
                 frame.df = None
     finally:
-        stop_cluster(cluster, client, "shuffle")
+        stop_cluster(cluster, client, _log)
 
 
 def _one_method(
-    client, method: str, frame: _Frame, addresses: list[str], opts: dict, budget, into: dict
+    client: Client,
+    method: str,
+    frame: _Frame,
+    addresses: list[str],
+    opts: dict,
+    budget: Callable[[], float],
+    into: dict,
 ) -> tuple[dict, bool]:
     """Measure ``method`` within ``budget()`` seconds; (record, whether a run timed out)."""
     if method == "raw":
@@ -387,7 +349,7 @@ def _one_method(
             return _record("raw", "not run", note="needs two workers"), False
         nbytes = opts["raw_mib"] << 20
         _log(f"measuring raw: a {nbytes / 1e9:.2f} GB buffer, budget {budget():.0f} s")
-        run = _raw_run(client, addresses[0], addresses[1], nbytes, frame.target)
+        run = pair_transfer(client, addresses[0], addresses[1], nbytes, frame.target)
         after = partial(wait_released, client, 0)  # the raw transfer runs before the frame
         return _measure("raw", run, nbytes, 1, opts["repeat"], budget(), after)
     if frame.df is None:
@@ -466,24 +428,24 @@ def _counts_option(value: str | None) -> list[int] | None:
 )
 @output_options
 def shuffle(
-    target,
-    gib,
-    workers,
-    threads_per_worker,
-    protocol,
-    ucx_transports,
-    partitions,
-    repeat,
-    rmm_pool_size,
-    methods,
-    raw_mib,
-    method_timeout,
-    time_limit,
-    json_path,
-    md_path,
-    plot_path,
-    progress,
-):
+    target: str,
+    gib: float,
+    workers: int | None,
+    threads_per_worker: int,
+    protocol: str | None,
+    ucx_transports: str,
+    partitions: list[int] | None,
+    repeat: int,
+    rmm_pool_size: str | None,
+    methods: str | None,
+    raw_mib: int | None,
+    method_timeout: float,
+    time_limit: float | None,
+    json_path: str | None,
+    md_path: str | None,
+    plot_path: str | None,
+    progress: bool,
+) -> None:
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
     target, gpus, chosen, workers, protocol = resolve_run(
         target, methods or ",".join(METHODS), METHODS, workers, protocol
@@ -491,7 +453,7 @@ def shuffle(
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
-    opts = {
+    opts: dict[str, Any] = {
         "gib": gib,
         "workers": workers,
         "threads_per_worker": threads_per_worker,

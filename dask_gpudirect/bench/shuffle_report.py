@@ -118,7 +118,7 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
     out = []
     dask = [by[k] for k in ("tasks", "p2p") if k in by]
     ran = [r for r in dask if r["status"] == "ok"]
-    pairs = []
+    pairs: list[tuple[str, dict, float | None]] = []
     if dask:
         base = max(ran, key=lambda r: r["gbps_per_gpu"]) if ran else dask[0]
         pairs.append(("faster of Dask's shuffles", base, TARGET_VS_DASK))
@@ -191,7 +191,7 @@ def _header(result: dict) -> tuple[str, ...]:
 
 
 def _check_rows(result: dict) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
         unit = "" if c.get("absolute") else "x"
         ratio = f"{c['ratio']:.2f}{unit}" if c["ratio"] is not None else "-"
@@ -265,7 +265,8 @@ def _scaling_rows(result: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]
     methods = [m for m in METHODS if any(r["key"] == m for r in records)]
     by = {(r["key"], r["partitions"]): r for r in records}
     header = ("partitions", *(label_of(m, result["target"]) for m in methods))
-    rows, first = [], {}
+    rows: list[tuple[str, ...]] = []
+    first: dict[str, float] = {}
     for n in counts_of(records):
         cells = [str(n)]
         for m in methods:

@@ -13,6 +13,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .common import log
 
@@ -57,8 +58,15 @@ def _gbps(nbytes: int, seconds: float | None, per: int) -> float | None:
     return nbytes / seconds / 1e9 / per if seconds else None
 
 
-def _record(key: str, status: str = "ok", **fields) -> dict:
-    rec = {"key": key, "status": status, "bytes": 0, "seconds": None, "runs": [], "note": ""}
+def _record(key: str, status: str = "ok", **fields: Any) -> dict:
+    rec: dict[str, Any] = {
+        "key": key,
+        "status": status,
+        "bytes": 0,
+        "seconds": None,
+        "runs": [],
+        "note": "",
+    }
     rec.update(fields)
     return rec
 
@@ -124,7 +132,9 @@ def _summarise(key: str, runs: list[dict], nbytes: int, per: int, note: str, sto
     figure = statistics.median(warm) if warm else seconds[0]
     if not warm:
         stop = "; ".join(s for s in (stop, "the first (cold) run only") if s)
-    extra = {k: [r[k] for r in runs] for k in runs[0] if k not in ("seconds", "note")}
+    extra: dict[str, Any] = {
+        k: [r[k] for r in runs] for k in runs[0] if k not in ("seconds", "note")
+    }
     return _record(
         key,
         bytes=nbytes,

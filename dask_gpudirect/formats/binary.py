@@ -12,13 +12,19 @@ import io
 import math
 import os
 import tokenize
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .. import stamps
 from ..access import Opened, opened
 from ..errors import InputError
 from ..shards import Shard
+
+if TYPE_CHECKING:
+    from ..targets import Order, Target
 
 NPY_MAGIC = b"\x93NUMPY"
 
@@ -29,12 +35,12 @@ class BinaryPart:
 
     dtype: np.dtype
     shape: tuple[int, ...]
-    order: str = "C"
+    order: Order = "C"
 
     def label(self) -> None:
         """None: a binary shard's first byte range is where its records start."""
 
-    def decode(self, target, buffer):
+    def decode(self, target: Target, buffer: Any) -> Any:
         return target.as_array(buffer, self.dtype, self.shape, self.order)
 
 
@@ -63,10 +69,10 @@ class _Layout:
     offset: int
     dtype: np.dtype
     shape: tuple[int, ...]
-    order: str
+    order: Order
 
 
-def _fixed_dtype(dtype, path: str | None) -> np.dtype:
+def _fixed_dtype(dtype: DTypeLike, path: str | None) -> np.dtype:
     try:
         dtype = np.dtype(dtype)
     except TypeError as exc:
@@ -76,14 +82,16 @@ def _fixed_dtype(dtype, path: str | None) -> np.dtype:
     return dtype
 
 
-def _read_header_3_0(f, version):
+def _read_header_3_0(
+    f: IO[bytes], version: tuple[int, int]
+) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Header of a version 3.0 ``.npy`` (utf-8 field names): NumPy has no public reader for it,
     and NumPy 2 moved the private one from ``np.lib.format`` to ``np.lib._format_impl``."""
     read = getattr(np.lib.format, "_read_array_header", None)
     if read is None:
         from numpy.lib import _format_impl
 
-        read = _format_impl._read_array_header
+        read = _format_impl._read_array_header  # type: ignore[attr-defined]  # private: untyped
     return read(f, version)
 
 
@@ -135,7 +143,9 @@ def _raw_layout(path: str, size: int, dtype: np.dtype, record_shape: tuple[int, 
     return _Layout(0, dtype, (size // record, *record_shape), "C")
 
 
-def _layout(path: str, dtype, shape) -> tuple[_Layout, stamps.Stamp]:
+def _layout(
+    path: str, dtype: DTypeLike | None, shape: tuple[int, ...] | None
+) -> tuple[_Layout, stamps.Stamp]:
     """What ``path`` holds, from one open (allowed roots checked on it), and its stamp."""
     with opened(path) as f:
         if os.pread(f.fd, len(NPY_MAGIC), 0) == NPY_MAGIC or path.endswith(".npy"):
@@ -154,23 +164,40 @@ def _layout(path: str, dtype, shape) -> tuple[_Layout, stamps.Stamp]:
     return layout, stamp
 
 
-def plan(files: list[str], dtype, shape, blocksize: int, target: str) -> BinaryPlan:
+def plan(
+    files: list[str],
+    dtype: DTypeLike | None,
+    shape: int | Sequence[int] | None,
+    blocksize: int,
+    target: str,
+) -> BinaryPlan:
     """Shards of whole records per file; all files must hold one dtype and record shape."""
+    record_shape = None
     if shape is not None:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
-            raise InputError(None, f"bad shape {shape}: a record shape is a tuple of sizes >= 0")
+        record_shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if any(not isinstance(n, (int, np.integer)) or n < 0 for n in record_shape):
+            raise InputError(
+                None, f"bad shape {record_shape}: a record shape is a tuple of sizes >= 0"
+            )
     shards: list[Shard] = []
     first: _Layout | None = None
     for path in files:
-        layout, stamp = _layout(path, dtype, shape)
+        layout, stamp = _layout(path, dtype, record_shape)
         first = first or layout
         _check_records(path, layout.dtype, layout.shape[1:], files[0], first.dtype, first.shape[1:])
         shards.extend(_file_shards(path, layout, stamp, blocksize, target))
+    assert first is not None, "plan takes one file or more"
     return BinaryPlan(shards, first.dtype, first.shape[1:], files[0])
 
 
-def _check_records(path, dtype, shape, first, first_dtype, first_shape) -> None:
+def _check_records(
+    path: str,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    first: str,
+    first_dtype: np.dtype,
+    first_shape: tuple[int, ...],
+) -> None:
     if (dtype, shape) != (first_dtype, first_shape):
         raise InputError(
             path,

@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import filters
 from ..errors import InputError
+from ..filters import Filters
 
 #: What Hive (and Spark, and pyarrow) write for a null partition value.
 NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -36,6 +37,10 @@ class Partitioning:
     def of(self, path: str) -> tuple[tuple[str, Any], ...]:
         """``path``'s (name, value) pairs, in column order."""
         return tuple((name, self.values[path][name]) for name in self.names)
+
+
+#: The partitioning of files in no ``key=value`` folder.
+UNPARTITIONED = Partitioning((), {}, {}, {})
 
 
 def keys_of(path: str, root: str) -> list[tuple[str, str]]:
@@ -80,7 +85,7 @@ def _typed(value: str, integer: bool) -> Any:
     return int(value) if integer else value
 
 
-def keep(pairs: tuple[tuple[str, Any], ...], filters) -> tuple[bool, Any]:
+def keep(pairs: tuple[tuple[str, Any], ...], filters: Filters | None) -> tuple[bool, Any]:
     """Whether a file whose partition values are ``pairs`` can hold rows ``filters`` keep, and
     the filters its rows still need (terms on partition columns decided here; None: all rows).
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -22,6 +23,9 @@ from ..access import opened, pread_exact
 from ..errors import InputError
 from ..shards import Shard, coalesce
 from . import hive
+
+if TYPE_CHECKING:
+    from ..targets import Frame
 
 #: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
 MERGE_GAP = 64 * 1024
@@ -94,7 +98,7 @@ def runs(shards: Sequence[Shard], together: bool) -> list[list[Shard]]:
     return grouped
 
 
-def finish(parts: Sequence[ParquetPart], helpers, frame):
+def finish(parts: Sequence[ParquetPart], helpers: ModuleType, frame: Frame | None) -> Frame:
     """The rows decoded from a run of alike ``parts`` (``frame``; None for a footer-only shard)
     as a partition gives them: filtered, with the files' partition values and index, in the
     types of ``meta``. ``helpers``: the target's module."""
@@ -103,7 +107,7 @@ def finish(parts: Sequence[ParquetPart], helpers, frame):
         frame = helpers.empty_frame(part.empty.empty_table(), part.backend)
     else:
         if part.range_index is not None:  # each shard's labels, end to end
-            ranges = [(p.range_index[0], p.range_index[1], p.rows) for p in parts]
+            ranges = [(r[0], r[1], p.rows) for p in parts if (r := p.range_index) is not None]
             frame = helpers.with_range_index(frame, ranges, part.range_index[2])
         frame = dnf.apply(frame, part.filters)
         for name, value in part.partition:  # the file's folders' values, on every row
@@ -112,21 +116,21 @@ def finish(parts: Sequence[ParquetPart], helpers, frame):
         frame = frame[list(part.columns)]
         if part.range_index is None:
             frame = frame.reset_index(drop=True)
-    name = part.range_index[2] if part.range_index is not None else None
+    range_name = part.range_index[2] if part.range_index is not None else None
     return finished(
-        frame, helpers, part.categorical, part.nulls, part.index, name, part.partition_types
+        frame, helpers, part.categorical, part.nulls, part.index, range_name, part.partition_types
     )
 
 
 def finished(
-    frame,
-    helpers,
-    categorical,
-    nulls,
+    frame: Frame,
+    helpers: ModuleType,
+    categorical: tuple[str, ...],
+    nulls: tuple[str, ...],
     index: str | None,
     range_name: str | None,
     partition_types: tuple = (),
-):
+) -> Frame:
     """A decoded frame, or ``meta``, as every partition is given: categories (a hive partition
     column's are every value of the read), the types of columns that may hold nulls, and its
     index (a column, or a stored RangeIndex's name)."""
@@ -139,7 +143,7 @@ def finished(
     return indexed(frame, index)
 
 
-def indexed(frame, index: str | None):
+def indexed(frame: Frame, index: str | None) -> Frame:
     """``frame`` indexed by the column ``index`` (pandas' ``__index_level_0__`` unnamed)."""
     if index is None:
         return frame
@@ -149,7 +153,7 @@ def indexed(frame, index: str | None):
     return frame
 
 
-def categorize(frame, columns: tuple[str, ...]):
+def categorize(frame: Frame, columns: tuple[str, ...]) -> Frame:
     """Dictionary-encoded ``columns`` as categories: pyarrow decodes them so, libcudf does not."""
     for column in columns:
         if frame[column].dtype != "category":
@@ -170,7 +174,7 @@ class ParquetPlan:
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()  # hive columns (see ParquetPart)
     backend: str | None = None  # Dask's dtype_backend, for pandas partitions
 
-    def meta(self, target_module) -> Any:
+    def meta(self, target_module: ModuleType) -> Frame:
         """An empty partition of the result on the target (the collection's ``meta``)."""
         empty = target_module.empty_frame(self.schema.empty_table(), self.backend)
         categorical = _dictionary_columns(self.schema)
@@ -266,7 +270,9 @@ def _stored_range(schema: pa.Schema) -> dict | None:
     return None
 
 
-def _choose_index(path: str, schema: pa.Schema, index, columns) -> str | None:
+def _choose_index(
+    path: str, schema: pa.Schema, index: str | list[str] | bool | None, columns: list[str] | None
+) -> str | None:
     """The column to index every partition by, as ``dd.read_parquet`` chooses it: ``None``
     takes the index pandas stored (one column; not where ``columns`` asks for it as a
     column), ``False`` none, a name that column."""
@@ -277,12 +283,13 @@ def _choose_index(path: str, schema: pa.Schema, index, columns) -> str | None:
         if len(stored) != 1 or (columns is not None and stored[0] in columns):
             return None  # none stored, or a MultiIndex: its levels stay columns
         return stored[0]
-    names = [index] if isinstance(index, str) else list(index)
+    names = list(index) if isinstance(index, (list, tuple)) else [index]
     if len(names) != 1:
         raise InputError(None, f"index={index!r}: one column only (Dask has no MultiIndex)")
-    if names[0] not in schema.names:
-        raise InputError(path, f"index={names[0]!r}: no such column; columns are {schema.names}")
-    return names[0]
+    (name,) = names
+    if not isinstance(name, str) or name not in schema.names:
+        raise InputError(path, f"index={name!r}: no such column; columns are {schema.names}")
+    return name
 
 
 def _describe(schema: pa.Schema) -> str:
@@ -319,7 +326,7 @@ def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
     return start, column.total_compressed_size
 
 
-def _kept_row_groups(footer: _Footer, expression) -> list[int]:
+def _kept_row_groups(footer: _Footer, expression: Any) -> list[int]:
     meta = footer.file.metadata
     non_empty = [i for i in range(meta.num_row_groups) if meta.row_group(i).num_rows > 0]
     if expression is None:
@@ -347,11 +354,11 @@ def _tail_start(meta: pq.FileMetaData) -> int:
 
 def plan(
     files: list[str],
-    columns,
-    filters,
+    columns: str | list[str] | None,
+    filters: Any,
     blocksize: int,
     target: str,
-    index=None,
+    index: str | list[str] | bool | None = None,
     partitioning: hive.Partitioning | None = None,
     per_shard: int | None = None,
     backend: str | None = None,
@@ -360,12 +367,13 @@ def plan(
     columns, hive partition columns after the files' own, the index column last). A shard is
     a run of row groups of about ``blocksize`` bytes, or with ``per_shard`` of that many row
     groups."""
+    partitioning = partitioning or hive.UNPARTITIONED
     first = _open(files[0])
     schema = first.schema
     if isinstance(columns, str):
         columns = [columns]
     key = _choose_index(files[0], schema, index, columns)
-    folders = list(partitioning.names) if partitioning else []
+    folders = list(partitioning.names)
     clash = [name for name in folders if name in schema.names]
     if clash:
         raise InputError(files[0], f"hive partition key(s) {clash} are also columns of the file")
@@ -408,7 +416,7 @@ def plan(
     for path in files:
         footer = first if path == files[0] else _open(path)
         _check_schema(path, footer.schema, files[0], schema)
-        values = partitioning.of(path) if partitioning else ()
+        values = partitioning.of(path)
         possible, left = hive.keep(values, filters)  # partition terms decided on the folders
         mine = dict(part, filters=left, partition=values)
         args = (blocksize, per_shard, target, ranged)
@@ -440,7 +448,9 @@ def _top_level_columns(pf: pq.ParquetFile) -> list[str]:
     return [path[0] for path in pf.reader.column_paths]
 
 
-def _null_columns(footer: _Footer, row_groups: list[int], columns) -> tuple[str, ...]:
+def _null_columns(
+    footer: _Footer, row_groups: list[int], columns: Sequence[str]
+) -> tuple[str, ...]:
     """Integer and boolean ``columns`` that may hold a null in ``row_groups``: a column chunk's
     statistics count one, or it has no null count to say it cannot."""
     schema = footer.schema
@@ -461,7 +471,9 @@ def _null_columns(footer: _Footer, row_groups: list[int], columns) -> tuple[str,
     return tuple(c for c in columns if c in found)
 
 
-def _range_at(footer: _Footer, ranged: dict | None, row_group: int):
+def _range_at(
+    footer: _Footer, ranged: dict | None, row_group: int
+) -> tuple[int, int, str | None] | None:
     """(first value, step, name) of the file's stored RangeIndex at ``row_group``'s first row."""
     if ranged is None:
         return None
@@ -471,7 +483,9 @@ def _range_at(footer: _Footer, ranged: dict | None, row_group: int):
     return (own["start"] + own["step"] * before, own["step"], ranged.get("name"))
 
 
-def _file_shards(footer: _Footer, part: dict, out: pa.Schema, possible: bool, *args):
+def _file_shards(
+    footer: _Footer, part: dict[str, Any], out: pa.Schema, possible: bool, *args: Any
+) -> list[Shard]:
     """The shards of one file: runs of its row groups that its filters (``part["filters"]``,
     the file's own terms) may keep, or where none may (or not ``possible``: its folders are
     ruled out) one shard that reads the footer alone, to check the file, and gives no rows of
@@ -502,6 +516,7 @@ def _file_shards(footer: _Footer, part: dict, out: pa.Schema, possible: bool, *a
         previous = i
     nulls = _null_columns(footer, [i for g in groups for i in g], part["columns"])
     if not groups:  # statistics planned from this footer rule it all out: check it is still so
+        assert footer.stamp.probe is not None  # a footer's stamp probes the footer
         offset, length = footer.stamp.probe
         start = _range_at(footer, ranged, 0)
         empty = ParquetPart(row_groups=(), empty=out, range_index=start, **part)

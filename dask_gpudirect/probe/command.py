@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import click
 from dask.utils import parse_bytes
 
 from .routes import probe_cluster
+
+if TYPE_CHECKING:
+    from distributed import Client, SpecCluster
 
 
 def render(result: dict[str, Any]) -> None:
@@ -56,9 +60,14 @@ def _comms_cell(w: dict) -> str:
     )
 
 
-def _local_cluster(protocol: str, workers: int | None):
-    from ..bench.common import start_cluster
+def _log(message: str) -> None:
+    """A line on stderr, so that stdout keeps only the document."""
+    click.echo(f"[probe {time.strftime('%H:%M:%S')}] {message}", err=True)
+
+
+def _local_cluster(protocol: str, workers: int | None) -> tuple[SpecCluster, Client]:
     from ..cuda import gpu_count
+    from ..measure import start_cluster
 
     # UCX logs to the worker processes' stdout, which is ours: keep `--json` output JSON.
     # (distributed-ucxx sets UCX_MEMTYPE_CACHE, which this UCX warns it no longer reads.)
@@ -105,7 +114,7 @@ def probe(
     """Per worker: GPU, kvikio, GDS and comms; per path: route, copies, bandwidth, verdict."""
     from distributed import Client
 
-    from ..bench.common import stop_cluster
+    from ..measure import stop_cluster
 
     source = click.get_current_context().get_parameter_source("scheduler_address")
     if local and source is click.core.ParameterSource.ENVIRONMENT:
@@ -124,7 +133,7 @@ def probe(
         with client.as_current():  # the pair transfer waits on futures of the current client
             result = probe_cluster(client, quick=quick, nbytes=parse_bytes(size))
     finally:
-        stop_cluster(cluster, client, "probe")
+        stop_cluster(cluster, client, _log)
     if as_json:
         click.echo(json.dumps(result, indent=2, default=str))
     else:

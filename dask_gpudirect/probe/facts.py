@@ -12,9 +12,12 @@ import os
 import re
 import socket
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..ledger import Ledger
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 NVIDIA_FS = "/proc/driver/nvidia-fs"
 #: Kernel modules that give NICs GPUDirect RDMA access to GPU memory.
@@ -32,12 +35,14 @@ DRIVER_PROPERTIES = (
 NO_GPU = "no GPU: no CUDA driver or no visible device"
 
 
-def worker_facts(dask_worker) -> dict[str, Any]:
+def worker_facts(dask_worker: Worker) -> dict[str, Any]:
     """This worker's host, GPU, kvikio, GDS and comms (run by ``client.run``)."""
     from ..plugin import current_plugin
 
     plugin = current_plugin(dask_worker)
-    gpu, gpu_reason, peers = None, NO_GPU, []
+    gpu: dict[str, Any] | None = None
+    gpu_reason: str | None = NO_GPU
+    peers: list[dict[str, Any]] = []
     if plugin.gpus:
         try:
             gpu, peers = _gpu_facts()
@@ -170,7 +175,12 @@ def _gds_reason(facts: dict[str, Any], gpus: int) -> str:
 def _comms(address: str) -> dict[str, Any]:
     """The worker's comms, and for UCX what its configuration allows (not what it picked)."""
     protocol = address.split("://", 1)[0]
-    facts = {"protocol": protocol, "ucxx": None, "ucx_tls": None, "ucx_available": None}
+    facts: dict[str, Any] = {
+        "protocol": protocol,
+        "ucxx": None,
+        "ucx_tls": None,
+        "ucx_available": None,
+    }
     if protocol == "ucxx":
         import ucxx
 
@@ -180,7 +190,7 @@ def _comms(address: str) -> dict[str, Any]:
     return facts
 
 
-def endpoint_transports(peer: str, dask_worker=None) -> dict[str, list[str]] | None:
+def endpoint_transports(peer: str, dask_worker: Worker) -> dict[str, list[str]] | None:
     """What UCX selected for this worker's endpoint to ``peer`` (run on a ucxx worker after a
     transfer from ``peer``): None when no open endpoint to it is found."""
     pool = dask_worker.rpc
@@ -245,9 +255,11 @@ def _measure_storage(nbytes: int) -> dict[str, Any]:
     """Write ``nbytes`` into this worker's local directory and read them twice with the plugin's
     target (a reader of its own, so the cluster's ledger stays the user's); the faster read
     counts. The file was just written, so this is the page-cache-warm rate."""
+    import numpy as np
     from distributed import get_worker
 
     from .. import targets
+    from ..formats.binary import BinaryPart
     from ..plugin import current_plugin
     from ..shards import Shard
 
@@ -261,7 +273,8 @@ def _measure_storage(nbytes: int) -> dict[str, Any]:
             chunk = bytes(min(nbytes, 16 << 20))
             for start in range(0, nbytes, len(chunk)):
                 f.write(chunk[: nbytes - start])
-        shard = Shard(path, ((0, nbytes),), 0, nbytes, part=None, target=name)
+        part = BinaryPart(np.dtype(np.uint8), (nbytes,))  # raw bytes: never decoded
+        shard = Shard(path, ((0, nbytes),), 0, nbytes, part, target=name)
         for _ in range(2):
             target.read(shard)
     finally:

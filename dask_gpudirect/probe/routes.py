@@ -7,7 +7,8 @@ use, its copies, its bandwidth and a verdict; the document's schema is docs/prob
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ClusterError
 from ..ledger import COPIES
@@ -15,6 +16,10 @@ from .facts import _gbps, _measure_storage, endpoint_transports, worker_facts
 
 if TYPE_CHECKING:
     from distributed import Client
+
+    from ..targets import TargetName
+
+T = TypeVar("T")
 
 #: Bumped when a key of the JSON document changes meaning or goes away (docs/probe.md).
 SCHEMA_VERSION = 1
@@ -34,7 +39,14 @@ LABELS = {
 }
 
 
-def _measurement(workers: list[str], route, copies, gbps, reason, transports=None) -> dict:
+def _measurement(
+    workers: list[str],
+    route: str | None,
+    copies: int | None,
+    gbps: float | None,
+    reason: str,
+    transports: dict[str, list[str]] | None = None,
+) -> dict:
     return {
         "workers": workers,
         "route": route,
@@ -45,7 +57,7 @@ def _measurement(workers: list[str], route, copies, gbps, reason, transports=Non
     }
 
 
-def _run_on(client, worker: str, func, *args) -> Any:
+def _run_on(client: Client, worker: str, func: Callable[..., T], *args: Any) -> T:
     """``func(*args)`` as a task on ``worker``, not run longer than :data:`MEASURE_TIMEOUT`."""
     future = client.submit(func, *args, workers=[worker], allow_other_workers=False, pure=False)
     return future.result(timeout=MEASURE_TIMEOUT)
@@ -55,7 +67,7 @@ def _failed(exc: Exception) -> str:
     return f"measurement failed: {type(exc).__name__}: {exc}"
 
 
-def _storage(client, w: dict, quick: bool, nbytes: int) -> dict:
+def _storage(client: Client, w: dict, quick: bool, nbytes: int) -> dict:
     route = w["storage_route"]
     reason = w["gds"]["reason"] if w["gpus"] else NO_GPU_STORAGE
     if quick:
@@ -67,23 +79,23 @@ def _storage(client, w: dict, quick: bool, nbytes: int) -> dict:
     return _measurement([w["address"]], got["route"], got["copies"], got["gbps"], reason)
 
 
-def _host_to_gpu(client, w: dict, quick: bool, nbytes: int) -> dict:
+def _host_to_gpu(client: Client, w: dict, quick: bool, nbytes: int) -> dict:
     if not w["gpus"]:
         return _measurement([w["address"]], None, None, None, "no GPU")
     reason = "cudaMemcpy from pinned host memory: one DMA copy"
     if quick:
         return _measurement([w["address"]], "pinned-copy", 1, None, reason)
-    from ..bench._baselines import pinned_ceiling
+    from ..measure import pinned_gbps
 
     try:
-        gbps = _run_on(client, w["address"], pinned_ceiling, nbytes, 3)["gbps"]
+        gbps = _run_on(client, w["address"], pinned_gbps, nbytes, 3)
     except Exception as exc:  # one failed measurement must not stop the probe
         return _measurement([w["address"]], "pinned-copy", 1, None, _failed(exc))
     return _measurement([w["address"]], "pinned-copy", 1, gbps, reason)
 
 
 def pair_route(
-    target: str,
+    target: TargetName,
     source: str,
     dest: str,
     same_node: bool,
@@ -133,19 +145,21 @@ def pair_route(
     )
 
 
-def _pair(client, a: dict, b: dict, same_node: bool, quick: bool, nbytes: int) -> dict:
+def _pair(client: Client, a: dict, b: dict, same_node: bool, quick: bool, nbytes: int) -> dict:
     """A buffer made on ``a`` and fetched by a task on ``b``, timed by ``b``'s own log of the
     fetch. A small transfer goes first (and alone with ``quick``): it opens the endpoint."""
-    from ..bench.shuffle import _raw_run
+    from ..measure import pair_transfer
 
-    target = "device" if a["gpus"] and b["gpus"] else "host"
-    names = [a["address"], b["address"]]
+    target: TargetName = "device" if a["gpus"] and b["gpus"] else "host"
+    source, dest = names = [a["address"], b["address"]]
     try:
-        _raw_run(client, *names, OPENING_TRANSFER, target)()
+        pair_transfer(client, source, dest, OPENING_TRANSFER, target)()
         seconds = (
             None
             if quick
-            else min(_raw_run(client, *names, nbytes, target)()["seconds"] for _ in range(2))
+            else min(
+                pair_transfer(client, source, dest, nbytes, target)()["seconds"] for _ in range(2)
+            )
         )
         transports = None
         if b["comms"]["protocol"] == "ucxx":
@@ -154,19 +168,19 @@ def _pair(client, a: dict, b: dict, same_node: bool, quick: bool, nbytes: int) -
     except Exception as exc:  # one failed measurement must not stop the probe
         return _measurement(names, None, None, None, _failed(exc))
     rdma = a["gpudirect_rdma"] and b["gpudirect_rdma"]
-    route, copies, reason = pair_route(target, *names, same_node, transports, rdma)
+    route, copies, reason = pair_route(target, source, dest, same_node, transports, rdma)
     gbps = None if seconds is None else _gbps(nbytes, seconds)
     return _measurement(names, route, copies, gbps, reason, transports)
 
 
-def _pairs(workers: list[dict]) -> tuple[tuple | None, tuple | None]:
+def _pairs(workers: list[dict]) -> tuple[tuple[dict, dict] | None, tuple[dict, dict] | None]:
     """Two workers of one host, and the first workers of two hosts, where the cluster has them."""
     hosts: dict[str, list[dict]] = {}
     for w in workers:
         hosts.setdefault(w["host"], []).append(w)
-    in_node = next((tuple(ws[:2]) for ws in hosts.values() if len(ws) > 1), None)
+    in_node = next(((ws[0], ws[1]) for ws in hosts.values() if len(ws) > 1), None)
     firsts = [ws[0] for ws in hosts.values()]
-    return in_node, (tuple(firsts[:2]) if len(firsts) > 1 else None)
+    return in_node, ((firsts[0], firsts[1]) if len(firsts) > 1 else None)
 
 
 def _summary(name: str, measurements: list[dict], why_none: str = "") -> dict:
@@ -231,12 +245,12 @@ def probe_cluster(client: Client, quick: bool = False, nbytes: int = 256 << 20) 
         ),
         "gpu_to_gpu_in_node": _summary(
             "gpu_to_gpu_in_node",
-            [_pair(client, *in_node, True, quick, nbytes)] if in_node else [],
+            [_pair(client, in_node[0], in_node[1], True, quick, nbytes)] if in_node else [],
             f"{one}: nothing to measure",
         ),
         "gpu_to_gpu_across_nodes": _summary(
             "gpu_to_gpu_across_nodes",
-            [_pair(client, *across, False, quick, nbytes)] if across else [],
+            [_pair(client, across[0], across[1], False, quick, nbytes)] if across else [],
             "one host: nothing to measure",
         ),
     }

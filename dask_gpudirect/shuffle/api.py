@@ -7,6 +7,7 @@ import operator
 import secrets
 import uuid
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import dask
 import dask.array as da
@@ -14,6 +15,7 @@ import dask.dataframe as dd
 import numpy as np
 from dask.dataframe.dask_expr.io.io import FromGraph
 from dask.highlevelgraph import HighLevelGraph
+from dask.typing import Key
 from distributed import Client, Future
 
 from .. import targets
@@ -83,7 +85,7 @@ def shuffle(
     inputs = _partitions(client, df)
     splitter = HashSplit(on, npartitions, target, meta)
     name = f"gpudirect-shuffle-{uuid.uuid4().hex}"  # each call is a new result
-    keys = [(name, j) for j in range(npartitions)]
+    keys: list[Key] = [(name, j) for j in range(npartitions)]
     outputs = exchange(client, inputs, splitter, keys, target, progress, engine)
     with dask.config.set({"dataframe.convert-string": False}):
         return dd.from_graph(
@@ -133,7 +135,7 @@ def shuffle_array(
     splitter = PermutationSplit(seed, contingency(seed, sizes), target, meta)
     inputs = client.compute(list(arr.to_delayed().ravel()))
     name = f"gpudirect-shuffle-array-{uuid.uuid4().hex}"
-    keys = [(name, j, *(0,) * len(record)) for j in range(len(sizes))]
+    keys: list[Key] = [(name, j, *(0,) * len(record)) for j in range(len(sizes))]
     outputs = exchange(client, inputs, splitter, keys, target, progress)
     graph = HighLevelGraph.from_collections(name, dict(zip(keys, outputs, strict=True)))
     return da.Array(graph, name, (tuple(sizes), *((n,) for n in record)), meta=meta)
@@ -151,7 +153,7 @@ def _partitions(client: Client, df: dd.DataFrame) -> list[Future]:
     return client.compute(df.to_delayed())
 
 
-def _integer(value, name: str, minimum: int, what: str) -> int:
+def _integer(value: Any, name: str, minimum: int, what: str) -> int:
     """``value`` as an int of at least ``minimum``, or an InputError that names the option."""
     try:
         number = operator.index(value)

@@ -19,6 +19,9 @@ from distributed.protocol import deserialize_bytes, serialize_bytelist
 from ..errors import ShuffleError
 from ..ledger import Ledger
 
+#: What zict.File writes: one buffer, or several written one after the other.
+_Bytes = bytes | bytearray | memoryview
+
 
 class _RecordedFile(zict.File):
     """zict.File that records each write in the ledger and keeps within a byte budget."""
@@ -27,7 +30,7 @@ class _RecordedFile(zict.File):
         super().__init__(directory)
         self.ledger, self.shuffle, self.limit, self.written = ledger, shuffle, limit, 0
 
-    def __setitem__(self, key, value) -> None:
+    def __setitem__(self, key: str, value: _Bytes | list[_Bytes] | tuple[_Bytes, ...]) -> None:
         nbytes = sum(map(len, value)) if isinstance(value, (list, tuple)) else len(value)
         if self.written + nbytes > self.limit:
             raise ShuffleError(
@@ -78,7 +81,7 @@ class SpillBuffer:
     def pop(self, key: str) -> Any:
         return self._data.pop(key)
 
-    def _device_to_host(self, piece) -> bytes:
+    def _device_to_host(self, piece: Any) -> bytes:
         start = time.perf_counter()
         frames = _to_bytes(piece)
         self.ledger.add(
@@ -95,6 +98,6 @@ class SpillBuffer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _to_bytes(piece) -> bytes:
+def _to_bytes(piece: Any) -> bytes:
     """One host buffer holding ``piece`` (Dask's serializers copy device frames to the host)."""
     return b"".join(serialize_bytelist(piece))

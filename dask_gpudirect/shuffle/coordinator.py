@@ -16,11 +16,11 @@ import dataclasses
 import logging
 import uuid
 from collections import defaultdict
-from typing import Any
+from typing import Any, NoReturn
 
 from dask.typing import Key
 from dask.utils import format_bytes
-from distributed import Client, Future, wait
+from distributed import Client, Future, Scheduler, Worker, wait
 
 from ..cluster import ensure_plugins
 from ..errors import ShuffleError
@@ -42,12 +42,12 @@ def _stage(exchange: Exchange, inputs: dict[int, tuple[Key, int]]) -> int:
     return service().stage(exchange, inputs)
 
 
-def _limits(dask_worker, target: TargetName) -> dict[str, Any]:
+def _limits(dask_worker: Worker, target: TargetName) -> dict[str, Any]:
     worker = service(dask_worker)
     return {"room": worker.limits(target), "chunk": worker.batches(target)["chunk"]}
 
 
-def _publish(dask_worker, shuffle_id: str) -> dict:
+def _publish(dask_worker: Worker, shuffle_id: str) -> dict:
     return service(dask_worker).publish(shuffle_id)
 
 
@@ -81,7 +81,13 @@ def exchange(
 
 
 def _exchange(
-    client, inputs, splitter, keys, target, shown: ShuffleProgress, engine: str
+    client: Client,
+    inputs: list[Future],
+    splitter: Splitter,
+    keys: list[Key],
+    target: TargetName,
+    shown: ShuffleProgress,
+    engine: str,
 ) -> list[Future]:
     npartitions = len(keys)
     failed = [f for f in inputs if f.status != "finished"]
@@ -179,14 +185,14 @@ def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
     client.run_on_scheduler(
         _keep_outputs, shuffle_id=plan.id, who_has=who_has, nbytes=sizes, client_id=client.id
     )
-    outputs = [Future(key, client) for key in keys]
+    outputs: list[Future] = [Future(key, client) for key in keys]
     for key in keys:
         client.futures[key].finish()
     return outputs
 
 
 def _keep_outputs(
-    dask_scheduler, shuffle_id: str, who_has: dict, nbytes: dict, client_id: str
+    dask_scheduler: Scheduler, shuffle_id: str, who_has: dict, nbytes: dict, client_id: str
 ) -> None:
     """On the scheduler: learn where the outputs are, as after ``client.scatter``, and give each
     a task that raises a ShuffleError naming its worker. Data without a task is forgotten when
@@ -204,7 +210,7 @@ def _keep_outputs(
     dask_scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
 
 
-def _lost_output(shuffle_id: str, worker: str):
+def _lost_output(shuffle_id: str, worker: str) -> NoReturn:
     raise ShuffleError(
         f"an output of shuffle {shuffle_id} was lost with worker {worker}, which held it: "
         "run the shuffle again (the cluster is still usable)"

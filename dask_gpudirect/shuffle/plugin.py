@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from distributed import Scheduler, SchedulerPlugin, Worker, WorkerPlugin
 from distributed.protocol.pickle import dumps
@@ -54,7 +55,7 @@ def service(worker: Worker | None = None) -> ShuffleService:
     """The shuffle service of ``worker`` (default: the one running this task)."""
     worker = worker or get_worker()
     plugin = worker.plugins.get(ShuffleWorkerPlugin.name)
-    if plugin is None:
+    if not isinstance(plugin, ShuffleWorkerPlugin):
         raise ShuffleError(f"worker {worker.address} has no ShuffleWorkerPlugin")
     return plugin.service
 
@@ -72,7 +73,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
     name = "gpudirect-shuffle"
     idempotent = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.active: dict[str, _Active] = {}
         self.op_ids: dict[str, int] = {}  # shuffle id -> its RapidsMPF op id, while it runs
 
@@ -109,7 +110,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         if shuffle is not None and reason is not None:
             self._tell(shuffle, shuffle_id, reason, secondary=True)
 
-    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs) -> None:
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         for shuffle_id, shuffle in list(self.active.items()):
             if worker in shuffle.participants:
                 self._lost(shuffle_id, worker)

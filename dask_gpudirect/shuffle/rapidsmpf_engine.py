@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from dask.sizeof import sizeof
 from dask.typing import Key
-from distributed import Client
+from distributed import Client, Worker
 
 from .. import targets
 from ..errors import ShuffleError
@@ -73,12 +73,12 @@ def ensure_ranks(client: Client, participants: tuple[str, ...]) -> None:
 # --- on the workers: the communicator -----------------------------------------------------------
 
 
-def _members(dask_worker) -> tuple[str, ...] | None:
+def _members(dask_worker: Worker) -> tuple[str, ...] | None:
     ranks = getattr(dask_worker, RANKS, None)
     return None if ranks is None else ranks.members
 
 
-def _new_communicator(nranks: int, root_address):
+def _new_communicator(nranks: int, root_address: Any) -> Any:
     from rapidsmpf.communicator.ucxx import new_communicator
     from rapidsmpf.config import Options, get_environment_variables
     from rapidsmpf.progress_thread import ProgressThread
@@ -89,7 +89,7 @@ def _new_communicator(nranks: int, root_address):
     return new_communicator(nranks, None, root_address, options, thread)
 
 
-def _start_root(nranks: int, dask_worker) -> bytes:
+def _start_root(nranks: int, dask_worker: Worker) -> bytes:
     """Rank 0's communicator, kept on the worker until :func:`_join`; its UCXX address."""
     from rapidsmpf.communicator.ucxx import get_root_ucxx_address
 
@@ -98,7 +98,7 @@ def _start_root(nranks: int, dask_worker) -> bytes:
     return get_root_ucxx_address(comm)
 
 
-def _join(root_address: bytes, members: tuple[str, ...], dask_worker) -> int:
+def _join(root_address: bytes, members: tuple[str, ...], dask_worker: Worker) -> int:
     """Every rank (the root included) completes the communicator and waits for the others; the
     worker keeps it, with a buffer resource over its current RMM memory resource."""
     import rmm.mr
@@ -121,7 +121,11 @@ def _join(root_address: bytes, members: tuple[str, ...], dask_worker) -> int:
 # --- on the workers: the stage ------------------------------------------------------------------
 
 
-def exchange_on_rapidsmpf(service, exchange, inputs: dict[int, tuple[Key, int]], run, clock) -> int:
+# The worker's types (ShuffleService, Exchange, ShuffleRun, _Phases) are Any here: .worker
+# imports this module, and the package's imports form no cycle (tests/test_layering.py).
+def exchange_on_rapidsmpf(
+    service: Any, exchange: Any, inputs: dict[int, tuple[Key, int]], run: Any, clock: Any
+) -> int:
     """This worker's part of the shuffle through RapidsMPF; the number of outputs built.
 
     ``service`` is the worker's ShuffleService and ``run`` its run of this shuffle, which an
@@ -179,7 +183,7 @@ def exchange_on_rapidsmpf(service, exchange, inputs: dict[int, tuple[Key, int]],
             delattr(worker, RANKS)
 
 
-def _wait(shuffler, run, shuffle_id: str) -> None:
+def _wait(shuffler: Any, run: Any, shuffle_id: str) -> None:
     """``shuffler.wait()`` (it blocks in C++ and has no timeout) in a thread of its own, while
     this one looks every POLL_S at the run's abort and at ``gpudirect.shuffle.timeout``."""
     waiter = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rapidsmpf-wait")
@@ -202,7 +206,7 @@ def _wait(shuffler, run, shuffle_id: str) -> None:
         waiter.shutdown(wait=False)
 
 
-def _record(service, exchange, nbytes: int, rows: np.ndarray, mine: np.ndarray) -> None:
+def _record(service: Any, exchange: Any, nbytes: int, rows: np.ndarray, mine: np.ndarray) -> None:
     """The ledger's record of one chunk: the bytes whose outputs are this worker's stay
     (``local``), the rest go to RapidsMPF (``rapidsmpf-ucx``); split by their share of rows."""
     total = int(rows.sum())

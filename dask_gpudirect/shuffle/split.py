@@ -31,13 +31,15 @@ class Splitter(Protocol):
     rows out of the joined pieces; ``meta`` is an output with no rows.
     """
 
-    target: TargetName
-    meta: Any
+    @property
+    def target(self) -> TargetName: ...
+    @property
+    def meta(self) -> Any: ...
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]: ...
     def rows(self, part: Any, start: int, stop: int) -> Any: ...
     def join(self, pieces: list) -> Any: ...
-    def output(self, j: int, joined: Any, positions: np.ndarray) -> Any: ...
+    def output(self, j: int, joined: Any, positions: Any) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +62,13 @@ class HashSplit:
         order, counts = targets.module(self.target).group_order(where, lengths, self.npartitions)
         return joined.take(order), counts
 
-    def rows(self, part, start: int, stop: int):
+    def rows(self, part: Any, start: int, stop: int) -> Any:
         return part.iloc[start:stop]
 
-    def join(self, pieces: list):
+    def join(self, pieces: list) -> Any:
         return concat(pieces) if len(pieces) > 1 else pieces[0]
 
-    def output(self, j: int, joined, positions):
+    def output(self, j: int, joined: Any, positions: Any) -> Any:
         return joined.take(positions)
 
 
@@ -92,23 +94,23 @@ class PermutationSplit:
         counts = self.counts[indices]
         return joined[_grouped_by_output(counts, self.target)], counts
 
-    def rows(self, chunk, start: int, stop: int):
+    def rows(self, chunk: Any, start: int, stop: int) -> Any:
         return chunk[start:stop]
 
-    def join(self, pieces: list):
+    def join(self, pieces: list) -> Any:
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
-    def output(self, j: int, joined, positions):
+    def output(self, j: int, joined: Any, positions: Any) -> Any:
         return joined[positions[self._permutation(len(positions), 1, j)]]
 
-    def _permutation(self, n: int, phase: int, index: int):
+    def _permutation(self, n: int, phase: int, index: int) -> Any:
         seed = np.random.SeedSequence(self.seed, spawn_key=(phase, index)).generate_state(
             1, np.uint64
         )[0]
         return targets.module(self.target).permutation(n, int(seed))
 
 
-def _grouped_by_output(counts: np.ndarray, target: TargetName):
+def _grouped_by_output(counts: np.ndarray, target: TargetName) -> Any:
     """Row positions (on ``target``) that take inputs laid end to end, each already cut into its
     outputs in order (``counts[k, j]`` rows of input ``k`` for output ``j``), to rows grouped by
     output and, within one, by input."""

@@ -30,15 +30,15 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import dask.config
 import numpy as np
 from dask.sizeof import sizeof
 from dask.typing import Key
 from dask.utils import parse_bytes, parse_timedelta
-from distributed import Future, get_client, secede
+from distributed import Future, Worker, get_client, secede
 from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
 from distributed.shuffle._limiter import ResourceLimiter
@@ -51,6 +51,8 @@ from ..ledger import STAGED_ACROSS_NODES, Ledger
 from ..targets import TargetName
 from .buffer import SpillBuffer
 from .split import Splitter, assembly_order
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +177,7 @@ class ShuffleRun:
         if self.error is not None:
             raise self.error
 
-    async def _unless_failed(self, awaitable):
+    async def _unless_failed(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable``, or raise the run's error as soon as it fails (an abort from the
         client, a failed send), so no stage keeps waiting on a peer that is gone."""
         task = asyncio.ensure_future(awaitable)
@@ -304,7 +306,7 @@ class ShuffleRun:
 class ShuffleService:
     """Every shuffle run on one worker, and the comm handlers peers call."""
 
-    def __init__(self, worker, ledger: Ledger):
+    def __init__(self, worker: Worker, ledger: Ledger):
         self.worker = worker
         self.ledger = ledger
         self.runs: dict[str, ShuffleRun] = {}
@@ -470,7 +472,13 @@ class ShuffleService:
             self.last_phases = dict(clock.seconds)
             logger.info("shuffle %s on %s: %s", exchange.id, self.worker.address, clock)
 
-    def _exchange(self, exchange: Exchange, inputs, run: ShuffleRun, clock: _Phases) -> int:
+    def _exchange(
+        self,
+        exchange: Exchange,
+        inputs: dict[int, tuple[Key, int]],
+        run: ShuffleRun,
+        clock: _Phases,
+    ) -> int:
         """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
         me = self.worker.address
         groups = {w: exchange.groups_of(w) for w in exchange.participants}
@@ -488,7 +496,7 @@ class ShuffleService:
                         self._keep_own(exchange, run, (indices, pieces))
                     else:
                         self.on_loop(run.send, exchange, dest, (indices, pieces))
-            ordered = pieces = None  # let the joined copy go before the next split
+            ordered, pieces = None, []  # let the joined copy go before the next split
         with clock("wait for peers"):
             self.on_loop(run.finish, exchange)
         built = 0
@@ -511,7 +519,7 @@ class ShuffleService:
                 parts = [self.take_input(inputs[i][0]) for i in indices]
                 ordered, counts = exchange.splitter.split(list(indices), parts)
                 offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
-                parts = None
+                parts = []
             yield indices, ordered, counts, offsets
 
     def take_input(self, key: Key) -> Any:
@@ -523,7 +531,8 @@ class ShuffleService:
             client = get_client()
             # "memory": the input was computed; a Future made without a state stays pending
             # in this client (the scheduler is never asked about it) and gather waits forever
-            return client.gather(Future(key, client, state="memory"))
+            # (distributed types `state` as a FutureState but looks it up as a state's name)
+            return client.gather(Future(key, client, state="memory"))  # type: ignore[arg-type]
 
     def _keep_own(self, exchange: Exchange, run: ShuffleRun, message: tuple) -> None:
         """Rows whose outputs this worker owns: into its own buffer, recorded as not moved."""
@@ -537,10 +546,10 @@ class ShuffleService:
             peer=self.worker.address,
         )
 
-    def on_loop(self, func, *args):
+    def on_loop(self, func: Callable[..., Any], *args: Any) -> Any:
         """Run ``func`` (a coroutine function or a plain one) on the worker's event loop."""
 
-        async def call():
+        async def call() -> Any:
             result = func(*args)
             return await result if asyncio.iscoroutine(result) else result
 
@@ -576,11 +585,11 @@ def _chunks(sizes: dict[int, int], chunk_bytes: int) -> Iterator[tuple[int, ...]
 class _Phases:
     """Seconds spent in each phase of a stage, for the worker's log."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seconds: dict[str, float] = collections.defaultdict(float)
 
     @contextlib.contextmanager
-    def __call__(self, phase: str):
+    def __call__(self, phase: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield

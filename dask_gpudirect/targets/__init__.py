@@ -14,7 +14,7 @@ import importlib
 import time
 from collections.abc import Iterator, Sequence
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .. import stamps
 from ..access import Opened, opened
@@ -22,8 +22,15 @@ from ..errors import InputError
 from ..ledger import Ledger
 from ..shards import Shard, decoding
 
+if TYPE_CHECKING:
+    import numpy as np
+
 #: Where bytes land: the GPU (cuDF, CuPy) or host memory (pandas, NumPy).
 TargetName = Literal["device", "host"]
+#: How an array lies in memory: C order (records contiguous) or Fortran order.
+Order = Literal["C", "F"]
+#: A partition on either target: a pandas or a cuDF DataFrame (Any: cuDF ships no types).
+Frame: TypeAlias = Any
 
 #: target name -> module holding its ``Target`` class and client-side ``empty_*`` helpers.
 MODULES = {"host": "dask_gpudirect.targets.host", "device": "dask_gpudirect.targets.device"}
@@ -56,6 +63,10 @@ class Target:
     def __init__(self, options: dict[str, Any], ledger: Ledger):
         self.options = options
         self.ledger = ledger
+
+    def _read(self, shard: Shard, file: Opened) -> tuple[Any, int]:
+        """``shard``'s ranges from ``file`` into a new buffer, and the bytes read."""
+        raise NotImplementedError
 
     def read(self, shard: Shard) -> Any:
         """``shard``'s ranges in one buffer of ``shard.size`` bytes on this target.
@@ -105,7 +116,7 @@ class Target:
         groups and columns, one frame per run, for the parts to finish (None for a footer-only
         shard, read only to check that the file is the one planned). Here every run is one
         shard (:attr:`decodes_runs` is False), read and decoded alone."""
-        decoded = []
+        decoded: list[Any] = []
         for (shard,) in runs:
             buffer = self.read(shard)
             part = shard.part
@@ -122,7 +133,7 @@ class Target:
     ) -> Any:
         raise NotImplementedError
 
-    def as_array(self, buffer: Any, dtype, shape: tuple[int, ...], order: str) -> Any:
+    def as_array(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], order: Order) -> Any:
         raise NotImplementedError
 
     def close(self) -> None:

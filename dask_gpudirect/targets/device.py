@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import cupy
 import kvikio
@@ -23,10 +24,22 @@ from dask.utils import parse_bytes
 
 from ..errors import InputError
 from ..shards import decoding
-from . import Target
+from . import Order, Target
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import cudf
+    from distributed import Worker
+
+    from ..access import Opened
+    from ..ledger import Ledger
+    from ..shards import Shard
 
 
-def _decode_parquet(sources: list, row_groups: list[list[int]] | None, columns: list[str]):
+def _decode_parquet(
+    sources: list[Any], row_groups: list[list[int]] | None, columns: list[str]
+) -> cudf.DataFrame:
     """One libcudf read of ``sources`` (device buffers or paths), end to end; ``row_groups``:
     each source's, or None for all."""
     import cudf
@@ -38,7 +51,7 @@ def _decode_parquet(sources: list, row_groups: list[list[int]] | None, columns: 
     return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
 
 
-def empty_frame(table: pa.Table, backend: str | None = None):
+def empty_frame(table: pa.Table, backend: str | None = None) -> cudf.DataFrame:
     """The cuDF partition type for ``table``'s schema (a collection's ``meta``).
 
     Decoded by the same reader as the partitions, so dtypes (decimal widths included) match.
@@ -48,7 +61,9 @@ def empty_frame(table: pa.Table, backend: str | None = None):
     return _decode_parquet([sink.getvalue().to_pybytes()], None, table.column_names)
 
 
-def with_range_index(frame, ranges: list[tuple[int, int, int]], name: str | None):
+def with_range_index(
+    frame: cudf.DataFrame, ranges: list[tuple[int, int, int]], name: str | None
+) -> cudf.DataFrame:
     """``frame`` labelled as the RangeIndex pandas stored: ``(first, step, rows)`` per shard of
     its rows, end to end (one RangeIndex where one shard, its labels joined where more)."""
     import cudf
@@ -62,7 +77,7 @@ def with_range_index(frame, ranges: list[tuple[int, int, int]], name: str | None
     return frame
 
 
-def category_type(categories: tuple, integer: bool):
+def category_type(categories: tuple, integer: bool) -> cudf.CategoricalDtype:
     """A hive partition column's type (see the host target's), as cuDF holds it."""
     import cudf
 
@@ -70,19 +85,19 @@ def category_type(categories: tuple, integer: bool):
     return cudf.CategoricalDtype(categories=values, ordered=False)
 
 
-def with_nulls(frame, columns: tuple[str, ...]):
+def with_nulls(frame: cudf.DataFrame, columns: tuple[str, ...]) -> cudf.DataFrame:
     """cuDF columns hold nulls in any type: nothing to change (see the host target's)."""
     return frame
 
 
-def to_table(frame) -> plc.Table:
+def to_table(frame: cudf.DataFrame) -> plc.Table:
     """A cuDF frame as one pylibcudf table, its index levels first: what RapidsMPF packs."""
     index, _ = frame.index.to_frame(index=False).to_pylibcudf()
     columns, _ = frame.to_pylibcudf()
     return plc.Table([*index.columns(), *columns.columns()])
 
 
-def from_table(table: plc.Table, meta):
+def from_table(table: plc.Table, meta: cudf.DataFrame) -> cudf.DataFrame:
     """The frame :func:`to_table` made, with ``meta``'s column names, index and dtypes."""
     import cudf
 
@@ -102,11 +117,11 @@ def from_table(table: plc.Table, meta):
     return frame.astype(changed) if changed else frame
 
 
-def empty_array(dtype, ndim: int):
+def empty_array(dtype: np.dtype, ndim: int) -> cupy.ndarray:
     return cupy.empty((0,) * ndim, dtype=dtype.newbyteorder("="))
 
 
-def unsupported(dtype) -> str | None:
+def unsupported(dtype: np.dtype) -> str | None:
     """Why CuPy cannot hold ``dtype``, or None: it holds numbers and booleans only."""
     if dtype.kind not in "biufc":
         return f"dtype {dtype} cannot live on the GPU: CuPy holds only numbers and booleans"
@@ -118,7 +133,7 @@ def permutation(n: int, seed: int) -> cupy.ndarray:
     return cupy.random.RandomState(seed).permutation(n)
 
 
-def group_order(where, lengths: list[int], n: int) -> tuple[cupy.ndarray, np.ndarray]:
+def group_order(where: cudf.Series, lengths: list[int], n: int) -> tuple[cupy.ndarray, np.ndarray]:
     """The row order that groups equal values of ``where`` (0..n-1, a cuDF Series), stably, and
     ``counts[k, j]``: how many rows of the ``k``-th run of ``lengths`` rows hold ``j``. CuPy sorts
     are stable; the counts come back to the host (``len(lengths) * n`` numbers)."""
@@ -145,12 +160,12 @@ def _segment_of(rows: cupy.ndarray, lengths: np.ndarray) -> cupy.ndarray:
     return cupy.searchsorted(cupy.asarray(np.cumsum(lengths)), rows, side="right")
 
 
-def memory_bytes(worker) -> int:
+def memory_bytes(worker: Worker) -> int:
     """The memory that received shuffle pieces may use a fraction of: this GPU's."""
     return cupy.cuda.Device().mem_info[1]
 
 
-def _native(data: cupy.ndarray, dtype) -> cupy.ndarray:
+def _native(data: cupy.ndarray, dtype: np.dtype) -> cupy.ndarray:
     """Bytes of ``dtype`` values as native-order values: CuPy has no big-endian arrays."""
     if dtype.isnative:
         return data.view(dtype)
@@ -159,7 +174,7 @@ def _native(data: cupy.ndarray, dtype) -> cupy.ndarray:
     return swapped.view(dtype.newbyteorder("="))
 
 
-def configure_kvikio(options) -> str:
+def configure_kvikio(options: dict[str, Any]) -> str:
     """Set kvikio's threads, task size and compat mode; return the route reads will take.
 
     libcudf configures kvikio once per process, on its first read, from the KVIKIO_* env vars;
@@ -176,7 +191,7 @@ def configure_kvikio(options) -> str:
     return "kvikio-compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
 
 
-def _check_same_file(file, fd: int) -> None:
+def _check_same_file(file: Opened, fd: int) -> None:
     """Raise unless ``fd`` is open on the same inode as ``file`` (kvikio's own open)."""
     mine, theirs = file.stat, os.fstat(fd)
     if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
@@ -187,11 +202,11 @@ class DeviceTarget(Target):
     name = "device"
     decodes_runs = True
 
-    def __init__(self, options, ledger):
+    def __init__(self, options: dict[str, Any], ledger: Ledger):
         super().__init__(options, ledger)
         self.route = configure_kvikio(options)
 
-    def _read(self, shard, file):
+    def _read(self, shard: Shard, file: Opened) -> tuple[rmm.DeviceBuffer, int]:
         buffer = rmm.DeviceBuffer(size=shard.size)
         view = cupy.asarray(buffer)
         # kvikio opens by name: the descriptor's own name opens the very file we checked
@@ -205,13 +220,13 @@ class DeviceTarget(Target):
             nread = sum(fut.get() for fut in futures)
         return buffer, nread
 
-    def read_parquet(self, runs):
+    def read_parquet(self, runs: Sequence[Sequence[Shard]]) -> list[cudf.DataFrame | None]:
         """libcudf reads and decodes each run of shards in one call (one call per small file
         costs about 10 ms, most of its time), from the descriptors this target opened and
         checked: only the column chunks it needs, through the kvikio this target set up, so
         the bytes take this target's route, and no buffer of a whole file. The ledger gives
         each shard its share of a call's time by bytes."""
-        decoded = []
+        decoded: list[cudf.DataFrame | None] = []
         for run in runs:
             if run[0].part.empty is not None:  # footer-only: read to check the file
                 self.read(run[0])
@@ -220,7 +235,7 @@ class DeviceTarget(Target):
                 decoded.append(self._read_together(run))
         return decoded
 
-    def _read_together(self, shards):
+    def _read_together(self, shards: Sequence[Shard]) -> cudf.DataFrame:
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             files = [stack.enter_context(self.checked(shard)) for shard in shards]
@@ -250,7 +265,9 @@ class DeviceTarget(Target):
             self.record(shard, seconds * shard.nbytes / total)
         return frame
 
-    def as_array(self, buffer, dtype, shape, order):
+    def as_array(
+        self, buffer: rmm.DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...], order: Order
+    ) -> cupy.ndarray:
         return _native(cupy.asarray(buffer), dtype).reshape(shape, order=order)
 
 

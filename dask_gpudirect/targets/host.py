@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dask.utils import parse_bytes
 
-from . import Target
+from . import Order, Target
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+    from ..access import Opened
+    from ..ledger import Ledger
+    from ..shards import Shard
 
 #: pyarrow type -> pandas' nullable type, for ``dtype_backend="numpy_nullable"`` (as Dask maps).
 NULLABLE = {
@@ -34,7 +42,7 @@ NULLABLE = {
 MAPPERS = {None: None, "numpy_nullable": NULLABLE.get, "pyarrow": pd.ArrowDtype}
 
 
-def _to_pandas(table: pa.Table, backend: str | None = None):
+def _to_pandas(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
     """``table`` as pandas with the types pandas stored (``Int64``...) but not its index: the
     reader sets the index itself, by Dask's rules, on both targets. ``backend``: Dask's
     ``dtype_backend``, nullable pandas or pyarrow-backed columns."""
@@ -50,12 +58,14 @@ def _to_pandas(table: pa.Table, backend: str | None = None):
     return table.to_pandas(types_mapper=MAPPERS[backend])
 
 
-def empty_frame(table: pa.Table, backend: str | None = None):
+def empty_frame(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
     """The pandas partition type for ``table``'s schema (a collection's ``meta``)."""
     return _to_pandas(table, backend)
 
 
-def with_range_index(frame, ranges: list[tuple[int, int, int]], name: str | None):
+def with_range_index(
+    frame: pd.DataFrame, ranges: list[tuple[int, int, int]], name: str | None
+) -> pd.DataFrame:
     """``frame`` labelled first, first + step, ... as the RangeIndex pandas stored (``ranges``:
     ``(first, step, rows)`` of its one shard: this target decodes each shard alone)."""
     ((first, step, _),) = ranges
@@ -68,7 +78,7 @@ def category_type(categories: tuple, integer: bool) -> pd.CategoricalDtype:
     return pd.CategoricalDtype(pd.Index(list(categories), dtype="int32" if integer else "str"))
 
 
-def with_nulls(frame, columns: tuple[str, ...]):
+def with_nulls(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
     """``columns`` in the type pandas gives a column holding nulls (integers as float64,
     booleans as object), so that every partition and ``meta`` agree when only some files
     hold nulls. Extension types (``Int64``...) hold nulls as they are."""
@@ -81,11 +91,11 @@ def with_nulls(frame, columns: tuple[str, ...]):
     return frame
 
 
-def empty_array(dtype, ndim: int):
+def empty_array(dtype: np.dtype, ndim: int) -> np.ndarray:
     return np.empty((0,) * ndim, dtype=dtype)
 
 
-def unsupported(dtype) -> str | None:
+def unsupported(dtype: np.dtype) -> str | None:
     """NumPy holds every fixed-size dtype."""
     return None
 
@@ -95,7 +105,7 @@ def permutation(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)
 
 
-def group_order(where, lengths: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
+def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The row order that groups equal values of ``where`` (0..n-1), stably, and ``counts[k, j]``:
     how many rows of the ``k``-th run of ``lengths`` rows hold ``j``."""
     values = np.asarray(where, dtype=np.int64)
@@ -116,7 +126,7 @@ def positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(offsets, lengths) + np.arange(lengths.sum(), dtype=np.int64)
 
 
-def memory_bytes(worker) -> int:
+def memory_bytes(worker: Worker) -> int:
     """The memory that received shuffle pieces may use a fraction of: the worker's limit."""
     import psutil
 
@@ -138,14 +148,14 @@ class HostTarget(Target):
     name = "host"
     route = "posix-host"
 
-    def __init__(self, options, ledger):
+    def __init__(self, options: dict[str, Any], ledger: Ledger):
         super().__init__(options, ledger)
         self.task_size = parse_bytes(options["task_size"])
         self.pool = ThreadPoolExecutor(options["threads"], thread_name_prefix="gpudirect-read")
 
-    def _read(self, shard, file):
+    def _read(self, shard: Shard, file: Opened) -> tuple[np.ndarray, int]:
         buffer = np.empty(shard.size, dtype=np.uint8)
-        view = memoryview(buffer)
+        view = buffer.data
         futures = [
             self.pool.submit(
                 _pread_into,
@@ -158,14 +168,18 @@ class HostTarget(Target):
         ]
         return buffer, sum(f.result() for f in futures)
 
-    def decode_parquet(self, buffer, row_groups, columns, backend=None):
+    def decode_parquet(
+        self, buffer: Any, row_groups: list[int], columns: list[str], backend: str | None = None
+    ) -> pd.DataFrame:
         table = pq.ParquetFile(pa.py_buffer(buffer)).read_row_groups(row_groups, columns=columns)
         return _to_pandas(table, backend)
 
-    def as_array(self, buffer, dtype, shape, order):
+    def as_array(
+        self, buffer: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], order: Order
+    ) -> np.ndarray:
         return buffer.view(dtype).reshape(shape, order=order)
 
-    def close(self):
+    def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -173,12 +173,12 @@ def test_skewed_keys_empty_and_many_partitions(client):
 
 
 def _moved_paths(client) -> set:
-    return set(dg.ledger.records(client).query("op == 'shuffle' and path != 'local'").path)
+    return set(dg.ledger_report.records(client).query("op == 'shuffle' and path != 'local'").path)
 
 
 def test_ledger_says_how_device_buffers_went(client):
     _check_hash_shuffle(client, _frame(ROWS, 1000, seed=2), 8, 8)
-    records = dg.ledger.records(client)
+    records = dg.ledger_report.records(client)
     moved = records[(records.op == "shuffle") & (records.path != "local")]
     path, copies = PATHS[client.scheduler.address.partition("://")[0]]
     assert set(moved.path) == {path}
@@ -192,7 +192,7 @@ def test_spills_device_to_host_to_disk_and_stays_correct(client):
         {"gpudirect.shuffle.device-limit": "64KiB", "gpudirect.shuffle.host-limit": "64KiB"},
     )
     _check_hash_shuffle(client, _frame(ROWS, 1000, seed=3), 8, 8)
-    spills = dg.ledger.records(client).query("op == 'spill'")
+    spills = dg.ledger_report.records(client).query("op == 'spill'")
     assert {"device-to-host", "host-to-disk"} <= set(spills.path)
 
 

@@ -1,0 +1,99 @@
+"""The cluster's ledger, read from the client: every worker's records, and ``dg.report``'s sums.
+
+The records are kept on the workers (:mod:`dask_gpudirect.ledger`); here they are gathered with
+``client.run`` and summed per worker, per path or per shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from dask.utils import parse_timedelta
+
+from . import ledger
+from .connection import connected
+from .errors import InputError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from distributed import Client, Worker
+
+
+def _worker_records(dask_worker: Worker) -> list[dict[str, Any]]:
+    return ledger.of(dask_worker).records()
+
+
+def records(client: Client | None = None) -> pd.DataFrame:
+    """Every ledger record of every worker, one row each."""
+    import pandas as pd
+
+    client = connected(client)
+    rows = [row for rs in client.run(_worker_records).values() for row in rs]
+    columns = [f.name for f in dataclasses.fields(ledger.Record)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def report(
+    client: Client | None = None, by: str = "worker", window: str | float | None = None
+) -> pd.DataFrame:
+    """The cluster's ledger, summed into one of three views.
+
+    - ``by="worker"`` (default): per worker, op and path. Columns ``worker, op, path, count,
+      bytes, seconds, copies, GB/s``.
+    - ``by="path"``: per op and path over the whole cluster (the same columns less ``worker``).
+    - ``by="shard"``: every loaded shard (reads only), slowest first (lowest GB/s). Columns
+      ``shard, file, worker, path, count, bytes, seconds, GB/s``; ``count`` is how often that
+      worker loaded it.
+
+    ``window`` (``"10s"``, seconds, a timedelta) also splits the worker and path views into
+    windows of that length by the time each record was made (when its read or transfer ended);
+    a leading ``window`` column holds each window's start (UTC). Windows without records are
+    left out.
+
+    ``copies`` is what the path costs per byte; ``GB/s`` is bytes over the summed seconds of the
+    reads or transfers (per reader, not the window's throughput).
+    """
+    import pandas as pd
+
+    if by not in _VIEWS:
+        raise InputError(None, f"by={by!r}: use one of {', '.join(map(repr, _VIEWS))}")
+    if window is not None and by == "shard":
+        raise InputError(None, "window= splits the worker and path views, not by='shard'")
+    seconds = None if window is None else parse_timedelta(window)
+    if seconds is not None and seconds <= 0:
+        raise InputError(None, f"window={window!r}: must be longer than zero")
+    df = records(client)
+    keys = _VIEWS[by]
+    if by == "shard":
+        out = _summed(df[df["op"] == "read"], keys).drop(columns="copies")
+        return out.sort_values(["GB/s", "seconds"], ascending=[True, False], ignore_index=True)
+    if seconds is not None:
+        start = (df["time"].astype(float) // seconds) * seconds
+        df = df.assign(window=pd.to_datetime(start, unit="s", utc=True))
+        keys = ["window", *keys]
+    return _summed(df, keys)
+
+
+#: The keys each view of :func:`report` sums over.
+_VIEWS: dict[str, list[str]] = {
+    "worker": ["worker", "op", "path"],
+    "path": ["op", "path"],
+    "shard": ["shard", "file", "worker", "path"],
+}
+
+
+def _summed(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``df``'s records summed per ``keys``: count, bytes, seconds, copies (per byte), GB/s."""
+    out = (
+        df.groupby(keys, as_index=False)
+        .agg(
+            count=("bytes", "size"),
+            bytes=("bytes", "sum"),
+            seconds=("seconds", "sum"),
+            copies=("copies", "max"),
+        )
+        .sort_values(keys, ignore_index=True)
+    )
+    out["GB/s"] = (out["bytes"] / out["seconds"].where(out["seconds"] > 0) / 1e9).fillna(0.0)
+    return out
