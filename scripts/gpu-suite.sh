@@ -4,7 +4,7 @@
 #     bash .gpu/install.sh && bash scripts/gpu-suite.sh
 #
 # (after the chunk calls of ../shared/gpu/README.md have installed the stack into /tmp/site).
-# Writes into $OUT: env.txt, gpu-tests.log, gpu-junit.xml, bench-read.log, read.json, read.md,
+# Writes into $OUT: env.txt, gpu-tests.log, gpu-junit.xml, corpus-diff.md, bench-read.log, read.json, read.md,
 # bench-shuffle.log, shuffle.json, shuffle.md, bench-etl.log, etl.json, etl.md, and prints the
 # short tables last. Each part has its own time limit and a failing part does not stop the next;
 # the whole run stays under 9.5 minutes (the shuffle benchmark, then the ETL one, get what the
@@ -84,6 +84,14 @@ if [[ $SKIP_TESTS != 1 ]]; then
     2>&1 | tee "$OUT/gpu-tests.log"
   tests_rc=${PIPESTATUS[0]}
   echo "== GPU tests: exit $tests_rc after $((SECONDS - start))s =="
+fi
+
+# --- 1a. where cuDF and pyarrow read the public corpus differently (scripts/parquet-corpus.sh,
+# carried as .corpus; the GPU tests above check dg against cuDF on the same files) -------------
+if [[ $SKIP_TESTS != 1 && -d .corpus/parquet-testing/data ]]; then
+  echo "== cuDF against pyarrow over the Parquet corpus =="
+  timeout -s INT -k 10 120 python3 scripts/parquet-corpus-diff.py > "$OUT/corpus-diff.md" 2>&1
+  head -3 "$OUT/corpus-diff.md"
 fi
 
 # --- 2. the read benchmark at the real sizes -------------------------------------------------
