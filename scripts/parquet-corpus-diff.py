@@ -22,13 +22,26 @@ def _outcome(read):
         return None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
 
 
+def _values(column) -> list | None:
+    """Python values, or None where Python cannot hold them (dates past 9999)."""
+    try:
+        return column.to_pylist()
+    except OverflowError:
+        return None
+
+
 def _first_difference(a, b) -> str | None:
     if a.column_names != b.column_names:
         return f"columns {a.column_names} vs {b.column_names}"
     if a.num_rows != b.num_rows:
         return f"{a.num_rows} vs {b.num_rows} rows"
     for name in a.column_names:
-        x, y = a.column(name).to_pylist(), b.column(name).to_pylist()
+        x, y = _values(a.column(name)), _values(b.column(name))
+        if x is None or y is None:  # compared by Arrow instead
+            same = a.column(name).combine_chunks().equals(b.column(name).combine_chunks())
+            if not same:
+                return f"`{name}` ({a.column(name).type} vs {b.column(name).type}) differs"
+            continue
         for i, (u, v) in enumerate(zip(x, y, strict=True)):
             if u != v and not (u != u and v != v):  # NaN equals NaN here
                 types = f"{a.column(name).type} vs {b.column(name).type}"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 
+import dask
 import gpu_helpers as h
+import pyarrow as pa
 import pytest
 from util import NO_CORPUS, corpus_files
 
@@ -31,8 +33,10 @@ def test_a_corpus_file_reads_as_cudf_reads_it(cuda_tcp, path):
         return
     df = dg.read_parquet(path, target="device", client=cuda_tcp)
     types = {c: str(t) for c, t in df.dtypes.items()}
-    for part in cuda_tcp.gather(cuda_tcp.compute(df.to_delayed())):
-        assert {c: str(t) for c, t in part.dtypes.items()} == types
+    parts = [dask.delayed(h.described)(part) for part in df.to_delayed()]
+    described = cuda_tcp.gather(cuda_tcp.compute(parts))
+    for part_types, _ in described:
+        assert part_types == types
     assert types == {c: str(t) for c, t in expected.dtypes.items()}
-    got = cuda_tcp.compute(df).result()
-    h.assert_same_table(h.cudf_to_arrow(got), h.cudf_to_arrow(expected))
+    got = pa.concat_tables([table for _, table in described])
+    h.assert_same_table(got, h.cudf_to_arrow(expected))
