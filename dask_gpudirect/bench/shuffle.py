@@ -130,8 +130,8 @@ def _ucx_environment() -> dict[str, str]:
 class _Frame:
     """The input frame, made on the workers; made again after a restart."""
 
-    def __init__(self, client: Client, target: str, gib: float, partitions: int):
-        self.client, self.target = client, target
+    def __init__(self, client: Client, target: str, gib: float, partitions: int, workers: int):
+        self.client, self.target, self.workers = client, target, workers
         self.rows = max(partitions, int(gib * GIB) // ROW_BYTES)
         self.partitions = partitions
         self.df: dd.DataFrame | None = None
@@ -146,6 +146,8 @@ class _Frame:
         if self.target == "device":
             import dask_cudf  # noqa: F401  (registers the cuDF backend before the frame exists)
         self.df = None
+        # every worker first (after a restart too): the partitions are spread over those listed
+        client.wait_for_workers(self.workers)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         base, extra = divmod(self.rows, self.partitions)
         futures = [
@@ -310,7 +312,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
         }
         if opts["protocol"] == "ucxx":
             result["cluster"]["worker_ucx_env"] = client.run(_ucx_environment)[addresses[0]]
-        frame = _Frame(client, target, opts["gib"], opts["partitions"])
+        frame = _Frame(client, target, opts["gib"], opts["partitions"], workers)
         for method in methods:
             if deadline is not None and deadline - time.monotonic() < MIN_BUDGET_S:
                 add(_record(method, "not run", note="--time-limit reached"))
