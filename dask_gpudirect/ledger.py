@@ -31,6 +31,7 @@ COPIES: dict[str, int] = {
     "gds": 1,  # storage -> GPU by DMA
     "kvikio-compat": 2,  # storage -> pinned bounce buffer -> GPU
     "posix-host": 1,  # storage -> host memory
+    "host-remote": 1,  # object storage (s3://, http(s)://) -> host memory by range requests
     "ucx-device": 1,  # GPU -> GPU by UCX: cuda_ipc/NVLink in a node, RDMA between nodes
     "rapidsmpf-ucx": 1,  # GPU -> GPU by RapidsMPF's own UCXX communicator (UCX picks the way)
     "tcp-host-staged": 2,  # GPU -> host -> socket -> host -> GPU (5 across nodes, see below)

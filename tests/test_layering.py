@@ -15,13 +15,13 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dask_gpudirect"
 
 TOOLS = ("probe", "bench", "demo", "cli")
 WORKER_SIDE = (
-    "access", "stamps", "shards", "plan_cache", "loading", "targets", "formats", "filters",
-    "plugin", "preload", "metrics", "shuffle.worker", "shuffle.split", "shuffle.buffer",
+    "access", "remote", "stamps", "shards", "plan_cache", "loading", "targets", "formats",
+    "filters", "plugin", "preload", "metrics", "shuffle.worker", "shuffle.split", "shuffle.buffer",
     "shuffle.rapidsmpf_engine",
 )  # fmt: skip
 CLIENT_SIDE = (
-    "discovery", "placement", "collections", "cluster", "connection", "dashboard", "progress",
-    "shuffle.api", "shuffle.coordinator",
+    "discovery", "remote_listing", "placement", "collections", "cluster", "connection",
+    "dashboard", "progress", "shuffle.api", "shuffle.coordinator",
 )  # fmt: skip
 #: Tools that still import another tool, and why (a debt, not a rule).
 KNOWN = {

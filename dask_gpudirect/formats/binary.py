@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import os
 import tokenize
 
 import numpy as np
 
-from .. import stamps
-from ..access import Opened, opened
+from .. import remote, stamps
+from ..access import Source
 from ..errors import InputError
 from ..shards import Shard
 
@@ -87,15 +86,15 @@ def _read_header_3_0(f, version):
     return read(f, version)
 
 
-def _npy_header(file: Opened) -> bytes:
+def _npy_header(file: Source) -> bytes:
     """The magic, version, length and header dict of a ``.npy`` file (what its layout is
     planned from), or as much of it as the file holds."""
-    start = os.pread(file.fd, 12, 0)
+    start = file.pread(12, 0)
     if start[6:7] == b"\x01":  # version 1: a 2-byte length; later versions: 4 bytes
         end = 10 + int.from_bytes(start[8:10], "little")
     else:
         end = 12 + int.from_bytes(start[8:12], "little")
-    return os.pread(file.fd, min(end, file.stat.st_size), 0)
+    return file.pread(min(end, file.stat.st_size), 0)
 
 
 def _npy_layout(path: str, size: int, header: bytes) -> _Layout:
@@ -135,10 +134,11 @@ def _raw_layout(path: str, size: int, dtype: np.dtype, record_shape: tuple[int, 
     return _Layout(0, dtype, (size // record, *record_shape), "C")
 
 
-def _layout(path: str, dtype, shape) -> tuple[_Layout, stamps.Stamp]:
-    """What ``path`` holds, from one open (allowed roots checked on it), and its stamp."""
-    with opened(path) as f:
-        if os.pread(f.fd, len(NPY_MAGIC), 0) == NPY_MAGIC or path.endswith(".npy"):
+def _layout(path: str, dtype, shape, store: remote.Store | None) -> tuple[_Layout, stamps.Stamp]:
+    """What ``path`` holds, from one open (allowed roots checked on it; a remote object's
+    ``store``), and its stamp."""
+    with remote.opened(path, store) as f:
+        if f.pread(len(NPY_MAGIC), 0) == NPY_MAGIC or path.endswith(".npy"):
             header = _npy_header(f)
             layout = _npy_layout(path, f.stat.st_size, header)
             stamp = stamps.take(f, (0, len(header)), header)
@@ -154,8 +154,16 @@ def _layout(path: str, dtype, shape) -> tuple[_Layout, stamps.Stamp]:
     return layout, stamp
 
 
-def plan(files: list[str], dtype, shape, blocksize: int, target: str) -> BinaryPlan:
-    """Shards of whole records per file; all files must hold one dtype and record shape."""
+def plan(
+    files: list[str],
+    dtype,
+    shape,
+    blocksize: int,
+    target: str,
+    store: remote.Store | None = None,
+) -> BinaryPlan:
+    """Shards of whole records per file; all files must hold one dtype and record shape.
+    ``store``: how to reach remote objects."""
     if shape is not None:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
@@ -163,10 +171,10 @@ def plan(files: list[str], dtype, shape, blocksize: int, target: str) -> BinaryP
     shards: list[Shard] = []
     first: _Layout | None = None
     for path in files:
-        layout, stamp = _layout(path, dtype, shape)
+        layout, stamp = _layout(path, dtype, shape, store)
         first = first or layout
         _check_records(path, layout.dtype, layout.shape[1:], files[0], first.dtype, first.shape[1:])
-        shards.extend(_file_shards(path, layout, stamp, blocksize, target))
+        shards.extend(_file_shards(path, layout, stamp, blocksize, target, store))
     return BinaryPlan(shards, first.dtype, first.shape[1:], files[0])
 
 
@@ -180,7 +188,12 @@ def _check_records(path, dtype, shape, first, first_dtype, first_shape) -> None:
 
 
 def _file_shards(
-    path: str, layout: _Layout, stamp: stamps.Stamp, blocksize: int, target: str
+    path: str,
+    layout: _Layout,
+    stamp: stamps.Stamp,
+    blocksize: int,
+    target: str,
+    store: remote.Store | None,
 ) -> list[Shard]:
     n, record_shape = layout.shape[0], layout.shape[1:]
     record = layout.dtype.itemsize * math.prod(record_shape)
@@ -198,6 +211,7 @@ def _file_shards(
                 part=BinaryPart(layout.dtype, (count, *record_shape), layout.order),
                 target=target,
                 stamp=stamp,
+                store=store,
             )
         )
     return shards
