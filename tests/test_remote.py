@@ -107,6 +107,11 @@ def s3(local_data):
         if path.is_file():
             store.put(str(path.relative_to(local_data)), path.read_bytes())
     store.put("pq/.hidden.parquet", b"not parquet")
+    for k, year in enumerate((2024, 2025)):
+        store.put(
+            f"hive/year={year}/part-{k}.parquet",
+            (local_data / "pq" / f"part-{k}.parquet").read_bytes(),
+        )
     yield store
     moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = old
     server.stop()
@@ -116,6 +121,10 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
     """Static files with ``Range: bytes=a-b`` answered 206, as object stores and CDNs do."""
 
     def send_head(self):
+        if self.server.fail_next > 0:  # a server that is briefly unwell: 503, then fine
+            self.server.fail_next -= 1
+            self.send_error(503)
+            return None
         spec = self.headers.get("Range")
         if spec is None:
             return super().send_head()
@@ -142,7 +151,7 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="session")
 def http_url(tmp_path_factory, local_data):
     """An HTTP server with Range support on a free loopback port, serving a copy of
-    ``local_data`` (tests may change its files); its base URL."""
+    ``local_data`` (tests may change its files): its base URL, root and server."""
     root = tmp_path_factory.mktemp("http-root")
     for path in local_data.rglob("*"):
         if path.is_file():
@@ -150,8 +159,9 @@ def http_url(tmp_path_factory, local_data):
             (root / path.relative_to(local_data)).write_bytes(path.read_bytes())
     handler = functools.partial(_RangeHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.fail_next = 0  # requests to answer 503 before serving again
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", root
+    yield f"http://127.0.0.1:{server.server_address[1]}", root, server
     server.shutdown()
 
 
@@ -234,7 +244,7 @@ def _set_env(values: dict) -> dict:
 
 
 def test_http_parquet_and_npy_equal_local(tcp, http_url, local_data):
-    base, _ = http_url
+    base, _, _ = http_url
     files = _parquet_files(local_data)
     urls = [f"{base}/pq/part-{k}.parquet" for k in range(FILES)]
     clear_ledgers(tcp)
@@ -279,7 +289,7 @@ def test_s3_denied_access_and_wrong_endpoint(tcp, s3):
 
 
 def test_http_missing_file_and_no_listing(tcp, http_url):
-    base, _ = http_url
+    base, _, _ = http_url
     with pytest.raises(InputError, match=r"not found \(HTTP 404\)") as excinfo:
         dg.read_binary(f"{base}/npy/missing.npy", client=tcp)
     assert f"{base}/npy/missing.npy" in _message(excinfo)
@@ -303,7 +313,7 @@ def test_s3_object_changed_since_planning(tcp, s3, local_data):
 
 
 def test_http_file_changed_since_planning(tcp, http_url):
-    base, root = http_url
+    base, root, _ = http_url
     path = root / "changing.npy"
     np.save(path, np.arange(30))
     arr = dg.read_binary(f"{base}/changing.npy", client=tcp)
@@ -357,3 +367,24 @@ def test_device_target_refuses_urls_and_other_schemes_are_refused(tcp):
     given = {"key": "K", "secret": "S3CR3T", "client_kwargs": {"endpoint_url": "http://h:1"}}
     store = remote.Store.from_options(given)
     assert store.endpoint() == "http://h:1" and "S3CR3T" not in repr(store)
+
+
+def test_s3_hive_folders_as_locally(tcp, s3, local_data, tmp_path):
+    for k, year in enumerate((2024, 2025)):
+        (tmp_path / f"year={year}").mkdir()
+        (tmp_path / f"year={year}" / f"part-{k}.parquet").write_bytes(
+            (local_data / "pq" / f"part-{k}.parquet").read_bytes()
+        )
+    got = dg.read_parquet(f"s3://{BUCKET}/hive/", client=tcp, storage_options=s3.options,
+                          filters=[("year", "==", 2025)])  # fmt: skip
+    local = dg.read_parquet(str(tmp_path), client=tcp, filters=[("year", "==", 2025)])
+    assert_same_frame(compute(tcp, got), compute(tcp, local))
+    assert list(compute(tcp, got)["year"].unique()) == [2025]
+
+
+def test_http_retries_a_server_error(tcp, http_url, local_data):
+    base, _, server = http_url
+    server.fail_next = 2
+    arr = dg.read_binary(f"{base}/npy/shard-1.npy", client=tcp)
+    np.testing.assert_array_equal(compute(tcp, arr), np.load(local_data / "npy" / "shard-1.npy"))
+    assert server.fail_next == 0
