@@ -31,7 +31,6 @@ COPIES: dict[str, int] = {
     "gds": 1,  # storage -> GPU by DMA
     "kvikio-compat": 2,  # storage -> pinned bounce buffer -> GPU
     "posix-host": 1,  # storage -> host memory
-    "host-remote": 1,  # object storage (s3://, http(s)://) -> host memory by range requests
     "ucx-device": 1,  # GPU -> GPU by UCX: cuda_ipc/NVLink in a node, RDMA between nodes
     "rapidsmpf-ucx": 1,  # GPU -> GPU by RapidsMPF's own UCXX communicator (UCX picks the way)
     "tcp-host-staged": 2,  # GPU -> host -> socket -> host -> GPU (5 across nodes, see below)
@@ -40,6 +39,8 @@ COPIES: dict[str, int] = {
     "local": 0,  # a shuffle piece whose destination is its own worker: it never moves
     "device-to-host": 1,  # a received piece spilled from the GPU to host memory
     "host-to-disk": 1,  # a received piece spilled from host memory to the worker's disk
+    # last, so the dashboard's colors of the paths above stay as they were
+    "host-remote": 1,  # object storage (s3://, http(s)://) -> host memory by range requests
 }
 
 #: Copies of a host-staged GPU transfer between two nodes: GPU -> host -> NIC -> NIC -> host -> GPU.

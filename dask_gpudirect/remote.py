@@ -40,12 +40,6 @@ if TYPE_CHECKING:
 #: The URL schemes read remotely; any other (``gs://``...) is refused by name.
 SCHEMES = ("s3", "http", "https")
 
-#: Why a target without a remote route refuses a URL.
-HOST_ONLY = (
-    "remote URLs are read on the host target only so far (target='host'): the device "
-    "target's route (kvikio.RemoteFile into GPU memory) is not built yet"
-)
-
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 

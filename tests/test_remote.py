@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import time
+import urllib.request
 
 import dask
 import numpy as np
@@ -326,7 +327,7 @@ def test_http_file_changed_since_planning(tcp, http_url):
 
 def test_credentials_never_show(tcp, s3, caplog):
     """The keys appear in no ledger record, report, error text, repr of the shards or of the
-    graph, nor in the logs of the client and the workers."""
+    graph, in no log of the client or the workers, nor in the metrics or the dashboard page."""
     clear_ledgers(tcp)
     df = dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp, storage_options=s3.options)
     compute(tcp, df)
@@ -348,6 +349,13 @@ def test_credentials_never_show(tcp, s3, caplog):
             dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp, storage_options=bad)
         texts.append(_message(excinfo))
     texts += [str(logs) for logs in tcp.get_worker_logs().values()]
+    pages = [tcp.dashboard_link.replace("/status", "/gpudirect")]  # the scheduler's page
+    for info in tcp.scheduler_info()["workers"].values():  # each worker's Prometheus metrics
+        pages.append(f"http://127.0.0.1:{info['services']['dashboard']}/metrics")
+    for page in pages:
+        with urllib.request.urlopen(page, timeout=30) as response:
+            texts.append(response.read().decode())
+    assert any("host-remote" in text for text in texts[-2:])
     for text in texts:
         assert s3.secret not in text and s3.secret[::-1] not in text
     assert "host-remote" in texts[0]

@@ -44,12 +44,17 @@ def module(name: str) -> ModuleType:
 #: target name -> the ledger path of its ``s3://`` and ``http(s)://`` reads; a target not here
 #: refuses remote URLs (the device target's kvikio.RemoteFile route is owed).
 REMOTE_ROUTES = {"host": "host-remote"}
+#: Why a target without a remote route refuses a URL.
+HOST_ONLY = (
+    "remote URLs are read on the host target only so far (target='host'): the device "
+    "target's route (kvikio.RemoteFile into GPU memory) is not built yet"
+)
 
 
 def refuse_remote(name: str, url: str) -> None:
     """Raise an InputError naming ``url`` if target ``name`` has no route for remote objects."""
     if name not in REMOTE_ROUTES:
-        raise InputError(url, remote.HOST_ONLY)
+        raise InputError(url, HOST_ONLY)
 
 
 def holding(obj: Any) -> TargetName:
@@ -101,7 +106,7 @@ class Target:
         """``shard``'s file, opened once and checked on that descriptor (allowed roots, the
         stamp), to be read only through it; its stamp checked again when the read is done."""
         if remote.is_remote(shard.path):  # only targets with a remote route read URLs
-            raise InputError(shard.path, remote.HOST_ONLY)
+            raise InputError(shard.path, HOST_ONLY)
         try:
             with opened(shard.path) as file:
                 stamps.check(shard.stamp, file)
