@@ -372,7 +372,15 @@ def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
         now = _version(response.headers)
         if now != version:
             raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
-        return response.read(length)
+        try:
+            data = response.read(length)
+        except http.client.IncompleteRead as exc:
+            data = exc.partial
+        if len(data) != length:
+            raise InputError(
+                url, f"the connection was cut after {len(data)} of {length} bytes at {offset}"
+            )
+        return data
 
 
 def pieces(ranges: tuple[tuple[int, int], ...], size: int) -> list[tuple[int, int]]:

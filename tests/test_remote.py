@@ -138,6 +138,14 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
             return None
         start, end = (int(n) for n in spec.removeprefix("bytes=").split("-"))
         body = data[start : end + 1]
+        if self.server.cut_next > 0:  # the connection drops after half the body
+            self.server.cut_next -= 1
+            self.send_response(206)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Last-Modified", email.utils.formatdate(info.st_mtime, usegmt=True))
+            self.end_headers()
+            self.close_connection = True
+            return io.BytesIO(body[: len(body) // 2])
         self.send_response(206)
         self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}")
         self.send_header("Content-Length", str(len(body)))
@@ -161,6 +169,7 @@ def http_url(tmp_path_factory, local_data):
     handler = functools.partial(_RangeHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.fail_next = 0  # requests to answer 503 before serving again
+    server.cut_next = 0  # range requests whose connection drops mid-body
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", root, server
     server.shutdown()
@@ -396,3 +405,13 @@ def test_http_retries_a_server_error(tcp, http_url, local_data):
     arr = dg.read_binary(f"{base}/npy/shard-1.npy", client=tcp)
     np.testing.assert_array_equal(compute(tcp, arr), np.load(local_data / "npy" / "shard-1.npy"))
     assert server.fail_next == 0
+
+
+def test_http_connection_cut_mid_read(tcp, http_url):
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    arr = dg.read_binary(url, dtype="<i4", client=tcp)
+    server.cut_next = 1
+    with pytest.raises(InputError, match="the connection was cut after 2000 of 4000 bytes"):
+        compute(tcp, arr)
+    np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
