@@ -15,6 +15,7 @@ import dataclasses
 import os
 import stat
 from collections.abc import Iterator
+from typing import NamedTuple, Protocol
 
 import dask.config
 
@@ -110,6 +111,10 @@ class Opened:
         readers such as kvikio that take a name, not a descriptor."""
         return f"/proc/self/fd/{self.fd}"
 
+    def pread(self, length: int, offset: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer only at the end of the file)."""
+        return os.pread(self.fd, length, offset)
+
 
 def _opened_path(fd: int) -> str:
     """The real path of the file open on ``fd``, as the kernel knows it."""
@@ -154,9 +159,28 @@ def opened(path: str | os.PathLike) -> Iterator[Opened]:
         os.close(fd)
 
 
-def pread_exact(file: Opened, length: int, offset: int) -> bytes:
+class Stat(NamedTuple):
+    """The fields of ``os.stat_result`` that planning and stamps read, for remote objects."""
+
+    st_size: int
+    st_mtime_ns: int
+
+
+class Source(Protocol):
+    """What planning reads: a local :class:`Opened` file or a remote object (``remote.Object``)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def stat(self) -> os.stat_result | Stat: ...
+
+    def pread(self, length: int, offset: int) -> bytes: ...
+
+
+def pread_exact(file: Source, length: int, offset: int) -> bytes:
     """``length`` bytes at ``offset`` of ``file``, or an InputError if the file ends first."""
-    data = os.pread(file.fd, length, offset)
+    data = file.pread(length, offset)
     if len(data) != length:
         raise InputError(file.path, f"ends at byte {offset + len(data)}, before {offset + length}")
     return data

@@ -22,7 +22,7 @@ from dask.typing import Key
 from dask.utils import parse_bytes
 from distributed import Client, Worker
 
-from . import compat, discovery, plan_cache, targets
+from . import compat, discovery, plan_cache, remote, remote_listing, targets
 from .cluster import survey
 from .connection import connected
 from .errors import InputError
@@ -85,6 +85,7 @@ class _Setting:
     found: discovery.Found
     target: str
     workers: dict[str, dict]  # what each worker told the survey
+    store: remote.Store  # how to reach remote objects (storage_options)
 
     def blocksize(self, value: Any, key: str) -> int:
         return _blocksize(value, key, self.target, self.workers)
@@ -95,14 +96,21 @@ def _prepare(
     paths: str | os.PathLike | Iterable[str | os.PathLike],
     target: str | None,
     listing: discovery.Listing = discovery.FLAT,
+    storage_options: dict[str, Any] | None = None,
 ) -> _Setting:
-    """The client, the files and who can read them, and the chosen target."""
+    """The client, the files and who can read them, and the chosen target. Local paths are
+    listed by every worker, remote URLs once, here (:mod:`.remote_listing`)."""
     client = connected(client)
     entries = discovery.absolute(paths)
-    workers = survey(client, entries, listing)
-    seen = {w: info["views"] for w, info in workers.items()}
+    store = remote.Store.from_options(storage_options)
+    workers = survey(client, [e for e in entries if not remote.is_remote(e)], listing)
+    target = _resolve_target(target, workers)
+    for entry in filter(remote.is_remote, entries):
+        targets.refuse_remote(target, entry)
+    local = {w: info["views"] for w, info in workers.items()}
+    seen = remote_listing.views(entries, local, listing, store)
     found = discovery.merge(entries, seen, listing)
-    return _Setting(client, found, _resolve_target(target, workers), workers)
+    return _Setting(client, found, target, workers, store)
 
 
 def _plan_each(files: list[str], planner: Callable[..., P], args: tuple) -> list[P | InputError]:
@@ -157,6 +165,7 @@ def read_parquet(
     split_row_groups: bool | int | str = "infer",
     dtype_backend: str | None = None,
     filesystem: Any = None,
+    storage_options: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> dd.DataFrame | dd.Series:
     """Parquet files as a Dask DataFrame of cuDF (device) or pandas (host) partitions.
@@ -165,8 +174,9 @@ def read_parquet(
     ----------
     paths
         A file, a directory, a glob, or a list of them (``~`` expanded, ``file://`` URLs
-        taken as paths; other URLs are refused). All files must have the same columns, in
-        any order. A directory's subfolders are read too, and hive folders
+        taken as paths), or ``s3://`` objects, prefixes and globs and ``http(s)://`` files
+        (host target; see the Remote data page); other URLs are refused. All files must have
+        the same columns, in any order. A directory's subfolders are read too, and hive folders
         (``year=2024/month=1/``) give their keys as columns after the files' own, typed as Dask
         types them: categories of every value found, int32 where all are integers.
     columns
@@ -205,6 +215,10 @@ def read_parquet(
         pyarrow-backed columns; None the types pyarrow converts to by default.
     filesystem
         ``None``, ``"arrow"`` or a local file system (pyarrow's or fsspec's).
+    storage_options
+        For ``s3://`` URLs, as Dask takes them: ``key``, ``secret``, ``token``, ``anon``,
+        ``endpoint_url`` (or ``client_kwargs={"endpoint_url": ...}``), ``region``,
+        ``profile``; unset ones come from the environment, as AWS tools take them.
 
     Other arguments of ``dd.read_parquet`` are refused by name, with the reason.
     """
@@ -212,7 +226,7 @@ def read_parquet(
     compat.check_filesystem(filesystem)
     per_shard = compat.row_groups_per_partition(split_row_groups)
     listing = discovery.Listing(compat.extensions_of(parquet_file_extension), recursive=True)
-    setting = _prepare(client, paths, target, listing)
+    setting = _prepare(client, paths, target, listing, storage_options)
     client, found, target = setting.client, setting.found, setting.target
     auto = (
         dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
@@ -232,6 +246,7 @@ def read_parquet(
         folders,
         per_shard,
         dtype_backend,
+        setting.store,
     )
     plan = planned.unified()
     meta = plan.meta(targets.module(target))
@@ -262,13 +277,15 @@ def read_binary(
     target: str | None = None,
     client: Client | None = None,
     blocksize: int | str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> da.Array:
     """Binary files as a Dask Array of CuPy (device) or NumPy (host) chunks, records on axis 0.
 
     Parameters
     ----------
     paths
-        A file, a directory, a glob, or a list of them.
+        A file, a directory, a glob, or a list of them; ``s3://`` and ``http(s)://`` URLs as
+        in :func:`read_parquet`.
     dtype, shape
         For raw files: the record dtype and per-record shape (default ``()``). ``.npy`` files
         need neither: their header says (C or Fortran order, any fixed-size dtype).
@@ -278,11 +295,13 @@ def read_binary(
         The Dask client (default: the current one).
     blocksize
         Target bytes per chunk; default ``gpudirect.binary.blocksize``.
+    storage_options
+        For ``s3://`` URLs, as in :func:`read_parquet`.
     """
-    setting = _prepare(client, paths, target)
+    setting = _prepare(client, paths, target, storage_options=storage_options)
     client, found, target = setting.client, setting.found, setting.target
     blocksize = setting.blocksize(blocksize, "gpudirect.binary.blocksize")
-    plan = _plan(client, found, binary.plan, dtype, shape, blocksize, target)
+    plan = _plan(client, found, binary.plan, dtype, shape, blocksize, target, setting.store)
     module = targets.module(target)
     problem = module.unsupported(plan.dtype)
     if problem:

@@ -16,7 +16,6 @@ PARQUET_EXTENSIONS = (".parq", ".parquet", ".pq")
 #: ``dd.read_parquet`` arguments with no meaning here (yet), and why.
 REFUSED = {
     "engine": "dask-gpudirect decodes with pyarrow (host target) and libcudf (device target)",
-    "storage_options": "remote storage is not supported yet: local and network-mounted files only",
     "open_file_options": "dask-gpudirect opens each file itself, to check gpudirect.allowed-roots",
     "calculate_divisions": "partitions carry no divisions (not supported yet)",
     "ignore_metadata_file": "a _metadata file is never read: each file's own footer is",

@@ -21,7 +21,7 @@ import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from . import access
+from . import access, remote
 from .errors import InputError
 
 #: What a path turned out to be on one worker.
@@ -36,6 +36,16 @@ class Listing:
 
     extensions: tuple[str, ...] | None = None
     recursive: bool = False
+
+    @staticmethod
+    def hidden(name: str) -> bool:
+        """Whether a read skips the file or folder ``name``: hidden files, ``_metadata``,
+        ``_SUCCESS``."""
+        return name.startswith((".", "_"))
+
+    def takes(self, name: str) -> bool:
+        """Whether a directory read takes the (not hidden) file ``name``."""
+        return self.extensions is None or name.lower().endswith(self.extensions)
 
 
 FLAT = Listing()
@@ -68,15 +78,19 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 def _local(path: str | os.PathLike) -> str:
     """``path`` as an absolute local path: ``~`` expanded, ``file://`` URLs taken as their path,
-    and other URLs refused (they would otherwise become local names like ``/cwd/s3:/...``)."""
+    ``s3://`` and ``http(s)://`` URLs kept (:mod:`.remote`), and other URLs refused (they would
+    otherwise become local names like ``/cwd/gs:/...``)."""
     text = os.fspath(path)
+    if remote.is_remote(text):
+        return remote.checked_url(text)
     url = _SCHEME.match(text)
     if url:
         if url.group(1).lower() != "file":
             raise InputError(
                 text,
                 f"{url.group(1)}:// paths are not supported yet: dask-gpudirect reads local and "
-                "network-mounted files (copy the data to such a path, or mount it)",
+                "network-mounted files, s3:// and http(s):// URLs (copy the data to such a "
+                "place, or mount it)",
             )
         text = urllib.parse.unquote(urllib.parse.urlparse(text).path)
     return os.path.abspath(os.path.expanduser(text))
@@ -100,12 +114,12 @@ def data_files(directory: str, listing: Listing = FLAT) -> list[str]:
     files, folders = [], []
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
-        if name.startswith((".", "_")):
+        if listing.hidden(name):
             continue
         if os.path.isdir(path):
             if not os.path.islink(path):  # a linked folder could lead back up: not followed
                 folders.append(path)
-        elif listing.extensions is None or name.lower().endswith(listing.extensions):
+        elif listing.takes(name):
             files.append(path)
     if listing.recursive:
         for folder in folders:

@@ -36,6 +36,8 @@ COPIES: dict[str, int] = {
     "local": 0,  # a shuffle piece whose destination is its own worker: it never moves
     "device-to-host": 1,  # a received piece spilled from the GPU to host memory
     "host-to-disk": 1,  # a received piece spilled from host memory to the worker's disk
+    # last, so the dashboard's colors of the paths above stay as they were
+    "host-remote": 1,  # object storage (s3://, http(s)://) -> host memory by range requests
 }
 
 #: Copies of a host-staged GPU transfer between two nodes: GPU -> host -> NIC -> NIC -> host -> GPU.

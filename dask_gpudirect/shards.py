@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from .errors import InputError
+from .remote import Store
 from .stamps import Stamp
 
 
@@ -25,7 +26,8 @@ class Shard:
 
     ``ranges`` are ``(file_offset, length)`` pairs; byte ``file_offset`` lands at buffer position
     ``file_offset - base`` in a buffer of ``size`` bytes. ``stamp`` is the file as planned,
-    checked again by every read. ``worker`` is set by placement.
+    checked again by every read. ``worker`` is set by placement. ``store`` says how to reach a
+    remote object (``s3://``, ``http(s)://``); its repr leaves the credentials out.
     """
 
     path: str
@@ -38,6 +40,7 @@ class Shard:
     target: str = "host"
     worker: str | None = None
     stamp: Stamp | None = None
+    store: Store | None = None
 
     def __dask_tokenize__(self) -> bytes:
         """What Dask names a read's tasks by: the pickled shard. Dask's own walk over every

@@ -17,7 +17,7 @@ import os
 import zlib
 from collections.abc import Iterable
 
-from .access import Opened, pread_exact
+from .access import Opened, Source, pread_exact
 from .errors import InputError
 
 CHANGED = "changed since it was planned ({}): read it again with dg.read_* to plan the new version"
@@ -26,12 +26,14 @@ CHANGED = "changed since it was planned ({}): read it again with dg.read_* to pl
 @dataclasses.dataclass(frozen=True)
 class Stamp:
     """A file as it was planned: ``size`` bytes, modified at one of ``mtimes`` (ns), and the
-    ``probe`` range ``(offset, length)`` whose CRC-32 was ``crc`` (none for raw files)."""
+    ``probe`` range ``(offset, length)`` whose CRC-32 was ``crc`` (none for raw files); a
+    remote object's ``version`` is its ETag (or Last-Modified)."""
 
     size: int
     mtimes: frozenset[int]
     probe: tuple[int, int] | None = None
     crc: int | None = None
+    version: str | None = None
 
     def seen_as(self, mtimes: Iterable[int]) -> Stamp:
         """This stamp, also admitting the modification times other workers saw (copies of the
@@ -39,14 +41,27 @@ class Stamp:
         return dataclasses.replace(self, mtimes=self.mtimes | frozenset(mtimes))
 
 
-def take(file: Opened, probe: tuple[int, int] | None = None, data: bytes | None = None) -> Stamp:
+def take(file: Source, probe: tuple[int, int] | None = None, data: bytes | None = None) -> Stamp:
     """The stamp of ``file``; ``data`` is the probe's bytes if the caller already read them."""
     crc = None
     if probe is not None:
         crc = zlib.crc32(pread_exact(file, probe[1], probe[0]) if data is None else data)
     return Stamp(
-        size=file.stat.st_size, mtimes=frozenset({file.stat.st_mtime_ns}), probe=probe, crc=crc
+        size=file.stat.st_size,
+        mtimes=frozenset({file.stat.st_mtime_ns}),
+        probe=probe,
+        crc=crc,
+        version=getattr(file, "version", None),  # a remote object's (remote.Object)
     )
+
+
+def check_version(stamp: Stamp, url: str, size: int, version: str) -> None:
+    """Raise an InputError if the remote object ``url`` is no longer the one ``stamp`` was
+    taken of (its size or version differ)."""
+    if size != stamp.size:
+        raise InputError(url, CHANGED.format(f"{stamp.size} bytes then, {size} now"))
+    if version != stamp.version:
+        raise InputError(url, CHANGED.format(f"{stamp.version} then, {version} now"))
 
 
 def check(stamp: Stamp | None, file: Opened) -> None:

@@ -18,13 +18,13 @@ TOOLS = ("probe", "bench", "demo", "cli", "measure")
 #: The tool the others share (a local cluster, the pinned-copy ceiling, the pair transfer).
 SHARED = "measure"
 WORKER_SIDE = (
-    "access", "stamps", "shards", "plan_cache", "loading", "targets", "formats", "filters",
-    "plugin", "preload", "metrics", "ledger", "shuffle.worker", "shuffle.split", "shuffle.buffer",
-    "shuffle.rapidsmpf_engine",
+    "access", "remote", "stamps", "shards", "plan_cache", "loading", "targets", "formats",
+    "filters", "plugin", "preload", "metrics", "ledger", "shuffle.worker", "shuffle.split",
+    "shuffle.buffer", "shuffle.rapidsmpf_engine",
 )  # fmt: skip
 CLIENT_SIDE = (
-    "discovery", "placement", "collections", "cluster", "connection", "dashboard", "progress",
-    "ledger_report", "shuffle.api", "shuffle.coordinator",
+    "discovery", "remote_listing", "placement", "collections", "cluster", "connection",
+    "dashboard", "progress", "ledger_report", "shuffle.api", "shuffle.coordinator",
 )  # fmt: skip
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import os
 import tokenize
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
@@ -18,8 +17,8 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .. import stamps
-from ..access import Opened, opened
+from .. import remote, stamps
+from ..access import Source
 from ..errors import InputError
 from ..shards import Shard
 
@@ -95,15 +94,15 @@ def _read_header_3_0(
     return read(f, version)
 
 
-def _npy_header(file: Opened) -> bytes:
+def _npy_header(file: Source) -> bytes:
     """The magic, version, length and header dict of a ``.npy`` file (what its layout is
     planned from), or as much of it as the file holds."""
-    start = os.pread(file.fd, 12, 0)
+    start = file.pread(12, 0)
     if start[6:7] == b"\x01":  # version 1: a 2-byte length; later versions: 4 bytes
         end = 10 + int.from_bytes(start[8:10], "little")
     else:
         end = 12 + int.from_bytes(start[8:12], "little")
-    return os.pread(file.fd, min(end, file.stat.st_size), 0)
+    return file.pread(min(end, file.stat.st_size), 0)
 
 
 def _npy_layout(path: str, size: int, header: bytes) -> _Layout:
@@ -144,11 +143,15 @@ def _raw_layout(path: str, size: int, dtype: np.dtype, record_shape: tuple[int, 
 
 
 def _layout(
-    path: str, dtype: DTypeLike | None, shape: tuple[int, ...] | None
+    path: str,
+    dtype: DTypeLike | None,
+    shape: tuple[int, ...] | None,
+    store: remote.Store | None,
 ) -> tuple[_Layout, stamps.Stamp]:
-    """What ``path`` holds, from one open (allowed roots checked on it), and its stamp."""
-    with opened(path) as f:
-        if os.pread(f.fd, len(NPY_MAGIC), 0) == NPY_MAGIC or path.endswith(".npy"):
+    """What ``path`` holds, from one open (allowed roots checked on it; a remote object's
+    ``store``), and its stamp."""
+    with remote.opened(path, store) as f:
+        if f.pread(len(NPY_MAGIC), 0) == NPY_MAGIC or path.endswith(".npy"):
             header = _npy_header(f)
             layout = _npy_layout(path, f.stat.st_size, header)
             stamp = stamps.take(f, (0, len(header)), header)
@@ -170,8 +173,10 @@ def plan(
     shape: int | Sequence[int] | None,
     blocksize: int,
     target: str,
+    store: remote.Store | None = None,
 ) -> BinaryPlan:
-    """Shards of whole records per file; all files must hold one dtype and record shape."""
+    """Shards of whole records per file; all files must hold one dtype and record shape.
+    ``store``: how to reach remote objects."""
     record_shape = None
     if shape is not None:
         record_shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -182,10 +187,10 @@ def plan(
     shards: list[Shard] = []
     first: _Layout | None = None
     for path in files:
-        layout, stamp = _layout(path, dtype, record_shape)
+        layout, stamp = _layout(path, dtype, record_shape, store)
         first = first or layout
         _check_records(path, layout.dtype, layout.shape[1:], files[0], first.dtype, first.shape[1:])
-        shards.extend(_file_shards(path, layout, stamp, blocksize, target))
+        shards.extend(_file_shards(path, layout, stamp, blocksize, target, store))
     assert first is not None, "plan takes one file or more"
     return BinaryPlan(shards, first.dtype, first.shape[1:], files[0])
 
@@ -207,7 +212,12 @@ def _check_records(
 
 
 def _file_shards(
-    path: str, layout: _Layout, stamp: stamps.Stamp, blocksize: int, target: str
+    path: str,
+    layout: _Layout,
+    stamp: stamps.Stamp,
+    blocksize: int,
+    target: str,
+    store: remote.Store | None,
 ) -> list[Shard]:
     n, record_shape = layout.shape[0], layout.shape[1:]
     record = layout.dtype.itemsize * math.prod(record_shape)
@@ -225,6 +235,7 @@ def _file_shards(
                 part=BinaryPart(layout.dtype, (count, *record_shape), layout.order),
                 target=target,
                 stamp=stamp,
+                store=store,
             )
         )
     return shards

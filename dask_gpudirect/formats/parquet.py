@@ -18,8 +18,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .. import filters as dnf
-from .. import stamps
-from ..access import opened, pread_exact
+from .. import remote, stamps
+from ..access import pread_exact
 from ..errors import InputError
 from ..shards import Shard, coalesce
 from . import hive
@@ -232,9 +232,10 @@ def _corrupt(path: str, why: str) -> InputError:
     return InputError(path, f"not a valid Parquet file (corrupt or truncated footer): {why}")
 
 
-def _open(path: str) -> _Footer:
-    """The footer of ``path``: one open (allowed roots checked on it), two small reads."""
-    with opened(path) as f:
+def _open(path: str, store: remote.Store | None = None) -> _Footer:
+    """The footer of ``path``: one open (allowed roots checked on it; a remote object's
+    ``store``), two small reads."""
+    with remote.opened(path, store) as f:
         size = f.stat.st_size
         if size == 0:
             raise InputError(path, "empty file (0 bytes), not a Parquet file")
@@ -362,13 +363,14 @@ def plan(
     partitioning: hive.Partitioning | None = None,
     per_shard: int | None = None,
     backend: str | None = None,
+    store: remote.Store | None = None,
 ) -> ParquetPlan:
     """Shards of ``files`` (footers only, no data read) and the schema of the result (its
     columns, hive partition columns after the files' own, the index column last). A shard is
     a run of row groups of about ``blocksize`` bytes, or with ``per_shard`` of that many row
-    groups."""
+    groups. ``store``: how to reach remote objects."""
     partitioning = partitioning or hive.UNPARTITIONED
-    first = _open(files[0])
+    first = _open(files[0], store)
     schema = first.schema
     if isinstance(columns, str):
         columns = [columns]
@@ -414,12 +416,12 @@ def plan(
 
     shards: list[Shard] = []
     for path in files:
-        footer = first if path == files[0] else _open(path)
+        footer = first if path == files[0] else _open(path, store)
         _check_schema(path, footer.schema, files[0], schema)
         values = partitioning.of(path)
         possible, left = hive.keep(values, filters)  # partition terms decided on the folders
         mine = dict(part, filters=left, partition=values)
-        args = (blocksize, per_shard, target, ranged)
+        args = (blocksize, per_shard, target, ranged, store)
         shards.extend(_file_shards(footer, mine, out_schema, possible, *args))
     return ParquetPlan(
         shards=shards,
@@ -490,7 +492,7 @@ def _file_shards(
     the file's own terms) may keep, or where none may (or not ``possible``: its folders are
     ruled out) one shard that reads the footer alone, to check the file, and gives no rows of
     ``out``."""
-    blocksize, per_shard, target, ranged = args
+    blocksize, per_shard, target, ranged, store = args
     expression = dnf.to_expression(part["filters"])
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     leaves = _top_level_columns(footer.file)
@@ -520,7 +522,8 @@ def _file_shards(
         offset, length = footer.stamp.probe
         start = _range_at(footer, ranged, 0)
         empty = ParquetPart(row_groups=(), empty=out, range_index=start, **part)
-        return [Shard(path, ((offset, length),), offset, length, empty, target, stamp=footer.stamp)]
+        only = ((offset, length),)
+        return [Shard(path, only, offset, length, empty, target, stamp=footer.stamp, store=store)]
     return [
         Shard(
             path=path,
@@ -536,6 +539,7 @@ def _file_shards(
             ),
             target=target,
             stamp=footer.stamp,
+            store=store,
         )
         for g, rs in zip(groups, ranges, strict=True)
     ]

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-from .. import stamps
+from .. import remote, stamps
 from ..access import Opened, opened
 from ..errors import InputError
 from ..ledger import Ledger
@@ -48,6 +48,22 @@ def module(name: str) -> ModuleType:
         ) from exc
 
 
+#: target name -> the ledger path of its ``s3://`` and ``http(s)://`` reads; a target not here
+#: refuses remote URLs (the device target's kvikio.RemoteFile route is owed).
+REMOTE_ROUTES = {"host": "host-remote"}
+#: Why a target without a remote route refuses a URL.
+HOST_ONLY = (
+    "remote URLs are read on the host target only so far (target='host'): the device "
+    "target's route (kvikio.RemoteFile into GPU memory) is not built yet"
+)
+
+
+def refuse_remote(name: str, url: str) -> None:
+    """Raise an InputError naming ``url`` if target ``name`` has no route for remote objects."""
+    if name not in REMOTE_ROUTES:
+        raise InputError(url, HOST_ONLY)
+
+
 def holding(obj: Any) -> TargetName:
     """The target an object lives on: ``device`` for cuDF and CuPy objects, else ``host``."""
     return "device" if type(obj).__module__.partition(".")[0] in ("cudf", "cupy") else "host"
@@ -72,24 +88,36 @@ class Target:
         """``shard``'s ranges in one buffer of ``shard.size`` bytes on this target.
 
         The file is opened once and checked (allowed roots, then the shard's stamp) on that
-        descriptor, read through it, and its stamp checked again after the read.
+        descriptor, read through it, and its stamp checked again after the read. A remote
+        object is read by :meth:`_read_remote`, its stamp checked by the same rules.
         """
         start = time.perf_counter()
-        with self.checked(shard) as file:
-            buffer, nread = self._read(shard, file)
+        if remote.is_remote(shard.path) and self.name in REMOTE_ROUTES:
+            buffer, nread = self._read_remote(shard)
+            route = REMOTE_ROUTES[self.name]
+        else:
+            with self.checked(shard) as file:
+                buffer, nread = self._read(shard, file)
+            route = self.route
         if nread != shard.nbytes:
             raise InputError(
                 shard.path,
                 f"read {nread} of {shard.nbytes} planned bytes: the file is shorter than when "
                 "it was planned (truncated or changed)",
             )
-        self.record(shard, time.perf_counter() - start)
+        self.record(shard, time.perf_counter() - start, route)
         return buffer
+
+    def _read_remote(self, shard: Shard) -> tuple[Any, int]:
+        """A remote shard's buffer and the bytes read into it (targets of REMOTE_ROUTES)."""
+        raise NotImplementedError
 
     @contextlib.contextmanager
     def checked(self, shard: Shard) -> Iterator[Opened]:
         """``shard``'s file, opened once and checked on that descriptor (allowed roots, the
         stamp), to be read only through it; its stamp checked again when the read is done."""
+        if remote.is_remote(shard.path):  # only targets with a remote route read URLs
+            raise InputError(shard.path, HOST_ONLY)
         try:
             with opened(shard.path) as file:
                 stamps.check(shard.stamp, file)
@@ -100,11 +128,11 @@ class Target:
         except RuntimeError as exc:  # kvikio reports C++ I/O errors as RuntimeError
             raise InputError(shard.path, f"cannot read: {exc}") from None
 
-    def record(self, shard: Shard, seconds: float) -> None:
-        """``shard``'s planned bytes in the ledger, read by this target's route."""
+    def record(self, shard: Shard, seconds: float, route: str | None = None) -> None:
+        """``shard``'s planned bytes in the ledger, read by ``route`` (default: this target's)."""
         self.ledger.add(
             op="read",
-            path=self.route,
+            path=route or self.route,
             nbytes=shard.nbytes,
             seconds=seconds,
             file=shard.path,

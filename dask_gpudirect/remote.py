@@ -1,0 +1,392 @@
+"""Remote objects: ``s3://`` through pyarrow's ``S3FileSystem``, ``http(s)://`` by ranged GETs.
+
+Footers and headers are read at planning, shards on the workers, all as byte-range requests into
+host memory. pyarrow's S3 client rather than fsspec/s3fs: it is a dependency already (s3fs would
+add aiobotocore, botocore and aiohttp, pinned to each other), its C++ requests run outside the
+GIL, so a worker's threads read ranges in parallel, and it takes credentials, profiles and
+retries (the AWS SDK's standard backoff on 5xx and throttling) the way AWS tools do. Plain
+HTTP(S) needs no client library: ``urllib`` with a ``Range`` header, retried here.
+
+Credentials live only in :class:`Store`, whose repr leaves them out, and are scrubbed from every
+error text: they never reach a log, the ledger, metrics or a shard's repr.
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import dataclasses
+import functools
+import http.client
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+from dask.utils import parse_bytes, parse_timedelta
+
+from . import access
+from .errors import InputError
+from .stamps import CHANGED
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+#: The URL schemes read remotely; any other (``gs://``...) is refused by name.
+SCHEMES = ("s3", "http", "https")
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def scheme(path: str) -> str | None:
+    """``path``'s URL scheme, lower case, or None for a plain path."""
+    match = _SCHEME.match(path)
+    return match.group(1).lower() if match else None
+
+
+def is_remote(path: str) -> bool:
+    """Whether ``path`` is a URL this module reads (s3, http, https)."""
+    return scheme(path) in SCHEMES
+
+
+def checked_url(url: str) -> str:
+    """``url`` as given, refused where it carries credentials: a ``user:password@`` or a query
+    string (a presigned signature) would show in the ledger and in errors."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username or parts.password or (parts.query and scheme(url) != "s3"):
+        raise InputError(
+            _redacted(parts),
+            "credentials in a URL (user:password@, a presigned query string) are not taken, "
+            "since the URL shows in errors and the ledger: use storage_options= or the "
+            "environment (AWS_ACCESS_KEY_ID...)",
+        )
+    if not parts.netloc:
+        raise InputError(url, "a remote URL needs a bucket or host")
+    return url
+
+
+def _redacted(parts: urllib.parse.SplitResult) -> str:
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    """How to reach remote objects, as ``storage_options`` gave it; what it leaves unset is
+    taken, where the requests are made, from the environment as AWS tools take it
+    (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_PROFILE``...).
+    The credentials are left out of the repr."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    anonymous: bool = False
+    key: str | None = dataclasses.field(default=None, repr=False)
+    secret: str | None = dataclasses.field(default=None, repr=False)
+    token: str | None = dataclasses.field(default=None, repr=False)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None) -> Store:
+        """``storage_options`` as Dask and s3fs take them: ``key``, ``secret``, ``token``,
+        ``anon``, ``endpoint_url``, ``region`` (``region_name``), ``profile``, and
+        ``client_kwargs={"endpoint_url": ..., "region_name": ...}``. Another key is refused
+        by name (never with its value)."""
+        given = dict(options or {})
+        client = dict(given.pop("client_kwargs", None) or {})
+        unknown = sorted(set(given) - _OPTIONS) + sorted(
+            f"client_kwargs[{k!r}]" for k in set(client) - _CLIENT
+        )
+        if unknown:
+            raise InputError(
+                None,
+                f"storage_options: {', '.join(unknown)} not taken; known: "
+                f"{', '.join(sorted(_OPTIONS))}, client_kwargs (endpoint_url, region_name)",
+            )
+        return cls(
+            endpoint_url=given.get("endpoint_url") or client.get("endpoint_url"),
+            region=given.get("region") or given.get("region_name") or client.get("region_name"),
+            profile=given.get("profile"),
+            anonymous=bool(given.get("anon", False)),
+            key=given.get("key"),
+            secret=given.get("secret"),
+            token=given.get("token"),
+        )
+
+    def endpoint(self) -> str | None:
+        """The S3 endpoint: given, or ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``."""
+        return (
+            self.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
+
+    def scrub(self, text: str) -> str:
+        """``text`` with any of the credentials in it masked."""
+        for value in (self.key, self.secret, self.token):
+            if value:
+                text = text.replace(value, "***")
+        return text
+
+
+_OPTIONS = {"key", "secret", "token", "anon", "endpoint_url", "region", "region_name", "profile"}
+_CLIENT = {"endpoint_url", "region_name"}
+
+
+def _profile(name: str) -> dict[str, str]:
+    """A named profile's keys from the AWS shared credentials file (pyarrow takes no profile
+    name; the environment's ``AWS_PROFILE`` the AWS SDK reads itself)."""
+    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
+    parser = configparser.ConfigParser()
+    parser.read(os.path.expanduser(path))
+    if not parser.has_section(name):
+        raise InputError(None, f"storage_options: no profile {name!r} in {path}")
+    return dict(parser[name])
+
+
+#: The environment the AWS SDK and :class:`Store` read: a file system is made anew when it changes.
+_ENVIRONMENT = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+
+
+@functools.lru_cache(maxsize=16)
+def _s3(store: Store, retries: int, timeout: float, env: tuple) -> pafs.S3FileSystem:
+    """One S3 file system per store, settings and ``env`` (the AWS variables, which the SDK
+    reads) in this process, so that its connections are reused."""
+    import pyarrow.fs as pafs
+
+    key, secret, token = store.key, store.secret, store.token
+    if store.profile and not key:
+        found = _profile(store.profile)
+        key, secret = found.get("aws_access_key_id"), found.get("aws_secret_access_key")
+        token = found.get("aws_session_token")
+    return pafs.S3FileSystem(
+        access_key=key,
+        secret_key=secret,
+        session_token=token,
+        anonymous=store.anonymous,
+        region=store.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+        endpoint_override=store.endpoint(),
+        connect_timeout=timeout,
+        request_timeout=timeout,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=retries + 1),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """``gpudirect.remote.*`` as read in this process."""
+
+    connections: int
+    range_size: int
+    retries: int
+    backoff: float
+    timeout: float
+
+    @classmethod
+    def current(cls) -> Settings:
+        config = dask.config.get("gpudirect.remote")
+        return cls(
+            connections=int(config["connections"]),
+            range_size=parse_bytes(config["range-size"]),
+            retries=int(config["retries"]),
+            backoff=float(parse_timedelta(config["backoff"])),
+            timeout=float(parse_timedelta(config["timeout"])),
+        )
+
+
+def filesystem(store: Store) -> pafs.S3FileSystem:
+    """The S3 file system of ``store`` with this process's settings."""
+    settings = Settings.current()
+    env = tuple(os.environ.get(name) for name in _ENVIRONMENT)
+    return _s3(store, settings.retries, settings.timeout, env)
+
+
+def s3_path(url: str) -> str:
+    """``s3://bucket/key`` as pyarrow names it: ``bucket/key``."""
+    return url.split("://", 1)[1]
+
+
+def error(url: str, exc: BaseException, store: Store) -> InputError:
+    """An error of a request for ``url`` as an :class:`InputError` that says the cause."""
+    if isinstance(exc, InputError):
+        return exc
+    text = store.scrub(str(exc))
+    if isinstance(exc, urllib.error.HTTPError):
+        causes = {404: "not found", 403: "access denied", 401: "access denied (unauthorized)"}
+        return InputError(url, f"{causes.get(exc.code, 'request failed')} (HTTP {exc.code})")
+    if isinstance(exc, (urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        reason = getattr(exc, "reason", exc)
+        return InputError(url, f"cannot reach the server: {store.scrub(str(reason))}")
+    if isinstance(exc, FileNotFoundError):
+        return _missing(url, store)
+    for codes, cause in _S3_CAUSES:
+        if any(code in text for code in codes):
+            return InputError(url, cause.format(endpoint=store.endpoint() or "AWS") + f": {text}")
+    return InputError(url, f"cannot read: {text}")
+
+
+#: The AWS SDK's error names in pyarrow's messages, and what they mean to a user.
+_S3_CAUSES = (
+    (
+        ("ACCESS_DENIED", "SIGNATURE_DOES_NOT_MATCH", "INVALID_ACCESS_KEY_ID", "code: 403"),
+        "access denied: check the credentials and the bucket's policy",
+    ),
+    (("NO_SUCH_BUCKET",), "no such bucket"),
+    (
+        ("NETWORK_CONNECTION", "curlCode", "Could not resolve"),
+        "cannot reach the endpoint {endpoint}",
+    ),
+)
+
+
+def _missing(url: str, store: Store) -> InputError:
+    """A missing object's error: whether its bucket is missing too."""
+    import pyarrow.fs as pafs
+
+    bucket = s3_path(url).split("/", 1)[0]
+    try:
+        kind = filesystem(store).get_file_info(bucket).type
+    except OSError as exc:
+        return error(url, exc, store)
+    if kind == pafs.FileType.NotFound:
+        return InputError(url, f"no such bucket {bucket!r}")
+    return InputError(url, "no such key in the bucket")
+
+
+class Object:
+    """A remote object opened for range reads: its ``size`` and ``version`` (the ETag, or for
+    an HTTP server without one its Last-Modified) as one request found them."""
+
+    def __init__(self, url: str, store: Store, size: int, version: str, handle: Any = None):
+        self.path = url
+        self.store = store
+        self.size = size
+        self.version = version
+        self._handle = handle  # pyarrow's file for s3://; None for http(s)://
+
+    @property
+    def stat(self) -> access.Stat:
+        """Size and modification time as a local file's stat gives them (the time is 0: the
+        version stands for it)."""
+        return access.Stat(self.size, 0)
+
+    def pread(self, length: int, offset: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
+        length = max(0, min(length, self.size - offset))
+        if length == 0:
+            return b""
+        try:
+            if self._handle is not None:
+                return self._handle.read_at(length, offset)
+            return _http_range(self.path, offset, length, self.version)
+        except Exception as exc:  # pyarrow: OSError, ArrowException; urllib: URLError...
+            raise error(self.path, exc, self.store) from None
+
+    def head(self) -> tuple[int, str]:
+        """The object's size and version now (a fresh request)."""
+        with opened(self.path, self.store) as now:
+            assert isinstance(now, Object)
+            return now.size, now.version
+
+
+@contextlib.contextmanager
+def opened(path: str, store: Store | None) -> Iterator[access.Opened | Object]:
+    """``path`` opened for reading: a remote object (one HEAD request), or a local file through
+    :func:`.access.opened` (allowed roots checked on it)."""
+    if not is_remote(path):
+        with access.opened(path) as file:
+            yield file
+        return
+    store = store or Store()
+    try:
+        if scheme(path) == "s3":
+            handle = filesystem(store).open_input_file(s3_path(path))
+            meta = handle.metadata()  # the HEAD's headers, str -> bytes
+            version = (meta.get("ETag") or meta.get("Last-Modified") or b"").decode()
+            obj = Object(path, store, handle.size(), version, handle)
+        else:
+            obj = Object(path, store, *_http_head(path))
+    except Exception as exc:
+        raise error(path, exc, store) from None
+    try:
+        yield obj
+    finally:
+        if obj._handle is not None:
+            obj._handle.close()
+
+
+def _version(headers: http.client.HTTPMessage) -> str:
+    etag = headers.get("ETag")
+    return etag if etag else f"Last-Modified {headers.get('Last-Modified', '')}"
+
+
+def _retried(request: urllib.request.Request) -> http.client.HTTPResponse:
+    """``request`` sent, sent again after a 5xx, a 429 or a dropped connection, waiting
+    ``gpudirect.remote.backoff`` and twice as long each time, ``retries`` times at most."""
+    settings = Settings.current()
+    attempt = 0
+    while True:
+        try:
+            response: http.client.HTTPResponse = urllib.request.urlopen(
+                request, timeout=settings.timeout
+            )
+            return response
+        except urllib.error.HTTPError as exc:
+            if (exc.code < 500 and exc.code != 429) or attempt == settings.retries:
+                raise
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if attempt == settings.retries:
+                raise
+        time.sleep(settings.backoff * 2**attempt)
+        attempt += 1
+
+
+def _http_head(url: str) -> tuple[int, str]:
+    with _retried(urllib.request.Request(url, method="HEAD")) as response:
+        length = response.headers.get("Content-Length")
+        if length is None:
+            raise InputError(url, "the server gives no Content-Length: its size is unknown")
+        return int(length), _version(response.headers)
+
+
+def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
+    """Bytes ``offset .. offset + length`` of ``url``, checked to be of ``version``."""
+    headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+    with _retried(urllib.request.Request(url, headers=headers)) as response:
+        if response.status != 206:
+            raise InputError(url, f"the server does not serve byte ranges (HTTP {response.status})")
+        now = _version(response.headers)
+        if now != version:
+            raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
+        try:
+            data = response.read(length)
+        except http.client.IncompleteRead as exc:
+            data = exc.partial
+        if len(data) != length:
+            raise InputError(
+                url, f"the connection was cut after {len(data)} of {length} bytes at {offset}"
+            )
+        return data
+
+
+def pieces(ranges: tuple[tuple[int, int], ...], size: int) -> list[tuple[int, int]]:
+    """``ranges`` cut into requests of at most ``size`` bytes."""
+    return [
+        (o, min(size, offset + length - o))
+        for offset, length in ranges
+        for o in range(offset, offset + length, size)
+    ]

@@ -1,0 +1,109 @@
+"""Remote entries listed once, on the client: every worker reads a remote object alike.
+
+A local path is listed by every worker (each sees its own disks, :mod:`.discovery`); an
+``s3://`` prefix or glob is the same bucket for all, so one ListObjectsV2 walk here stands for
+every worker's view, and placement then balances the objects' bytes over all workers. Listing
+follows the rules of a local directory read (:meth:`.discovery.Listing.hidden`, ``takes``, the
+order of :func:`.discovery.data_files`); a glob matches one key segment per pattern segment, as
+``glob.glob`` does one path component. HTTP(S) has no listing: a URL names one file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+from typing import TYPE_CHECKING
+
+from . import remote
+from .discovery import DIRECTORY, FILE, GLOB, Listing, View
+from .errors import InputError
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+
+def views(
+    entries: list[str], seen: dict[str, list[View]], listing: Listing, store: remote.Store
+) -> dict[str, list[View]]:
+    """Every worker's views of ``entries``: ``seen`` holds each worker's views of the local
+    ones, in order; each remote entry is listed here once and seen alike by every worker."""
+    listed = {e: view(e, listing, store) for e in entries if remote.is_remote(e)}
+    merged = {}
+    for worker, local in seen.items():
+        rest = iter(local)
+        merged[worker] = [listed[e] if e in listed else next(rest) for e in entries]
+    return merged
+
+
+def view(entry: str, listing: Listing, store: remote.Store) -> View:
+    """What a remote ``entry`` is: one object, a prefix's objects or a glob's matches, each
+    ``(url, size, 0)`` (a remote object's version stands for its modification time)."""
+    if remote.scheme(entry) != "s3":
+        if entry.endswith("/") or glob.has_magic(entry):
+            raise InputError(entry, "HTTP(S) has no listing: name each file's URL")
+        with remote.opened(entry, store) as obj:
+            return View(FILE, ((entry, obj.stat.st_size, 0),))
+    import pyarrow.fs as pafs
+
+    path = remote.s3_path(entry).rstrip("/")
+    fs = remote.filesystem(store)
+    try:
+        if glob.has_magic(path):
+            return View(GLOB, _globbed(entry, fs, path))
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return View(FILE, ((entry, info.size, 0),))
+        if info.type == pafs.FileType.Directory:
+            return View(DIRECTORY, _listed(fs, path, listing))
+    except OSError as exc:
+        raise remote.error(entry, exc, store) from None
+    raise remote.error(entry, FileNotFoundError(entry), store)
+
+
+def _order(parts: list[str]) -> tuple[tuple[bool, str], ...]:
+    """Where a key of ``parts`` under a prefix sorts: a folder's files before its subfolders,
+    each by name (as :func:`.discovery.data_files` orders a local directory)."""
+    return tuple((i < len(parts) - 1, part) for i, part in enumerate(parts))
+
+
+def _listed(
+    fs: pafs.S3FileSystem, prefix: str, listing: Listing
+) -> tuple[tuple[str, int, int], ...]:
+    """The objects under ``prefix`` a read of it takes, in directory-read order."""
+    import pyarrow.fs as pafs
+
+    selector = pafs.FileSelector(prefix, recursive=listing.recursive)
+    found = []
+    for info in fs.get_file_info(selector):
+        parts = info.path[len(prefix) + 1 :].split("/")
+        if info.type != pafs.FileType.File or any(map(Listing.hidden, parts)):
+            continue
+        if listing.takes(parts[-1]):
+            found.append((_order(parts), ("s3://" + info.path, info.size, 0)))
+    return tuple(file for _, file in sorted(found))
+
+
+def _globbed(entry: str, fs: pafs.S3FileSystem, pattern: str) -> tuple[tuple[str, int, int], ...]:
+    """The objects matching ``pattern`` (``bucket/a/*/b*.parquet``), sorted."""
+    import pyarrow.fs as pafs
+
+    segments = pattern.split("/")
+    fixed = next(i for i, s in enumerate(segments) if glob.has_magic(s))
+    if fixed == 0:
+        raise InputError(entry, "a bucket name cannot be a pattern")
+    base, wanted = "/".join(segments[:fixed]), segments[fixed:]
+    selector = pafs.FileSelector(base, recursive=len(wanted) > 1, allow_not_found=True)
+    found = []
+    for info in fs.get_file_info(selector):
+        parts = info.path[len(base) + 1 :].split("/")
+        if info.type == pafs.FileType.File and len(parts) == len(wanted):
+            if all(_matches(p, w) for p, w in zip(parts, wanted, strict=True)):
+                found.append(("s3://" + info.path, info.size, 0))
+    if not found and fs.get_file_info(base.split("/")[0]).type == pafs.FileType.NotFound:
+        raise InputError(entry, f"no such bucket {base.split('/')[0]!r}")
+    return tuple(sorted(found))
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """``glob``'s rule for one segment: a hidden name only where the pattern starts with ``.``."""
+    return fnmatch.fnmatchcase(name, pattern) and (not name.startswith(".") or pattern[0] == ".")

@@ -1,0 +1,417 @@
+"""``s3://`` and ``http(s)://`` reads on the host target (issue 16), against real servers on
+loopback: moto's S3 server (its requests signed and checked against an IAM user's keys) and an
+HTTP server that serves byte ranges. Results equal pyarrow's and NumPy's reads of local copies.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import functools
+import http.server
+import io
+import json
+import os
+import threading
+import time
+import urllib.request
+
+import dask
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from util import assert_same_frame, clear_ledgers, compute, expected_parquet, shards_of
+
+import dask_gpudirect as dg
+from dask_gpudirect import ledger_report, remote, targets
+from dask_gpudirect.errors import InputError
+
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+
+BUCKET = "gpudirect-data"
+FILES = 3  # Parquet files, 100 rows each in 4 row groups
+
+
+def _frame(k: int) -> pd.DataFrame:
+    rng = np.random.default_rng(k)
+    return pd.DataFrame(
+        {
+            "id": np.arange(k * 100, (k + 1) * 100),
+            "x": rng.normal(size=100),
+            "name": [f"n{i % 7}" for i in range(100)],
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def local_data(tmp_path_factory):
+    """Local copies of what the servers hold: Parquet files, .npy files, a raw file."""
+    root = tmp_path_factory.mktemp("remote-data")
+    (root / "pq").mkdir()
+    for k in range(FILES):
+        pq.write_table(pa.Table.from_pandas(_frame(k)), root / "pq" / f"part-{k}.parquet",
+                       row_group_size=25)  # fmt: skip
+    (root / "pq" / "_SUCCESS").write_bytes(b"")
+    (root / "npy").mkdir()
+    for k in range(2):
+        np.save(root / "npy" / f"shard-{k}.npy", np.arange(k * 60, (k + 1) * 60).reshape(20, 3))
+    (root / "raw.bin").write_bytes(np.arange(1000, dtype="<i4").tobytes())
+    return root
+
+
+class _S3:
+    """The S3 server: its endpoint, an IAM user's keys, and the storage_options with both."""
+
+    def __init__(self, endpoint: str, key: str, secret: str):
+        self.endpoint, self.key, self.secret = endpoint, key, secret
+        self.options = {"key": key, "secret": secret, "endpoint_url": endpoint,
+                        "region": "us-east-1"}  # fmt: skip
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+        )
+
+    def put(self, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+@pytest.fixture(scope="session")
+def s3(local_data):
+    """moto's S3 server on a free loopback port, holding ``local_data`` under ``BUCKET``;
+    after setup every request must be signed with the IAM user's keys (wrong ones: 403)."""
+    import moto.settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    setup = {"endpoint_url": endpoint, "region_name": "us-east-1",
+             "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}  # fmt: skip
+    iam = boto3.client("iam", **setup)
+    iam.create_user(UserName="reader")
+    policy = {"Version": "2012-10-17",
+              "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}  # fmt: skip
+    iam.put_user_policy(UserName="reader", PolicyName="s3", PolicyDocument=json.dumps(policy))
+    keys = iam.create_access_key(UserName="reader")["AccessKey"]
+    boto3.client("s3", **setup).create_bucket(Bucket=BUCKET)
+    old = moto.settings.INITIAL_NO_AUTH_ACTION_COUNT
+    moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on, requests are authenticated
+    ActionAuthenticatorMixin.request_count = 0
+    store = _S3(endpoint, keys["AccessKeyId"], keys["SecretAccessKey"])
+    for path in sorted(local_data.rglob("*")):
+        if path.is_file():
+            store.put(str(path.relative_to(local_data)), path.read_bytes())
+    store.put("pq/.hidden.parquet", b"not parquet")
+    for k, year in enumerate((2024, 2025)):
+        store.put(
+            f"hive/year={year}/part-{k}.parquet",
+            (local_data / "pq" / f"part-{k}.parquet").read_bytes(),
+        )
+    yield store
+    moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = old
+    server.stop()
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with ``Range: bytes=a-b`` answered 206, as object stores and CDNs do."""
+
+    def send_head(self):
+        if self.server.fail_next > 0:  # a server that is briefly unwell: 503, then fine
+            self.server.fail_next -= 1
+            self.send_error(503)
+            return None
+        spec = self.headers.get("Range")
+        if spec is None:
+            return super().send_head()
+        path = self.translate_path(self.path)
+        try:
+            with open(path, "rb") as f:
+                data, info = f.read(), os.fstat(f.fileno())
+        except OSError:
+            self.send_error(404)
+            return None
+        start, end = (int(n) for n in spec.removeprefix("bytes=").split("-"))
+        body = data[start : end + 1]
+        if self.server.cut_next > 0:  # the connection drops after half the body
+            self.server.cut_next -= 1
+            self.send_response(206)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Last-Modified", email.utils.formatdate(info.st_mtime, usegmt=True))
+            self.end_headers()
+            self.close_connection = True
+            return io.BytesIO(body[: len(body) // 2])
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Last-Modified", email.utils.formatdate(info.st_mtime, usegmt=True))
+        self.end_headers()
+        return io.BytesIO(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def http_url(tmp_path_factory, local_data):
+    """An HTTP server with Range support on a free loopback port, serving a copy of
+    ``local_data`` (tests may change its files): its base URL, root and server."""
+    root = tmp_path_factory.mktemp("http-root")
+    for path in local_data.rglob("*"):
+        if path.is_file():
+            (root / path.relative_to(local_data)).parent.mkdir(parents=True, exist_ok=True)
+            (root / path.relative_to(local_data)).write_bytes(path.read_bytes())
+    handler = functools.partial(_RangeHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.fail_next = 0  # requests to answer 503 before serving again
+    server.cut_next = 0  # range requests whose connection drops mid-body
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", root, server
+    server.shutdown()
+
+
+def _parquet_files(local_data) -> list[str]:
+    return [str(local_data / "pq" / f"part-{k}.parquet") for k in range(FILES)]
+
+
+def _routes(client) -> set[str]:
+    return set(dg.report(client, by="path")["path"])
+
+
+def test_s3_parquet_directory_glob_and_object_equal_pyarrow(tcp, s3, local_data):
+    files = _parquet_files(local_data)
+    clear_ledgers(tcp)
+    for url in (f"s3://{BUCKET}/pq/", f"s3://{BUCKET}/pq", f"s3://{BUCKET}/pq/*.parquet"):
+        df = dg.read_parquet(url, client=tcp, storage_options=s3.options)
+        assert df.npartitions >= 2
+        assert_same_frame(compute(tcp, df), expected_parquet(files))
+    one = dg.read_parquet(f"s3://{BUCKET}/pq/part-1.parquet", client=tcp,
+                          storage_options=s3.options, split_row_groups=True)  # fmt: skip
+    assert one.npartitions == 4
+    assert_same_frame(compute(tcp, one), expected_parquet(files[1]))
+    assert _routes(tcp) == {"host-remote"}
+
+
+def test_s3_parquet_columns_and_filters(tcp, s3, local_data):
+    files = _parquet_files(local_data)
+    filters = [("id", ">=", 140), ("id", "<", 260)]
+    df = dg.read_parquet(f"s3://{BUCKET}/pq/", columns=["id", "x"], filters=filters,
+                         client=tcp, storage_options=s3.options)  # fmt: skip
+    assert_same_frame(compute(tcp, df), expected_parquet(files, ["id", "x"], filters))
+    series = dg.read_parquet(f"s3://{BUCKET}/pq/", columns="name", client=tcp,
+                             storage_options=s3.options)  # fmt: skip
+    assert list(compute(tcp, series)) == list(expected_parquet(files)["name"])
+
+
+def test_s3_shards_are_balanced_over_every_worker(tcp, s3):
+    df = dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp, storage_options=s3.options,
+                         split_row_groups=True)  # fmt: skip
+    workers = {shard.worker for shard in shards_of(df).values()}
+    assert workers == set(tcp.scheduler_info()["workers"])
+
+
+def test_s3_npy_and_raw_binary_equal_numpy(tcp, s3, local_data):
+    expected = np.concatenate([np.load(local_data / "npy" / f"shard-{k}.npy") for k in range(2)])
+    for url in (f"s3://{BUCKET}/npy/", f"s3://{BUCKET}/npy/shard-*.npy"):
+        arr = dg.read_binary(url, client=tcp, storage_options=s3.options, blocksize=96)
+        assert arr.numblocks[0] > 2
+        np.testing.assert_array_equal(compute(tcp, arr), expected)
+    raw = dg.read_binary(f"s3://{BUCKET}/raw.bin", dtype="<i4", client=tcp,
+                         storage_options=s3.options, blocksize=1000)  # fmt: skip
+    np.testing.assert_array_equal(compute(tcp, raw), np.arange(1000, dtype="<i4"))
+
+
+def test_s3_credentials_and_endpoint_from_the_environment(tcp, s3, local_data, monkeypatch):
+    """No storage_options: the client (listing) and the workers (planning, reading) take the
+    keys and the endpoint from AWS_* variables, as AWS tools do."""
+    env = {"AWS_ACCESS_KEY_ID": s3.key, "AWS_SECRET_ACCESS_KEY": s3.secret,
+           "AWS_ENDPOINT_URL": s3.endpoint, "AWS_REGION": "us-east-1"}  # fmt: skip
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    old = tcp.run(_set_env, env)
+    try:
+        df = dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp)
+        assert_same_frame(compute(tcp, df), expected_parquet(_parquet_files(local_data)))
+    finally:
+        for worker, previous in old.items():
+            tcp.run(_set_env, previous, workers=[worker])
+
+
+def _set_env(values: dict) -> dict:
+    """Set (None: unset) ``values`` in this process's environment; the values they replace."""
+    old = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    return old
+
+
+def test_http_parquet_and_npy_equal_local(tcp, http_url, local_data):
+    base, _, _ = http_url
+    files = _parquet_files(local_data)
+    urls = [f"{base}/pq/part-{k}.parquet" for k in range(FILES)]
+    clear_ledgers(tcp)
+    df = dg.read_parquet(urls, client=tcp, filters=[("id", "<", 150)], columns=["id", "name"])
+    assert_same_frame(compute(tcp, df), expected_parquet(files, ["id", "name"], [("id", "<", 150)]))
+    arr = dg.read_binary([f"{base}/npy/shard-0.npy", f"{base}/npy/shard-1.npy"], client=tcp)
+    expected = np.concatenate([np.load(local_data / "npy" / f"shard-{k}.npy") for k in range(2)])
+    np.testing.assert_array_equal(compute(tcp, arr), expected)
+    assert _routes(tcp) == {"host-remote"}
+
+
+def _message(excinfo) -> str:
+    return str(excinfo.value)
+
+
+def test_s3_missing_bucket_key_and_prefix(tcp, s3):
+    cases = {
+        "s3://no-such-bucket/pq/": "no such bucket",
+        "s3://no-such-bucket/pq/*.parquet": "no such bucket",
+        f"s3://{BUCKET}/missing.parquet": "no such key",
+        f"s3://{BUCKET}/pq/*.csv": "no files match",
+    }
+    for url, cause in cases.items():
+        with pytest.raises(InputError, match=cause) as excinfo:
+            dg.read_parquet(url, client=tcp, storage_options=s3.options)
+        assert url in _message(excinfo)
+    df = dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp, storage_options=s3.options)
+    assert len(compute(tcp, df)) == FILES * 100
+
+
+def test_s3_denied_access_and_wrong_endpoint(tcp, s3):
+    url = f"s3://{BUCKET}/pq/"
+    wrong = {**s3.options, "secret": "not-the-secret-" + s3.secret[:4]}
+    with pytest.raises(InputError, match="access denied") as excinfo:
+        dg.read_parquet(url, client=tcp, storage_options=wrong)
+    assert url in _message(excinfo)
+    assert wrong["secret"] not in _message(excinfo)
+    closed = {**s3.options, "endpoint_url": "http://127.0.0.1:9"}  # discard: nothing listens
+    with dask.config.set({"gpudirect.remote.retries": 0}):
+        with pytest.raises(InputError, match="cannot reach the endpoint http://127.0.0.1:9"):
+            dg.read_binary(f"s3://{BUCKET}/npy/", client=tcp, storage_options=closed)
+
+
+def test_http_missing_file_and_no_listing(tcp, http_url):
+    base, _, _ = http_url
+    with pytest.raises(InputError, match=r"not found \(HTTP 404\)") as excinfo:
+        dg.read_binary(f"{base}/npy/missing.npy", client=tcp)
+    assert f"{base}/npy/missing.npy" in _message(excinfo)
+    with pytest.raises(InputError, match="HTTP.S. has no listing"):
+        dg.read_parquet(f"{base}/pq/", client=tcp)
+    with pytest.raises(InputError, match="cannot reach the server"):
+        with dask.config.set({"gpudirect.remote.retries": 0}):
+            dg.read_binary("http://127.0.0.1:9/x.npy", client=tcp)
+
+
+def test_s3_object_changed_since_planning(tcp, s3, local_data):
+    url = f"s3://{BUCKET}/changing.parquet"
+    s3.put("changing.parquet", (local_data / "pq" / "part-0.parquet").read_bytes())
+    df = dg.read_parquet(url, client=tcp, storage_options=s3.options)
+    s3.put("changing.parquet", (local_data / "pq" / "part-1.parquet").read_bytes())
+    with pytest.raises(InputError, match="changed since it was planned") as excinfo:
+        compute(tcp, df)
+    assert url in _message(excinfo)
+    again = dg.read_parquet(url, client=tcp, storage_options=s3.options)  # planned anew: fine
+    assert_same_frame(compute(tcp, again), expected_parquet(_parquet_files(local_data)[1]))
+
+
+def test_http_file_changed_since_planning(tcp, http_url):
+    base, root, _ = http_url
+    path = root / "changing.npy"
+    np.save(path, np.arange(30))
+    arr = dg.read_binary(f"{base}/changing.npy", client=tcp)
+    np.save(path, np.arange(30) * 2)
+    os.utime(path, (time.time() + 5, time.time() + 5))  # Last-Modified has 1 s resolution
+    with pytest.raises(InputError, match="changed since it was planned") as excinfo:
+        compute(tcp, arr)
+    assert f"{base}/changing.npy" in _message(excinfo)
+
+
+def test_credentials_never_show(tcp, s3, caplog):
+    """The keys appear in no ledger record, report, error text, repr of the shards or of the
+    graph, in no log of the client or the workers, nor in the metrics or the dashboard page."""
+    clear_ledgers(tcp)
+    df = dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp, storage_options=s3.options)
+    compute(tcp, df)
+    arr = dg.read_binary(f"s3://{BUCKET}/npy/", client=tcp, storage_options=s3.options)
+    compute(tcp, arr)
+    texts = [
+        dg.report(tcp).to_string(),
+        dg.report(tcp, by="shard").to_string(),
+        ledger_report.records(tcp).to_string(),
+        repr(shards_of(df)),
+        repr(shards_of(arr)),
+        repr(dict(df.__dask_graph__())),
+        repr(dict(arr.__dask_graph__())),
+        caplog.text,
+    ]
+    wrong = {**s3.options, "secret": s3.secret[::-1]}
+    for bad in (wrong, {**s3.options, "bogus": s3.secret}):
+        with pytest.raises(InputError) as excinfo:
+            dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp, storage_options=bad)
+        texts.append(_message(excinfo))
+    texts += [str(logs) for logs in tcp.get_worker_logs().values()]
+    pages = [tcp.dashboard_link.replace("/status", "/gpudirect")]  # the scheduler's page
+    for info in tcp.scheduler_info()["workers"].values():  # each worker's Prometheus metrics
+        pages.append(f"http://127.0.0.1:{info['services']['dashboard']}/metrics")
+    for page in pages:
+        with urllib.request.urlopen(page, timeout=30) as response:
+            texts.append(response.read().decode())
+    assert any("host-remote" in text for text in texts[-2:])
+    for text in texts:
+        assert s3.secret not in text and s3.secret[::-1] not in text
+    assert "host-remote" in texts[0]
+
+
+def test_device_target_refuses_urls_and_other_schemes_are_refused(tcp):
+    with pytest.raises(InputError, match="host target only so far") as excinfo:
+        targets.refuse_remote("device", "s3://b/k.parquet")
+    assert "s3://b/k.parquet" in _message(excinfo)
+    targets.refuse_remote("host", "s3://b/k.parquet")
+    with pytest.raises(InputError, match="gs:// paths are not supported"):
+        dg.read_parquet("gs://bucket/data.parquet")
+    with pytest.raises(InputError, match="credentials in a URL"):
+        dg.read_parquet("https://user:pw@example.com/data.parquet")
+    with pytest.raises(InputError, match="bogus not taken"):
+        remote.Store.from_options({"bogus": 1})
+    given = {"key": "K", "secret": "S3CR3T", "client_kwargs": {"endpoint_url": "http://h:1"}}
+    store = remote.Store.from_options(given)
+    assert store.endpoint() == "http://h:1" and "S3CR3T" not in repr(store)
+
+
+def test_s3_hive_folders_as_locally(tcp, s3, local_data, tmp_path):
+    for k, year in enumerate((2024, 2025)):
+        (tmp_path / f"year={year}").mkdir()
+        (tmp_path / f"year={year}" / f"part-{k}.parquet").write_bytes(
+            (local_data / "pq" / f"part-{k}.parquet").read_bytes()
+        )
+    got = dg.read_parquet(f"s3://{BUCKET}/hive/", client=tcp, storage_options=s3.options,
+                          filters=[("year", "==", 2025)])  # fmt: skip
+    local = dg.read_parquet(str(tmp_path), client=tcp, filters=[("year", "==", 2025)])
+    assert_same_frame(compute(tcp, got), compute(tcp, local))
+    assert list(compute(tcp, got)["year"].unique()) == [2025]
+
+
+def test_http_retries_a_server_error(tcp, http_url, local_data):
+    base, _, server = http_url
+    server.fail_next = 2
+    arr = dg.read_binary(f"{base}/npy/shard-1.npy", client=tcp)
+    np.testing.assert_array_equal(compute(tcp, arr), np.load(local_data / "npy" / "shard-1.npy"))
+    assert server.fail_next == 0
+
+
+def test_http_connection_cut_mid_read(tcp, http_url):
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    arr = dg.read_binary(url, dtype="<i4", client=tcp)
+    server.cut_next = 1
+    with pytest.raises(InputError, match="the connection was cut after 2000 of 4000 bytes"):
+        compute(tcp, arr)
+    np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
