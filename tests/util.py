@@ -296,6 +296,13 @@ def corpus_files() -> list[str]:
     return sorted(glob.glob(os.path.join(CORPUS, "parquet-testing", "data", "*.parquet")))
 
 
+def assert_refused_by_name(client, path: str, target: str, cause: Exception) -> None:
+    """A file the reference reader refused (``cause``): dg must refuse it too, naming it."""
+    with pytest.raises(dg.InputError) as info:
+        client.compute(dg.read_parquet(path, target=target, client=client)).result()
+    assert info.value.path == path, (str(info.value), repr(cause))
+
+
 def write_nested_parquet(directory) -> list[str]:
     """Three files of :func:`nested_columns`, two row groups each: maps, lists of structs,
     structs of lists, a list of lists of structs, float16."""
