@@ -54,6 +54,12 @@ def is_remote(path: str) -> bool:
     return scheme(path) in SCHEMES
 
 
+def store_of(path: str, store: Store | None) -> Store | None:
+    """What a shard of ``path`` carries to reach it: ``store`` for a remote object, nothing for
+    a local file (so that a local shard is the same whatever ``storage_options`` said)."""
+    return store if is_remote(path) else None
+
+
 def checked_url(url: str) -> str:
     """``url`` as given, refused where it carries credentials: a ``user:password@`` or a query
     string (a presigned signature) would show in the ledger and in errors."""

@@ -221,6 +221,7 @@ def _file_shards(
 ) -> list[Shard]:
     n, record_shape = layout.shape[0], layout.shape[1:]
     record = layout.dtype.itemsize * math.prod(record_shape)
+    store = remote.store_of(path, store)
     step = n if layout.order == "F" else max(1, blocksize // max(record, 1))
     shards = []
     for start in range(0, max(n, 1), max(step, 1)):

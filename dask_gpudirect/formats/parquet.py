@@ -495,6 +495,7 @@ def _file_shards(
     blocksize, per_shard, target, ranged, store = args
     expression = dnf.to_expression(part["filters"])
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
+    store = remote.store_of(path, store)
     leaves = _top_level_columns(footer.file)
     tail = _tail_start(meta)
     head_tail = [(0, 4), (tail, size - tail)]
