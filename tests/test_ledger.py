@@ -119,4 +119,5 @@ def test_copies_per_route():
         "local": 0,
         "device-to-host": 1,
         "host-to-disk": 1,
+        "host-remote": 1,  # object store or HTTP server -> host memory
     }
