@@ -121,11 +121,10 @@ def _values(column: pa.ChunkedArray) -> list:
     their integers (Python's datetime ends at year 9999), NaN as :data:`NAN`."""
     if pa.types.is_dictionary(column.type):
         column = column.cast(column.type.value_type)
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
         column = column.cast(pa.large_binary())
-    elif pa.types.is_binary(column.type):
-        column = column.cast(pa.large_binary())
-    elif pa.types.is_timestamp(column.type):
+    elif pa.types.is_timestamp(kind):
         column = column.cast(pa.int64())
     return [_plain(v) for v in column.to_pylist()]
 
