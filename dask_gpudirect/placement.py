@@ -5,13 +5,16 @@ found), balancing files and bytes across workers; the choice
 is deterministic, so the same inputs and workers give the same placement. Because dask-expr
 drops annotations and fuses tasks, the placement travels inside the shard itself, and
 :class:`PlacementPlugin` finds shards in incoming tasks (fused or not) and restricts each task
-to its worker. Restrictions are loose: if that worker is gone, any worker may run it.
+to its worker. The restriction is strict while that worker lives (work stealing would otherwise
+hand a busy worker's shards to an idle one that may not see the file) and loosened when it
+leaves: then any worker may run it, and the read says why it ran there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from time import time
 from typing import Any
 
 from dask.task_spec import DataNode, Task
@@ -129,4 +132,18 @@ class PlacementPlugin(SchedulerPlugin):
             shard = _shard_of(ts.run_spec)
             if shard is not None and shard.worker in scheduler.workers:
                 ts.worker_restrictions = {shard.worker}
+                ts.loose_restrictions = False
+
+    def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
+        """The shards placed on ``worker`` may now run anywhere (other tasks restricted to it
+        keep their restriction): those the scheduler has already found no worker for are sent
+        back to be scheduled again."""
+        again = {}
+        for ts in scheduler.tasks.values():
+            mine = ts.worker_restrictions == {worker} and ts.run_spec is not None
+            if mine and not ts.loose_restrictions and _shard_of(ts.run_spec) is not None:
                 ts.loose_restrictions = True
+                if ts.state == "no-worker":
+                    again[ts.key] = "waiting"
+        if again:
+            scheduler.transitions(again, stimulus_id=f"gpudirect-placement-left-{time()}")

@@ -1,18 +1,19 @@
 """A worker process that dies while it loads: its shards are read again by the others.
 
 A test plugin on one worker ends its process (``os._exit``) the moment that worker starts a
-loading task: a real worker death mid-load, not a mock. The loading tasks carry loose worker
-restrictions, so the scheduler hands the lost shards to workers that can read them, and the
-result is complete.
+loading task: a real worker death mid-load, not a mock. The loading tasks are restricted to their
+worker while it lives (work stealing must not move them) and loosened once it has left, so the
+scheduler hands the lost shards to workers that can read them, and the result is complete.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
-from distributed import Client, WorkerPlugin
-from util import start_cluster
+from distributed import Client, Event, WorkerPlugin, wait
+from util import clear_ledgers, start_cluster
 
 import dask_gpudirect as dg
 
@@ -59,3 +60,37 @@ def _shards(arr) -> list:
         for arg in getattr(task, "args", ())
         if isinstance(arg, Shard)
     ]
+
+
+def test_a_busy_worker_keeps_its_shards_while_it_lives(tcp, tmp_path):
+    """Work stealing hands queued tasks to idle workers; a shard's task must stay with the
+    worker placement chose while that worker lives (on node-local disks only it can read the
+    file). Its threads are held by other work while an idle worker could take its shards."""
+    expected = np.arange(60_000, dtype=np.int64)
+    np.save(tmp_path / "x.npy", expected)
+    clear_ledgers(tcp)
+    arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=tcp)  # 12 shards
+    busy = sorted(tcp.scheduler_info()["workers"])[0]
+    planned = {s.name: s.worker for s in _shards(arr)}
+    release = Event()
+    holders = [
+        tcp.submit(_hold, release.name, i, workers=[busy], pure=False)
+        for i in range(tcp.nthreads()[busy])
+    ]
+    result = tcp.compute(arr)
+    # the idle worker reads its own shards, then idles while busy's wait: stealing's chance
+    idle = sum(worker != busy for worker in planned.values())
+    while len(dg.ledger_report.records(tcp).query("op == 'read'")) < idle:
+        time.sleep(0.05)
+    time.sleep(2)  # stealing balances every 100 ms: twenty chances to move busy's shards
+    release.set()
+    np.testing.assert_array_equal(result.result(), expected)
+    wait(holders)
+    reads = dg.ledger_report.records(tcp).query("op == 'read'")
+    assert dict(zip(reads.shard, reads.worker, strict=True)) == planned
+
+
+def _hold(event: str, i: int) -> int:
+    """Keeps a worker thread until ``event`` is set."""
+    Event(event).wait()
+    return i
