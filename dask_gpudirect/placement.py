@@ -20,6 +20,7 @@ from typing import Any
 from dask.task_spec import DataNode, Task
 from dask.typing import Key
 from distributed import Scheduler, SchedulerPlugin
+from distributed.scheduler import TaskStateState
 
 from .errors import InputError
 from .loading import load, load_partition
@@ -138,7 +139,7 @@ class PlacementPlugin(SchedulerPlugin):
         """The shards placed on ``worker`` may now run anywhere (other tasks restricted to it
         keep their restriction): those the scheduler has already found no worker for are sent
         back to be scheduled again."""
-        again = {}
+        again: dict[Key, TaskStateState] = {}
         for ts in scheduler.tasks.values():
             mine = ts.worker_restrictions == {worker} and ts.run_spec is not None
             if mine and not ts.loose_restrictions and _shard_of(ts.run_spec) is not None:
