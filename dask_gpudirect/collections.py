@@ -105,8 +105,6 @@ def _prepare(
     store = remote.Store.from_options(storage_options)
     workers = survey(client, [e for e in entries if not remote.is_remote(e)], listing)
     target = _resolve_target(target, workers)
-    for entry in filter(remote.is_remote, entries):
-        targets.refuse_remote(target, entry)
     local = {w: info["views"] for w, info in workers.items()}
     seen = remote_listing.views(entries, local, listing, store)
     found = discovery.merge(entries, seen, listing)

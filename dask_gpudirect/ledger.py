@@ -38,6 +38,7 @@ COPIES: dict[str, int] = {
     "host-to-disk": 1,  # a received piece spilled from host memory to the worker's disk
     # last, so the dashboard's colors of the paths above stay as they were
     "host-remote": 1,  # object storage (s3://, http(s)://) -> host memory by range requests
+    "kvikio-remote": 2,  # object storage -> host memory (the HTTP client's) -> GPU, by kvikio
 }
 
 #: Copies of a host-staged GPU transfer between two nodes: GPU -> host -> NIC -> NIC -> host -> GPU.

@@ -132,6 +132,22 @@ class Store:
             or os.environ.get("AWS_ENDPOINT_URL")
         )
 
+    def region_name(self) -> str | None:
+        """The region: given, or ``AWS_REGION`` / ``AWS_DEFAULT_REGION``."""
+        return self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+
+    def credentials(self) -> tuple[str | None, str | None, str | None]:
+        """Access key, secret and session token: given, or from the named profile; None
+        where neither says (the client library then reads the environment)."""
+        if self.profile and not self.key:
+            found = _profile(self.profile)
+            return (
+                found.get("aws_access_key_id"),
+                found.get("aws_secret_access_key"),
+                found.get("aws_session_token"),
+            )
+        return self.key, self.secret, self.token
+
     def scrub(self, text: str) -> str:
         """``text`` with any of the credentials in it masked."""
         for value in (self.key, self.secret, self.token):
@@ -174,17 +190,13 @@ def _s3(store: Store, retries: int, timeout: float, env: tuple) -> pafs.S3FileSy
     reads) in this process, so that its connections are reused."""
     import pyarrow.fs as pafs
 
-    key, secret, token = store.key, store.secret, store.token
-    if store.profile and not key:
-        found = _profile(store.profile)
-        key, secret = found.get("aws_access_key_id"), found.get("aws_secret_access_key")
-        token = found.get("aws_session_token")
+    key, secret, token = store.credentials()
     return pafs.S3FileSystem(
         access_key=key,
         secret_key=secret,
         session_token=token,
         anonymous=store.anonymous,
-        region=store.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"),
+        region=store.region_name(),
         endpoint_override=store.endpoint(),
         connect_timeout=timeout,
         request_timeout=timeout,

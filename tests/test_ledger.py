@@ -120,4 +120,5 @@ def test_copies_per_route():
         "device-to-host": 1,
         "host-to-disk": 1,
         "host-remote": 1,  # object store or HTTP server -> host memory
+        "kvikio-remote": 2,  # object store or HTTP server -> host memory -> GPU
     }

@@ -5,178 +5,21 @@ HTTP server that serves byte ranges. Results equal pyarrow's and NumPy's reads o
 
 from __future__ import annotations
 
-import email.utils
-import functools
-import http.server
-import io
-import json
 import os
-import threading
 import time
 import urllib.request
 
 import dask
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from object_servers import BUCKET, FILES, parquet_files
 from util import assert_same_frame, clear_ledgers, compute, expected_parquet, shards_of
 
 import dask_gpudirect as dg
-from dask_gpudirect import ledger_report, remote, targets
+from dask_gpudirect import ledger_report, remote
 from dask_gpudirect.errors import InputError
 
-moto_server = pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
-
-BUCKET = "gpudirect-data"
-FILES = 3  # Parquet files, 100 rows each in 4 row groups
-
-
-def _frame(k: int) -> pd.DataFrame:
-    rng = np.random.default_rng(k)
-    return pd.DataFrame(
-        {
-            "id": np.arange(k * 100, (k + 1) * 100),
-            "x": rng.normal(size=100),
-            "name": [f"n{i % 7}" for i in range(100)],
-        }
-    )
-
-
-@pytest.fixture(scope="session")
-def local_data(tmp_path_factory):
-    """Local copies of what the servers hold: Parquet files, .npy files, a raw file."""
-    root = tmp_path_factory.mktemp("remote-data")
-    (root / "pq").mkdir()
-    for k in range(FILES):
-        pq.write_table(pa.Table.from_pandas(_frame(k)), root / "pq" / f"part-{k}.parquet",
-                       row_group_size=25)  # fmt: skip
-    (root / "pq" / "_SUCCESS").write_bytes(b"")
-    (root / "npy").mkdir()
-    for k in range(2):
-        np.save(root / "npy" / f"shard-{k}.npy", np.arange(k * 60, (k + 1) * 60).reshape(20, 3))
-    (root / "raw.bin").write_bytes(np.arange(1000, dtype="<i4").tobytes())
-    return root
-
-
-class _S3:
-    """The S3 server: its endpoint, an IAM user's keys, and the storage_options with both."""
-
-    def __init__(self, endpoint: str, key: str, secret: str):
-        self.endpoint, self.key, self.secret = endpoint, key, secret
-        self.options = {"key": key, "secret": secret, "endpoint_url": endpoint,
-                        "region": "us-east-1"}  # fmt: skip
-        self.client = boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id=key,
-            aws_secret_access_key=secret,
-            region_name="us-east-1",
-        )
-
-    def put(self, key: str, body: bytes) -> None:
-        self.client.put_object(Bucket=BUCKET, Key=key, Body=body)
-
-
-@pytest.fixture(scope="session")
-def s3(local_data):
-    """moto's S3 server on a free loopback port, holding ``local_data`` under ``BUCKET``;
-    after setup every request must be signed with the IAM user's keys (wrong ones: 403)."""
-    import moto.settings
-    from moto.core.authorization import ActionAuthenticatorMixin
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    setup = {"endpoint_url": endpoint, "region_name": "us-east-1",
-             "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}  # fmt: skip
-    iam = boto3.client("iam", **setup)
-    iam.create_user(UserName="reader")
-    policy = {"Version": "2012-10-17",
-              "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}  # fmt: skip
-    iam.put_user_policy(UserName="reader", PolicyName="s3", PolicyDocument=json.dumps(policy))
-    keys = iam.create_access_key(UserName="reader")["AccessKey"]
-    boto3.client("s3", **setup).create_bucket(Bucket=BUCKET)
-    old = moto.settings.INITIAL_NO_AUTH_ACTION_COUNT
-    moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = 0  # from now on, requests are authenticated
-    ActionAuthenticatorMixin.request_count = 0
-    store = _S3(endpoint, keys["AccessKeyId"], keys["SecretAccessKey"])
-    for path in sorted(local_data.rglob("*")):
-        if path.is_file():
-            store.put(str(path.relative_to(local_data)), path.read_bytes())
-    store.put("pq/.hidden.parquet", b"not parquet")
-    for k, year in enumerate((2024, 2025)):
-        store.put(
-            f"hive/year={year}/part-{k}.parquet",
-            (local_data / "pq" / f"part-{k}.parquet").read_bytes(),
-        )
-    yield store
-    moto.settings.INITIAL_NO_AUTH_ACTION_COUNT = old
-    server.stop()
-
-
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with ``Range: bytes=a-b`` answered 206, as object stores and CDNs do."""
-
-    def send_head(self):
-        if self.server.fail_next > 0:  # a server that is briefly unwell: 503, then fine
-            self.server.fail_next -= 1
-            self.send_error(503)
-            return None
-        spec = self.headers.get("Range")
-        if spec is None:
-            return super().send_head()
-        path = self.translate_path(self.path)
-        try:
-            with open(path, "rb") as f:
-                data, info = f.read(), os.fstat(f.fileno())
-        except OSError:
-            self.send_error(404)
-            return None
-        start, end = (int(n) for n in spec.removeprefix("bytes=").split("-"))
-        body = data[start : end + 1]
-        if self.server.cut_next > 0:  # the connection drops after half the body
-            self.server.cut_next -= 1
-            self.send_response(206)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Last-Modified", email.utils.formatdate(info.st_mtime, usegmt=True))
-            self.end_headers()
-            self.close_connection = True
-            return io.BytesIO(body[: len(body) // 2])
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Last-Modified", email.utils.formatdate(info.st_mtime, usegmt=True))
-        self.end_headers()
-        return io.BytesIO(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-@pytest.fixture(scope="session")
-def http_url(tmp_path_factory, local_data):
-    """An HTTP server with Range support on a free loopback port, serving a copy of
-    ``local_data`` (tests may change its files): its base URL, root and server."""
-    root = tmp_path_factory.mktemp("http-root")
-    for path in local_data.rglob("*"):
-        if path.is_file():
-            (root / path.relative_to(local_data)).parent.mkdir(parents=True, exist_ok=True)
-            (root / path.relative_to(local_data)).write_bytes(path.read_bytes())
-    handler = functools.partial(_RangeHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.fail_next = 0  # requests to answer 503 before serving again
-    server.cut_next = 0  # range requests whose connection drops mid-body
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", root, server
-    server.shutdown()
-
-
-def _parquet_files(local_data) -> list[str]:
-    return [str(local_data / "pq" / f"part-{k}.parquet") for k in range(FILES)]
+pytest.importorskip("moto.server")
 
 
 def _routes(client) -> set[str]:
@@ -184,7 +27,7 @@ def _routes(client) -> set[str]:
 
 
 def test_s3_parquet_directory_glob_and_object_equal_pyarrow(tcp, s3, local_data):
-    files = _parquet_files(local_data)
+    files = parquet_files(local_data)
     clear_ledgers(tcp)
     for url in (f"s3://{BUCKET}/pq/", f"s3://{BUCKET}/pq", f"s3://{BUCKET}/pq/*.parquet"):
         df = dg.read_parquet(url, client=tcp, storage_options=s3.options)
@@ -198,7 +41,7 @@ def test_s3_parquet_directory_glob_and_object_equal_pyarrow(tcp, s3, local_data)
 
 
 def test_s3_parquet_columns_and_filters(tcp, s3, local_data):
-    files = _parquet_files(local_data)
+    files = parquet_files(local_data)
     filters = [("id", ">=", 140), ("id", "<", 260)]
     df = dg.read_parquet(f"s3://{BUCKET}/pq/", columns=["id", "x"], filters=filters,
                          client=tcp, storage_options=s3.options)  # fmt: skip
@@ -236,7 +79,7 @@ def test_s3_credentials_and_endpoint_from_the_environment(tcp, s3, local_data, m
     old = tcp.run(_set_env, env)
     try:
         df = dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp)
-        assert_same_frame(compute(tcp, df), expected_parquet(_parquet_files(local_data)))
+        assert_same_frame(compute(tcp, df), expected_parquet(parquet_files(local_data)))
     finally:
         for worker, previous in old.items():
             tcp.run(_set_env, previous, workers=[worker])
@@ -255,7 +98,7 @@ def _set_env(values: dict) -> dict:
 
 def test_http_parquet_and_npy_equal_local(tcp, http_url, local_data):
     base, _, _ = http_url
-    files = _parquet_files(local_data)
+    files = parquet_files(local_data)
     urls = [f"{base}/pq/part-{k}.parquet" for k in range(FILES)]
     clear_ledgers(tcp)
     df = dg.read_parquet(urls, client=tcp, filters=[("id", "<", 150)], columns=["id", "name"])
@@ -319,7 +162,7 @@ def test_s3_object_changed_since_planning(tcp, s3, local_data):
         compute(tcp, df)
     assert url in _message(excinfo)
     again = dg.read_parquet(url, client=tcp, storage_options=s3.options)  # planned anew: fine
-    assert_same_frame(compute(tcp, again), expected_parquet(_parquet_files(local_data)[1]))
+    assert_same_frame(compute(tcp, again), expected_parquet(parquet_files(local_data)[1]))
 
 
 def test_http_file_changed_since_planning(tcp, http_url):
@@ -370,11 +213,7 @@ def test_credentials_never_show(tcp, s3, caplog):
     assert "host-remote" in texts[0]
 
 
-def test_device_target_refuses_urls_and_other_schemes_are_refused(tcp):
-    with pytest.raises(InputError, match="host target only so far") as excinfo:
-        targets.refuse_remote("device", "s3://b/k.parquet")
-    assert "s3://b/k.parquet" in _message(excinfo)
-    targets.refuse_remote("host", "s3://b/k.parquet")
+def test_other_schemes_and_credentials_in_urls_are_refused(tcp):
     with pytest.raises(InputError, match="gs:// paths are not supported"):
         dg.read_parquet("gs://bucket/data.parquet")
     with pytest.raises(InputError, match="credentials in a URL"):

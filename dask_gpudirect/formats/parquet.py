@@ -40,6 +40,7 @@ class ParquetPart:
     columns: tuple[str, ...]
     filters: Any = None
     categorical: tuple[str, ...] = ()  # dictionary-encoded in the schema
+    halves: tuple[str, ...] = ()  # float16 in the schema: libcudf decodes them as their bytes
     # Integer and boolean columns that may hold nulls: in this file's row groups when planned,
     # in any planned file's once the plan is unified (ParquetPlan.unified)
     nulls: tuple[str, ...] = ()
@@ -407,6 +408,7 @@ def plan(
         read_columns=tuple(read_columns),
         columns=tuple(kept),
         categorical=_dictionary_columns(out_schema),
+        halves=tuple(f.name for f in out_schema if pa.types.is_float16(f.type)),
         index=key,
         partition_types=types,
         backend=backend,

@@ -48,20 +48,8 @@ def module(name: str) -> ModuleType:
         ) from exc
 
 
-#: target name -> the ledger path of its ``s3://`` and ``http(s)://`` reads; a target not here
-#: refuses remote URLs (the device target's kvikio.RemoteFile route is owed).
-REMOTE_ROUTES = {"host": "host-remote"}
-#: Why a target without a remote route refuses a URL.
-HOST_ONLY = (
-    "remote URLs are read on the host target only so far (target='host'): the device "
-    "target's route (kvikio.RemoteFile into GPU memory) is not built yet"
-)
-
-
-def refuse_remote(name: str, url: str) -> None:
-    """Raise an InputError naming ``url`` if target ``name`` has no route for remote objects."""
-    if name not in REMOTE_ROUTES:
-        raise InputError(url, HOST_ONLY)
+#: target name -> the ledger path of its ``s3://`` and ``http(s)://`` reads.
+REMOTE_ROUTES = {"host": "host-remote", "device": "kvikio-remote"}
 
 
 def holding(obj: Any) -> TargetName:
@@ -92,7 +80,7 @@ class Target:
         object is read by :meth:`_read_remote`, its stamp checked by the same rules.
         """
         start = time.perf_counter()
-        if remote.is_remote(shard.path) and self.name in REMOTE_ROUTES:
+        if remote.is_remote(shard.path):
             buffer, nread = self._read_remote(shard)
             route = REMOTE_ROUTES[self.name]
         else:
@@ -109,15 +97,25 @@ class Target:
         return buffer
 
     def _read_remote(self, shard: Shard) -> tuple[Any, int]:
-        """A remote shard's buffer and the bytes read into it (targets of REMOTE_ROUTES)."""
+        """A remote shard's buffer and the bytes read into it (targets of REMOTE_ROUTES): the
+        object's size and version checked against the stamp before (on the open) and after
+        (a fresh request)."""
+        with remote.opened(shard.path, shard.store) as obj:
+            assert isinstance(obj, remote.Object) and shard.stamp is not None
+            stamps.check_version(shard.stamp, shard.path, obj.size, obj.version)
+            read = self._read_object(shard, obj)
+            stamps.check_version(shard.stamp, shard.path, *obj.head())
+        return read
+
+    def _read_object(self, shard: Shard, obj: remote.Object) -> tuple[Any, int]:
+        """``shard``'s ranges of the opened remote object into a new buffer, and the bytes
+        read."""
         raise NotImplementedError
 
     @contextlib.contextmanager
     def checked(self, shard: Shard) -> Iterator[Opened]:
         """``shard``'s file, opened once and checked on that descriptor (allowed roots, the
         stamp), to be read only through it; its stamp checked again when the read is done."""
-        if remote.is_remote(shard.path):  # only targets with a remote route read URLs
-            raise InputError(shard.path, HOST_ONLY)
         try:
             with opened(shard.path) as file:
                 stamps.check(shard.stamp, file)

@@ -22,9 +22,12 @@ import pylibcudf as plc
 import rmm
 from dask.utils import parse_bytes
 
+from .. import cudf_compat, remote
 from ..errors import InputError
 from ..shards import decoding
 from . import Order, Target
+
+cudf_compat.patch_struct_serialization()
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -54,11 +57,36 @@ def _decode_parquet(
 def empty_frame(table: pa.Table, backend: str | None = None) -> cudf.DataFrame:
     """The cuDF partition type for ``table``'s schema (a collection's ``meta``).
 
-    Decoded by the same reader as the partitions, so dtypes (decimal widths included) match.
+    Decoded by the same reader as the partitions, so dtypes (decimal widths included) match,
+    but for what libcudf types differently when it decodes no rows: fixed-length binary
+    (``list<uint8>`` with rows, strings without) and float16 (made float32 values here).
     """
+    import cudf
+
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    return _decode_parquet([sink.getvalue().to_pybytes()], None, table.column_names)
+    frame = _decode_parquet([sink.getvalue().to_pybytes()], None, table.column_names)
+    for field in table.schema:
+        if pa.types.is_fixed_size_binary(field.type):
+            frame[field.name] = cudf.Series([], dtype=cudf.ListDtype("uint8"))
+        elif pa.types.is_float16(field.type):
+            frame[field.name] = cudf.Series([], dtype="float32")
+    return frame
+
+
+def halves_as_float32(frame: cudf.DataFrame, columns: Sequence[str]) -> cudf.DataFrame:
+    """``frame`` with its float16 ``columns``, which libcudf gives as lists of their two bytes
+    (little-endian), as float32 values: cuDF holds no float16. Nulls stay nulls, NaN NaN."""
+    import cudf
+
+    for name in columns:
+        column = frame[name]
+        low, high = (column.list.get(k).astype("uint16") for k in (0, 1))
+        bits = cupy.asarray((low + high * 256).fillna(0).values)
+        values = cudf.Series(bits.view(cupy.float16).astype(cupy.float32), nan_as_null=False)
+        values.index = frame.index
+        frame[name] = values.mask(column.isnull())
+    return frame
 
 
 def with_range_index(
@@ -191,6 +219,37 @@ def configure_kvikio(options: dict[str, Any]) -> str:
     return "kvikio-compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
 
 
+def configure_remote(settings: remote.Settings) -> None:
+    """kvikio's HTTP client with ``gpudirect.remote.*``'s retries and timeout (it backs off by
+    itself between attempts, on 429 and 5xx)."""
+    kvikio.defaults.set(
+        {"http_max_attempts": settings.retries + 1, "http_timeout": max(int(settings.timeout), 1)}
+    )
+
+
+def remote_file(obj: remote.Object) -> kvikio.RemoteFile:
+    """A kvikio handle on the opened remote object ``obj`` (its size already known): S3 with
+    its store's credentials and endpoint (path-style, as S3-compatible servers take it), or
+    plain HTTP(S)."""
+    store = obj.store
+    if remote.scheme(obj.path) != "s3":
+        return kvikio.RemoteFile.open_http(obj.path, obj.size)
+    bucket, _, key = remote.s3_path(obj.path).partition("/")
+    if store.anonymous:
+        return kvikio.RemoteFile.open_s3_public(obj.path, obj.size)
+    access, secret, token = store.credentials()
+    return kvikio.RemoteFile.open_s3(
+        bucket,
+        key,
+        obj.size,
+        aws_region_name=store.region_name() or "us-east-1",
+        aws_access_key_id=access,
+        aws_secret_access_key=secret,
+        aws_endpoint_url=store.endpoint(),
+        aws_session_token=token,
+    )
+
+
 def _check_same_file(file: Opened, fd: int) -> None:
     """Raise unless ``fd`` is open on the same inode as ``file`` (kvikio's own open)."""
     mine, theirs = file.stat, os.fstat(fd)
@@ -205,6 +264,7 @@ class DeviceTarget(Target):
     def __init__(self, options: dict[str, Any], ledger: Ledger):
         super().__init__(options, ledger)
         self.route = configure_kvikio(options)
+        configure_remote(remote.Settings.current())
 
     def _read(self, shard: Shard, file: Opened) -> tuple[rmm.DeviceBuffer, int]:
         buffer = rmm.DeviceBuffer(size=shard.size)
@@ -220,6 +280,23 @@ class DeviceTarget(Target):
             nread = sum(fut.get() for fut in futures)
         return buffer, nread
 
+    def _read_object(self, shard: Shard, obj: remote.Object) -> tuple[rmm.DeviceBuffer, int]:
+        """``shard``'s ranges straight into GPU memory by ``kvikio.RemoteFile``: parallel range
+        requests on kvikio's threads, in its task size."""
+        buffer = rmm.DeviceBuffer(size=shard.size)
+        view = cupy.asarray(buffer)
+        try:
+            with remote_file(obj) as f:
+                futures = [
+                    f.pread(view[o - shard.base : o - shard.base + n], n, o)
+                    for o, n in shard.ranges
+                    if n
+                ]
+                nread = sum(fut.get() for fut in futures)
+        except RuntimeError as exc:  # kvikio's HTTP errors (status, connection) from C++
+            raise remote.error(shard.path, exc, obj.store) from None
+        return buffer, nread
+
     def read_parquet(self, runs: Sequence[Sequence[Shard]]) -> list[cudf.DataFrame | None]:
         """libcudf reads and decodes each run of shards in one call (one call per small file
         costs about 10 ms, most of its time), from the descriptors this target opened and
@@ -231,6 +308,8 @@ class DeviceTarget(Target):
             if run[0].part.empty is not None:  # footer-only: read to check the file
                 self.read(run[0])
                 decoded.append(None)
+            elif remote.is_remote(run[0].path):  # each shard's ranges into GPU memory
+                decoded.append(self._read_remote_parquet(run))
             else:
                 decoded.append(self._read_together(run))
         return decoded
@@ -252,6 +331,7 @@ class DeviceTarget(Target):
                         _decode_parquet([path], [rgs], columns)
                 with decoding(*shards):
                     raise exc from None
+        frame = halves_as_float32(frame, shards[0].part.halves)
         rows = sum(shard.part.rows for shard in shards)
         if len(frame) != rows:
             raise InputError(
@@ -264,6 +344,20 @@ class DeviceTarget(Target):
         for shard in shards:
             self.record(shard, seconds * shard.nbytes / total)
         return frame
+
+    def _read_remote_parquet(self, shards: Sequence[Shard]) -> cudf.DataFrame:
+        """Remote shards, each read into a device buffer (where its ranges lie in the file;
+        the rest is never read) and decoded there by libcudf, end to end."""
+        import cudf
+
+        frames = []
+        for shard in shards:
+            buffer = self.read(shard)
+            with decoding(shard):
+                rgs, columns = [list(shard.part.row_groups)], list(shard.part.read_columns)
+                frames.append(_decode_parquet([buffer], rgs, columns))
+        frame = frames[0] if len(frames) == 1 else cudf.concat(frames, ignore_index=True)
+        return halves_as_float32(frame, shards[0].part.halves)
 
     def as_array(
         self, buffer: rmm.DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...], order: Order

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dask.utils import parse_bytes
 
-from .. import remote, stamps
+from .. import remote
 from . import Order, Target
 
 if TYPE_CHECKING:
@@ -155,29 +155,24 @@ class HostTarget(Target):
         self.pool = ThreadPoolExecutor(options["threads"], thread_name_prefix="gpudirect-read")
         self._remote_pool: ThreadPoolExecutor | None = None
 
-    def _read_remote(self, shard: Shard) -> tuple[np.ndarray, int]:
+    def _read_object(self, shard: Shard, obj: remote.Object) -> tuple[np.ndarray, int]:
         """Range requests of ``gpudirect.remote.range-size``, ``connections`` at once, into
-        one NumPy buffer; the object's size and version checked against the stamp before (on
-        the open) and after (a fresh request)."""
+        one NumPy buffer."""
         settings = remote.Settings.current()
         if self._remote_pool is None:
             self._remote_pool = ThreadPoolExecutor(
                 settings.connections, thread_name_prefix="gpudirect-remote"
             )
         buffer = np.empty(shard.size, dtype=np.uint8)
-        with remote.opened(shard.path, shard.store) as obj:
-            assert isinstance(obj, remote.Object) and shard.stamp is not None
-            stamps.check_version(shard.stamp, shard.path, obj.size, obj.version)
-            futures = [
-                (o, self._remote_pool.submit(obj.pread, n, o))
-                for o, n in remote.pieces(shard.ranges, settings.range_size)
-            ]
-            nread = 0
-            for o, future in futures:
-                data = future.result()
-                buffer[o - shard.base : o - shard.base + len(data)] = np.frombuffer(data, np.uint8)
-                nread += len(data)
-            stamps.check_version(shard.stamp, shard.path, *obj.head())
+        futures = [
+            (o, self._remote_pool.submit(obj.pread, n, o))
+            for o, n in remote.pieces(shard.ranges, settings.range_size)
+        ]
+        nread = 0
+        for o, future in futures:
+            data = future.result()
+            buffer[o - shard.base : o - shard.base + len(data)] = np.frombuffer(data, np.uint8)
+            nread += len(data)
         return buffer, nread
 
     def _read(self, shard: Shard, file: Opened) -> tuple[np.ndarray, int]:
