@@ -7,18 +7,16 @@ which skips where it is missing)."""
 from __future__ import annotations
 
 import email.utils
-import functools
-import http.server
 import io
 import json
-import os
-import threading
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from dask_gpudirect.bench.range_server import RangeHandler, base_url, serving
 
 BUCKET = "gpudirect-data"
 FILES = 3  # Parquet files, 100 rows each in 4 row groups
@@ -112,26 +110,17 @@ def s3(local_data):
     server.stop()
 
 
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with ``Range: bytes=a-b`` answered 206, as object stores and CDNs do."""
+class _FaultyRangeHandler(RangeHandler):
+    """The benchmark's ranged server, able to fail: 503s, and connections cut mid-body."""
 
     def send_head(self):
         if self.server.fail_next > 0:  # a server that is briefly unwell: 503, then fine
             self.server.fail_next -= 1
             self.send_error(503)
             return None
-        spec = self.headers.get("Range")
-        if spec is None:
-            return super().send_head()
-        path = self.translate_path(self.path)
-        try:
-            with open(path, "rb") as f:
-                data, info = f.read(), os.fstat(f.fileno())
-        except OSError:
-            self.send_error(404)
-            return None
-        start, end = (int(n) for n in spec.removeprefix("bytes=").split("-"))
-        body = data[start : end + 1]
+        return super().send_head()
+
+    def send_range(self, body, start, info):
         if self.server.cut_next > 0:  # the connection drops after half the body
             self.server.cut_next -= 1
             self.send_response(206)
@@ -140,15 +129,7 @@ class _RangeHandler(http.server.SimpleHTTPRequestHandler):
             self.end_headers()
             self.close_connection = True
             return io.BytesIO(body[: len(body) // 2])
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {start}-{start + len(body) - 1}/{len(data)}")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Last-Modified", email.utils.formatdate(info.st_mtime, usegmt=True))
-        self.end_headers()
-        return io.BytesIO(body)
-
-    def log_message(self, *args) -> None:
-        pass
+        return super().send_range(body, start, info)
 
 
 @pytest.fixture(scope="session")
@@ -160,13 +141,10 @@ def http_url(tmp_path_factory, local_data):
         if path.is_file():
             (root / path.relative_to(local_data)).parent.mkdir(parents=True, exist_ok=True)
             (root / path.relative_to(local_data)).write_bytes(path.read_bytes())
-    handler = functools.partial(_RangeHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.fail_next = 0  # requests to answer 503 before serving again
-    server.cut_next = 0  # range requests whose connection drops mid-body
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", root, server
-    server.shutdown()
+    with serving(str(root), _FaultyRangeHandler) as server:
+        server.fail_next = 0  # requests to answer 503 before serving again
+        server.cut_next = 0  # range requests whose connection drops mid-body
+        yield base_url(server), root, server
 
 
 def parquet_files(local_data) -> list[str]:

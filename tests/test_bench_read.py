@@ -86,6 +86,32 @@ def test_bench_read_two_workers_host(tmp_path):
     assert "bench read: measurements: 15/15 (100%)" in proc.stderr
 
 
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_bench_read_remote_host(tmp_path):
+    """``--remote``: the data through the loopback server, every row measured or saying why
+    not, the rows and records checked, the ratio to the faster per-URL baseline printed."""
+    out_json, out_md = tmp_path / "remote.json", tmp_path / "remote.md"
+    size = str(1 / 1024)
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "read", "--remote", "--target", "host"]
+    cmd += ["--dir", str(tmp_path / "data"), "--binary-gib", size, "--parquet-gib", size]
+    cmd += ["--files", "4", "--repeat", "1", "--json", str(out_json), "--markdown", str(out_md)]
+    env = {**os.environ, "COLUMNS": "160"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out_json.read_text())
+    records = {r["key"]: r for r in result["records"]}
+    assert list(records) == ["server", "cudf-url", "dask-url", "dg-parquet", "dg-binary"]
+    for key in ("server", "cudf-url", "dg-parquet", "dg-binary"):
+        assert records[key]["status"] == "ok" and records[key]["gbps"] > 0, records[key]
+    assert records["dask-url"]["status"] in ("ok", "not run"), records["dask-url"]
+    rows = result["data"]["parquet"]["rows"]
+    assert records["dg-parquet"]["note"].startswith(f"{rows} rows")
+    (check,) = result["checks"]
+    assert check["what"].startswith("dg-parquet / ") and check["ratio"] > 0
+    assert f"{check['what']}: {check['ratio']:.2f}x" in proc.stdout
+    assert "| server |" in out_md.read_text()
+
+
 @pytest.mark.parametrize(
     "name",
     ["2026-11-29-h200-read", "2026-11-29-h200-read-1thread", "2026-11-29-h200-x2-shuffle"],

@@ -58,6 +58,7 @@ from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_
 from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
     TARGET_OPTION,
+    device_names,
     finish,
     log,
     output_options,
@@ -119,7 +120,7 @@ def _persist(
     return seconds, note
 
 
-def _dask_measure(
+def dask_measure(
     client: Client,
     key: str,
     cache: str,
@@ -145,7 +146,7 @@ def _dask_measure(
     )
 
 
-def _rows_check(expected: int) -> Check:
+def rows_check(expected: int) -> Check:
     def check(frame: dd.DataFrame) -> str:
         rows = int(frame.map_partitions(len).compute().sum())
         if rows != expected:
@@ -155,7 +156,7 @@ def _rows_check(expected: int) -> Check:
     return check
 
 
-def _records_check(expected: int) -> Check:
+def records_check(expected: int) -> Check:
     def check(array: da.Array) -> str:
         if array.shape[0] != expected:
             raise RuntimeError(f"array has {array.shape[0]} records, the files hold {expected}")
@@ -247,8 +248,8 @@ def _cluster_measurements(
             return dd.read_parquet(pq_dir)
 
         runs = [
-            ("dg-binary", bin_info["bytes"], binary, _records_check(bin_info["records"])),
-            ("dg-parquet", pq_info["bytes"], parquet, _rows_check(pq_info["rows"])),
+            ("dg-binary", bin_info["bytes"], binary, records_check(bin_info["records"])),
+            ("dg-parquet", pq_info["bytes"], parquet, rows_check(pq_info["rows"])),
         ]
         if opts["workers"] > 1:  # and how evenly placement spread the shards
             balance = out.setdefault("balance", {})
@@ -260,29 +261,29 @@ def _cluster_measurements(
         kvikio_snapshot("before dg")
         for key, nbytes, build, check in runs:
             _log(f"measuring {key} (warm)")
-            measure = partial(_dask_measure, client, key, "warm", nbytes, build, repeat, check)
-            recs.append(_guard(key, "warm", measure))
+            measure = partial(dask_measure, client, key, "warm", nbytes, build, repeat, check)
+            recs.append(guarded(key, "warm", measure))
         if cold is None:
             for key, nbytes, build, check in reversed(runs):
                 _log(f"measuring {key} (cold)")
                 measure = partial(_cold_dask, client, key, nbytes, build, check)
-                recs.append(_guard(key, "cold", measure))
+                recs.append(guarded(key, "cold", measure))
         kvikio_snapshot("after dg")
         with contextlib.suppress(Exception):
             out["ledger"] = dg.report(client).to_dict(orient="records")
 
         warm_page_cache(data_files(pq_dir))
         _log("measuring dask-default (warm)")
-        nbytes, check = pq_info["bytes"], _rows_check(pq_info["rows"])
+        nbytes, check = pq_info["bytes"], rows_check(pq_info["rows"])
         measure = partial(
-            _dask_measure, client, "dask-default", "warm", nbytes, dask_default, repeat, check
+            dask_measure, client, "dask-default", "warm", nbytes, dask_default, repeat, check
         )
-        recs.append(_guard("dask-default", "warm", measure))
+        recs.append(guarded("dask-default", "warm", measure))
         kvikio_snapshot("after dask-default")
         if cold is None:
             _log("measuring dask-default (cold)")
             measure = partial(_cold_dask, client, "dask-default", nbytes, dask_default, None)
-            recs.append(_guard("dask-default", "cold", measure))
+            recs.append(guarded("dask-default", "cold", measure))
     finally:
         stop_cluster(cluster, client, _log)
 
@@ -293,10 +294,10 @@ def _cold_dask(
     reason = drop_page_cache()
     if reason:
         return record(key, "cold", status="not run", note=reason)
-    return _dask_measure(client, key, "cold", nbytes, build, 1, check)
+    return dask_measure(client, key, "cold", nbytes, build, 1, check)
 
 
-def _guard(key: str, cache: str, fn: Callable[[], dict]) -> dict:
+def guarded(key: str, cache: str, fn: Callable[[], dict]) -> dict:
     try:
         return fn()
     except Exception as exc:  # a failed measurement is reported; the others still run
@@ -338,6 +339,12 @@ def _guard(key: str, cache: str, fn: Callable[[], dict]) -> dict:
     help="Measure the single-process baselines (naive read, cudf.read_parquet per file); "
     "the pinned copy ceiling, dd and dask_cudf are measured either way.",
 )
+@click.option(
+    "--remote",
+    is_flag=True,
+    help="Read the data through a ranged HTTP server on loopback instead: dg against "
+    "cudf.read_parquet(url) per file and dask_cudf.read_parquet(urls), beside the server's rate.",
+)
 @output_options
 @TARGET_OPTION
 def read(
@@ -352,6 +359,7 @@ def read(
     repeat: int,
     drop_cache: bool,
     baselines: bool,
+    remote: bool,
     json_path: str | None,
     md_path: str | None,
     target: str,
@@ -361,7 +369,7 @@ def read(
     """Loading speed of dg.read_parquet / dg.read_binary against the baselines and ceilings.
 
     With --workers N (one per GPU) all GPUs read their own shards at once, against the sum of
-    their pinned copy ceilings.
+    their pinned copy ceilings. With --remote, over HTTP (see bench/remote_read.py).
     """
     gpus = gpu_count()
     if target == "auto":
@@ -391,13 +399,23 @@ def read(
         "device": None,
         "records": [],
     }
+    if remote and plot_path:
+        raise click.UsageError("--plot draws the local read's figures; not with --remote")
     tmp = None
     if root is None:
         tmp = root = tempfile.mkdtemp(prefix="dask-gpudirect-bench-")
     try:
-        planned = [k for k in ORDER if workers > 1 or k[0] != "h2d-concurrent"]
-        with progress_bar("read", result["records"], len(planned), progress):
-            _run(result, opts, os.path.abspath(root), target, gpus)
+        if remote:
+            from . import remote_read
+
+            names = device_names() if target == "device" else []
+            result["device"] = names[0] if names else None
+            with progress_bar("read", result["records"], len(remote_read.KEYS), progress):
+                remote_read.run(result, opts, os.path.abspath(root), target)
+        else:
+            planned = [k for k in ORDER if workers > 1 or k[0] != "h2d-concurrent"]
+            with progress_bar("read", result["records"], len(planned), progress):
+                _run(result, opts, os.path.abspath(root), target, gpus)
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True
         _log("interrupted: writing what was measured so far")
@@ -407,6 +425,12 @@ def read(
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    if remote:
+        from . import remote_read
+
+        result["checks"] = remote_read.checks_of(result["records"])
+        outputs = (json_path, md_path, remote_read.markdown, None)
+        return finish(result, target, remote_read.print_result, outputs)
     rank = {k: i for i, k in enumerate(ORDER)}
     result["records"].sort(key=lambda r: rank.get((r["key"], r["cache"]), len(rank)))
     result["checks"] = checks_of(result["records"], target, workers)
@@ -494,7 +518,7 @@ def _run(result: dict, opts: dict, root: str, target: str, gpus: int) -> None:
 
     _log("disk ceiling: dd iflag=direct")
     biggest = max(bin_files, key=os.path.getsize)
-    recs.append(_guard("dd-direct", "cold", lambda: dd_direct(biggest)))
+    recs.append(guarded("dd-direct", "cold", lambda: dd_direct(biggest)))
 
     try:
         _cluster_measurements(opts, target, bin_dir, pq_dir, bin_info, pq_info, cold, result)

@@ -72,3 +72,38 @@ def test_float16_is_float32_values_with_nulls_and_nans_kept(cuda_tcp, nested, tm
         np.testing.assert_array_equal(  # NaN where NaN (nulls filled alike)
             column.fill_null(0).to_numpy(), expected.fill_null(0).to_numpy()
         )
+
+
+def test_files_a_pandas_user_writes_read_as_dask_cudf_reads_them(cuda_tcp, tmp_path):
+    """Issue 15's files from pandas on the device target, against ``dask_cudf.read_parquet``:
+    nullable integers with nulls in one file only, the index ``set_index`` stored, columns in
+    another order in the second file, a stray README and ``_SUCCESS`` in the folder, and
+    ``columns="x"`` as a Series. One type per column, in meta and in every partition."""
+    import dask_cudf
+    import pandas as pd
+
+    first = pd.DataFrame({"key": [1, 2, 3], "n": pd.array([1, None, 3], "Int64"), "x": [0.5] * 3})
+    second = pd.DataFrame({"x": [1.5] * 3, "n": pd.array([4, 5, 6], "Int64"), "key": [4, 5, 6]})
+    first.set_index("key").to_parquet(tmp_path / "part-0.parquet")
+    second.set_index("key").to_parquet(tmp_path / "part-1.parquet")
+    (tmp_path / "README.txt").write_text("not data")
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+
+    df = dg.read_parquet(str(tmp_path), target="device", client=cuda_tcp)
+    expected = dask_cudf.read_parquet(str(tmp_path)).compute()
+    types = {c: str(t) for c, t in df.dtypes.items()}
+    assert types == {c: str(t) for c, t in expected.dtypes.items()}
+    assert df.index.name == expected.index.name == "key"
+    for part_types, _ in cuda_tcp.gather(
+        cuda_tcp.compute([dask.delayed(h.described)(p) for p in df.to_delayed()])
+    ):
+        assert part_types == types
+    got = cuda_tcp.compute(df).result()
+    assert got.index.to_arrow().to_pylist() == expected.index.to_arrow().to_pylist()
+    h.assert_same_table(h.cudf_to_arrow(got), h.cudf_to_arrow(expected))
+    series = cuda_tcp.compute(
+        dg.read_parquet(str(tmp_path), columns="x", target="device", client=cuda_tcp)
+    ).result()
+    assert (
+        type(series).__name__ == "Series" and series.to_arrow().to_pylist() == [0.5] * 3 + [1.5] * 3
+    )

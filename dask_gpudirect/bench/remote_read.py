@@ -1,0 +1,264 @@
+"""``dask-gpudirect bench read --remote``: reads over HTTP against their baselines, in one run.
+
+The data ``bench read`` writes is served by a ranged HTTP server on loopback
+(:mod:`.range_server`), and read through its URLs, each figure the median of ``--repeat`` runs
+after a checked warm-up:
+
+- ``server``: plain ranged GETs of every Parquet file into host memory, in the client, as many
+  in flight as ``gpudirect.remote.connections``: the server's own rate, the ceiling of all;
+- ``cudf-url``: ``cudf.read_parquet(url)`` per file on a worker, through kvikio's remote IO
+  (host target: ``pyarrow.parquet.read_table`` of each file's bytes, fetched the same way);
+- ``dask-url``: ``dask_cudf.read_parquet(urls).persist()`` (host: ``dd.read_parquet``), which
+  reads through fsspec's HTTP file system (``not run`` where fsspec lacks aiohttp);
+- ``dg-parquet``, ``dg-binary``: ``dg.read_parquet(urls)`` and ``dg.read_binary(urls)``,
+  persisted.
+
+The target: ``dg-parquet`` at least 1.0 x the faster of ``cudf-url`` and ``dask-url``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from .. import remote
+from ..measure import start_cluster, stop_cluster
+from ._baselines import record
+from .common import log
+from .datasets import dataset
+from .range_server import base_url, serving
+from .read import dask_measure, guarded, records_check, rows_check
+from .tables import judge, markdown_table, print_table
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+#: What ``dg-parquet`` must reach, over the faster per-URL baseline.
+TARGET = 1.0
+#: The measurements, in the order they run.
+KEYS = ("server", "cudf-url", "dask-url", "dg-parquet", "dg-binary")
+HEADER = ["measurement", "GB/s", "seconds", "of the server's rate", "note"]
+
+
+def _log(message: str) -> None:
+    log("read --remote", message)
+
+
+def fetch(url: str, pool: ThreadPoolExecutor) -> bytes:
+    """Every byte of ``url`` by ranged GETs of ``gpudirect.remote.range-size``, in ``pool``."""
+    settings = remote.Settings.current()
+    with remote.opened(url, remote.Store()) as obj:
+        assert isinstance(obj, remote.Object)
+        pieces = remote.pieces(((0, obj.size),), settings.range_size)
+        return b"".join(pool.map(lambda piece: obj.pread(piece[1], piece[0]), pieces))
+
+
+def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
+    """The median seconds of ``repeat`` calls of ``fn`` after one warm-up call."""
+    fn()
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs), runs
+
+
+def _server_rate(urls: list[str], nbytes: int, repeat: int) -> dict:
+    settings = remote.Settings.current()
+    with ThreadPoolExecutor(settings.connections) as pool:
+        seconds, runs = _timed(lambda: [fetch(url, pool) for url in urls], repeat)
+    note = f"{settings.connections} ranged GETs of {settings.range_size >> 20} MiB in flight"
+    return record("server", "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
+
+
+def _per_file_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list[float]]:
+    """Run on a worker: each URL read whole by cuDF (kvikio remote IO) or pyarrow."""
+    if device:
+        import cudf
+
+        def read_all() -> None:
+            with cudf.option_context("kvikio_remote_io", True):
+                for url in urls:
+                    cudf.read_parquet(url)
+    else:
+        import pyarrow.parquet as pq
+
+        pool = ThreadPoolExecutor(remote.Settings.current().connections)
+
+        def read_all() -> None:
+            for url in urls:
+                pq.read_table(io.BytesIO(fetch(url, pool)))
+
+    return _timed(read_all, repeat)
+
+
+def run(result: dict, opts: dict, root: str, target: str) -> None:
+    """Every measurement of the module docstring into ``result["records"]``."""
+    recs, repeat, device = result["records"], opts["repeat"], target == "device"
+    bin_files, bin_info = dataset(
+        os.path.join(root, "binary"), "binary", opts["binary_gib"], opts["files"]
+    )
+    pq_files, pq_info = dataset(
+        os.path.join(root, "parquet"), "parquet", opts["parquet_gib"], opts["files"]
+    )
+    result["data"] = {"dir": root, "binary": bin_info, "parquet": pq_info}
+    with serving(root) as server:
+        base = base_url(server)
+        pq_urls = [f"{base}/parquet/{os.path.basename(p)}" for p in pq_files]
+        bin_urls = [f"{base}/binary/{os.path.basename(p)}" for p in bin_files]
+        result["server"] = base
+        _log(f"serving {root} at {base}: the server's own rate")
+        recs.append(
+            guarded("server", "warm", partial(_server_rate, pq_urls, pq_info["bytes"], repeat))
+        )
+        _log(f"starting the cluster ({opts['workers']} worker(s))")
+        cluster, client = start_cluster(
+            target,
+            opts["workers"],
+            opts["threads_per_worker"],
+            opts["protocol"],
+            opts["rmm_pool_size"],
+        )
+        try:
+            _cluster_runs(client, recs, pq_urls, bin_urls, pq_info, bin_info, repeat, device)
+        finally:
+            stop_cluster(cluster, client, _log)
+
+
+def _cluster_runs(
+    client: Client,
+    recs: list[dict],
+    pq_urls: list[str],
+    bin_urls: list[str],
+    pq_info: dict,
+    bin_info: dict,
+    repeat: int,
+    device: bool,
+) -> None:
+    import dask_gpudirect as dg
+
+    target = "device" if device else "host"
+    nbytes, rows = pq_info["bytes"], pq_info["rows"]
+
+    def per_file() -> dict:
+        worker = sorted(client.scheduler_info()["workers"])[0]
+        seconds, runs = client.run(_per_file_on_worker, pq_urls, repeat, device, workers=[worker])[
+            worker
+        ]
+        note = "cuDF per file (kvikio remote IO)" if device else "pyarrow per file"
+        return record("cudf-url", "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
+
+    def dask_url() -> Any:
+        if device:
+            import dask_cudf
+
+            return dask_cudf.read_parquet(pq_urls)
+        import dask.dataframe as dd
+
+        return dd.read_parquet(pq_urls)
+
+    def dask_measured() -> dict:
+        try:
+            return dask_measure(
+                client, "dask-url", "warm", nbytes, dask_url, repeat, rows_check(rows)
+            )
+        except ImportError as exc:  # fsspec's HTTP file system needs aiohttp
+            return record("dask-url", "warm", status="not run", note=f"{exc}".splitlines()[-1])
+
+    runs: list[tuple[str, Callable[[], dict]]] = [
+        ("cudf-url", per_file),
+        ("dask-url", dask_measured),
+        (
+            "dg-parquet",
+            partial(
+                dask_measure,
+                client,
+                "dg-parquet",
+                "warm",
+                nbytes,
+                lambda: dg.read_parquet(pq_urls, target=target, client=client),
+                repeat,
+                rows_check(rows),
+            ),
+        ),
+        (
+            "dg-binary",
+            partial(
+                dask_measure,
+                client,
+                "dg-binary",
+                "warm",
+                bin_info["bytes"],
+                lambda: dg.read_binary(bin_urls, target=target, client=client),
+                repeat,
+                records_check(bin_info["records"]),
+            ),
+        ),
+    ]
+    for key, measure in runs:
+        _log(f"measuring {key}")
+        recs.append(guarded(key, "warm", measure))
+
+
+def checks_of(records: list[dict]) -> list[dict]:
+    """``dg-parquet`` over the faster of ``cudf-url`` and ``dask-url``, where both ran."""
+    by = {r["key"]: r for r in records if r.get("gbps")}
+    bases = [by[k] for k in ("cudf-url", "dask-url") if k in by]
+    if "dg-parquet" not in by or not bases:
+        return []
+    best = max(bases, key=lambda r: r["gbps"])
+    ratio = by["dg-parquet"]["gbps"] / best["gbps"]
+    return [
+        {
+            "what": f"dg-parquet / {best['key']}",
+            "ratio": ratio,
+            "target": TARGET,
+            "verdict": judge(ratio, TARGET),
+        }
+    ]
+
+
+def _rows(result: dict) -> list[list[str]]:
+    server = next((r for r in result["records"] if r["key"] == "server" and r.get("gbps")), None)
+    rows = []
+    for r in result["records"]:
+        gbps = f"{r['gbps']:.2f}" if r.get("gbps") else r["status"]
+        seconds = f"{r['seconds']:.3f}" if r.get("seconds") else "-"
+        share = f"{r['gbps'] / server['gbps']:.2f}x" if server and r.get("gbps") else "-"
+        rows.append([r["key"], gbps, seconds, share, r.get("note", "")])
+    return rows
+
+
+def _check_lines(result: dict) -> list[str]:
+    return [
+        f"{c['what']}: {c['ratio']:.2f}x (target {c['target']:.1f}x: {c['verdict']})"
+        for c in result["checks"]
+    ] or ["dg-parquet against the per-URL baselines: not measured (see the table)"]
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# dask-gpudirect remote read benchmark: {result['device']}",
+        "",
+        f"- date: {result['date']}",
+        f"- target: `{result['target']}`; command: `{result['command']}`",
+        f"- server: {result.get('server', 'not started')} (Python's ranged HTTP server)",
+        "",
+        *markdown_table(HEADER, _rows(result)),
+        "",
+        *(f"- {line}" for line in _check_lines(result)),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def print_result(result: dict) -> None:
+    title = f"bench read --remote: {result['device']} ({result['target']} target)"
+    print_table(title, HEADER, _rows(result), _check_lines(result))
