@@ -5,11 +5,11 @@
 #
 # (after the chunk calls of ../shared/gpu/README.md have installed the stack into /tmp/site).
 # Writes into $OUT: env.txt, gpu-tests.log, gpu-junit.xml, corpus-diff.md, bench-read.log, read.json, read.md,
-# bench-shuffle.log, shuffle.json, shuffle.md, bench-etl.log, etl.json, etl.md, and prints the
+# bench-remote.log, remote.json, remote.md, bench-shuffle.log, shuffle.json, shuffle.md, bench-etl.log, etl.json, etl.md, and prints the
 # short tables last. Each part has its own time limit and a failing part does not stop the next;
 # the whole run stays under 9.5 minutes (the shuffle benchmark, then the ETL one, get what the
 # parts before them leave). Exit status: 0 only if every part that ran passed. Skip parts with
-# SKIP_TESTS=1, SKIP_READ=1, SKIP_SHUFFLE=1, SKIP_ETL=1; for example the shuffle benchmark alone,
+# SKIP_TESTS=1, SKIP_READ=1, SKIP_REMOTE=1, SKIP_SHUFFLE=1, SKIP_ETL=1; for example the shuffle benchmark alone,
 # with all the time there is, on nvidia-h200-x2:
 #
 #     SKIP_TESTS=1 SKIP_READ=1 SKIP_ETL=1 bash scripts/gpu-suite.sh
@@ -38,6 +38,9 @@ GPU_TESTS=${GPU_TESTS:-tests/gpu}                       # test paths, e.g. tests
 SKIP_UCX_INFO=${SKIP_UCX_INFO:-0}
 SKIP_TESTS=${SKIP_TESTS:-0}
 SKIP_READ=${SKIP_READ:-0}
+SKIP_REMOTE=${SKIP_REMOTE:-0}
+REMOTE_GIB=${REMOTE_GIB:-1}                               # each format, for bench read --remote
+# REMOTE_ARGS: more options for `bench read --remote`, e.g. "--threads-per-worker 4"
 SKIP_SHUFFLE=${SKIP_SHUFFLE:-0}
 SKIP_ETL=${SKIP_ETL:-0}
 ETL_GIB=${ETL_GIB:-8}                                     # in memory; 256 files, as issue 14 asks
@@ -108,6 +111,19 @@ if [[ $SKIP_READ != 1 ]]; then
   echo "== bench read: exit $bench_rc after $((SECONDS - start))s (log: bench-read.log) =="
 fi
 
+# --- 2b. the read benchmark over HTTP: dg against cudf.read_parquet(url) and dask_cudf --------
+remote_rc=skipped
+if [[ $SKIP_REMOTE != 1 ]]; then
+  echo "== bench read --remote: ${REMOTE_GIB} GiB each over loopback HTTP (limit ${BENCH_LIMIT}s) =="
+  timeout -s INT -k 10 "$BENCH_LIMIT" \
+    python3 -m dask_gpudirect.bench read --remote --target "$BENCH_TARGET" \
+      --binary-gib "$REMOTE_GIB" --parquet-gib "$REMOTE_GIB" --files 16 --workers 1 \
+      --dir "$BENCH_DIR/remote" --json "$OUT/remote.json" --markdown "$OUT/remote.md" \
+      ${REMOTE_ARGS:-} > "$OUT/bench-remote.log" 2>&1
+  remote_rc=$?
+  echo "== bench read --remote: exit $remote_rc after $((SECONDS - start))s (log: bench-remote.log) =="
+fi
+
 # --- 1b. UCX's own report of the transports a small dg.shuffle used --------------------------
 # UCX_PROTO_INFO=y makes every worker print the protocol and transport UCX chose per endpoint
 # and message kind; kept are the lines about GPU memory (cuda_ipc = NVLink/peer copy).
@@ -175,7 +191,7 @@ if [[ $tests_rc == skipped ]]; then
 else
   echo "GPU tests: exit $tests_rc: $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
 fi
-echo "bench read: exit $bench_rc; bench shuffle: exit $shuffle_rc; bench etl: exit $etl_rc;" \
+echo "bench read: exit $bench_rc; bench read --remote: exit $remote_rc; bench shuffle: exit $shuffle_rc; bench etl: exit $etl_rc;" \
   "total $((SECONDS - start))s"
 show() {  # the Markdown a benchmark wrote, else the end of its log
   if [[ -s $OUT/$1.md ]]; then
@@ -186,7 +202,8 @@ show() {  # the Markdown a benchmark wrote, else the end of its log
   fi
 }
 [[ $bench_rc == skipped ]] || show read
+[[ $remote_rc == skipped ]] || show remote
 [[ $shuffle_rc == skipped || $shuffle_rc == "not run"* ]] || show shuffle
 [[ $etl_rc == skipped || $etl_rc == "not run"* ]] || show etl
 ok() { [[ $1 == 0 || $1 == skipped || $1 == "not run"* ]]; }
-ok "$tests_rc" && ok "$bench_rc" && ok "$shuffle_rc" && ok "$etl_rc"
+ok "$tests_rc" && ok "$bench_rc" && ok "$remote_rc" && ok "$shuffle_rc" && ok "$etl_rc"

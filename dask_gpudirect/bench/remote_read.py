@@ -4,8 +4,9 @@ The data ``bench read`` writes is served by a ranged HTTP server on loopback
 (:mod:`.range_server`), and read through its URLs, each figure the median of ``--repeat`` runs
 after a checked warm-up:
 
-- ``server``: plain ranged GETs of every Parquet file into host memory, in the client, as many
-  in flight as ``gpudirect.remote.connections``: the server's own rate, the ceiling of all;
+- ``server``: plain ranged GETs of every Parquet file into host memory on a worker, decoded by
+  nothing (kvikio's libcurl on the device target, urllib threads on the host target): the
+  server's rate as the readers' own client sees it, the ceiling of reads that decode;
 - ``cudf-url``: ``cudf.read_parquet(url)`` per file on a worker, through kvikio's remote IO
   (host target: ``pyarrow.parquet.read_table`` of each file's bytes, fetched the same way);
 - ``dask-url``: ``dask_cudf.read_parquet(urls).persist()`` (host: ``dd.read_parquet``), which
@@ -70,12 +71,27 @@ def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
     return statistics.median(runs), runs
 
 
-def _server_rate(urls: list[str], nbytes: int, repeat: int) -> dict:
-    settings = remote.Settings.current()
-    with ThreadPoolExecutor(settings.connections) as pool:
-        seconds, runs = _timed(lambda: [fetch(url, pool) for url in urls], repeat)
-    note = f"{settings.connections} ranged GETs of {settings.range_size >> 20} MiB in flight"
-    return record("server", "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
+def _server_rate_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list]:
+    """Run on a worker: every byte of ``urls`` into host memory by ranged GETs, decoded by
+    nothing: kvikio's libcurl on the device target (the client dg's device reads use), urllib
+    in ``gpudirect.remote.connections`` threads on the host target (the host target's)."""
+    if not device:
+        with ThreadPoolExecutor(remote.Settings.current().connections) as pool:
+            return _timed(lambda: [fetch(url, pool) for url in urls], repeat)
+    import kvikio
+    import numpy as np
+
+    def read_all() -> None:  # every file at once, as dg's reads are
+        files = [kvikio.RemoteFile.open_http(url) for url in urls]
+        try:
+            futures = [f.pread(np.empty(f.nbytes(), dtype=np.uint8)) for f in files]
+            for future in futures:
+                future.get()
+        finally:
+            for f in files:
+                f.close()
+
+    return _timed(read_all, repeat)
 
 
 def _per_file_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list[float]]:
@@ -114,10 +130,7 @@ def run(result: dict, opts: dict, root: str, target: str) -> None:
         pq_urls = [f"{base}/parquet/{os.path.basename(p)}" for p in pq_files]
         bin_urls = [f"{base}/binary/{os.path.basename(p)}" for p in bin_files]
         result["server"] = base
-        _log(f"serving {root} at {base}: the server's own rate")
-        recs.append(
-            guarded("server", "warm", partial(_server_rate, pq_urls, pq_info["bytes"], repeat))
-        )
+        _log(f"serving {root} at {base}")
         _log(f"starting the cluster ({opts['workers']} worker(s))")
         cluster, client = start_cluster(
             target,
@@ -147,8 +160,17 @@ def _cluster_runs(
     target = "device" if device else "host"
     nbytes, rows = pq_info["bytes"], pq_info["rows"]
 
+    worker = sorted(client.scheduler_info()["workers"])[0]
+
+    def server() -> dict:
+        seconds, runs = client.run(
+            _server_rate_on_worker, pq_urls, repeat, device, workers=[worker]
+        )[worker]
+        how = "kvikio (libcurl)" if device else "urllib"
+        note = f"ranged GETs of every Parquet file into host memory on a worker, by {how}"
+        return record("server", "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
+
     def per_file() -> dict:
-        worker = sorted(client.scheduler_info()["workers"])[0]
         seconds, runs = client.run(_per_file_on_worker, pq_urls, repeat, device, workers=[worker])[
             worker
         ]
@@ -173,6 +195,7 @@ def _cluster_runs(
             return record("dask-url", "warm", status="not run", note=f"{exc}".splitlines()[-1])
 
     runs: list[tuple[str, Callable[[], dict]]] = [
+        ("server", server),
         ("cudf-url", per_file),
         ("dask-url", dask_measured),
         (
