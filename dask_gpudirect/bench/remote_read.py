@@ -84,7 +84,8 @@ def _server_rate_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[
     def read_all() -> None:  # every file at once, as dg's reads are
         files = [kvikio.RemoteFile.open_http(url) for url in urls]
         try:
-            futures = [f.pread(np.empty(f.nbytes(), dtype=np.uint8)) for f in files]
+            buffers = [np.empty(f.nbytes(), dtype=np.uint8) for f in files]  # alive till read
+            futures = [f.pread(buffer) for f, buffer in zip(files, buffers, strict=True)]
             for future in futures:
                 future.get()
         finally:
