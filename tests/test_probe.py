@@ -16,6 +16,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from object_servers import BUCKET
 from util import HANG_GUARD
 
 from dask_gpudirect.cli import main
@@ -32,6 +33,7 @@ TOP = {
     "workers": list,
     "peer_access": list,
     "paths": dict,
+    "remote": list,
 }
 WORKER = {
     "address": str,
@@ -45,6 +47,7 @@ WORKER = {
     "gpudirect_rdma": bool,
     "comms": dict,
     "storage_route": str,
+    "remote_route": str,
 }
 GDS = {
     "available": bool,
@@ -78,6 +81,23 @@ MEASUREMENT = {
     "transports": (dict, NONE),
 }
 TRANSPORTS = {"lanes": list, "transports": list, "device_transports": list}
+REMOTE = {
+    "url": str,
+    "route": str,
+    "copies": (int, NONE),
+    "reachable": bool,
+    "gbps": (float, NONE),
+    "verdict": str,
+    "measurements": list,
+}
+REMOTE_MEASUREMENT = {
+    "worker": str,
+    "reachable": bool,
+    "error": (str, NONE),
+    "bytes": int,
+    "seconds": (float, NONE),
+    "gbps": (float, NONE),
+}
 #: The host path between two workers without GPUs, by protocol.
 HOST_ROUTE = {"tcp": "tcp-host", "ucxx": "ucx-host"}
 
@@ -140,6 +160,13 @@ def check_schema(doc: dict) -> None:
             check(m, MEASUREMENT, f"{name} measurement")
             if m["transports"] is not None:
                 check(m["transports"], TRANSPORTS, f"{name} transports")
+    for obj in doc["remote"]:
+        check(obj, REMOTE, "remote")
+        assert obj["verdict"].startswith(f"{obj['url']}: "), obj["verdict"]
+        assert len(obj["measurements"]) == len(doc["workers"])
+        for m in obj["measurements"]:
+            check(m, REMOTE_MEASUREMENT, "remote measurement")
+            assert m["reachable"] == (m["error"] is None), m
 
 
 def probe(*args: str) -> str:
@@ -165,9 +192,9 @@ def assert_no_gpu(doc: dict, protocol: str) -> None:
         assert w["gpu_reason"].startswith("no GPU")
         assert w["gds"]["available"] is False and w["gds"]["reason"] == "no GPU, so no GDS"
         assert w["gds"]["driver"] is None and w["gds"]["compat_mode_preferred"] is None
-        assert w["storage_route"] == "posix-host"
+        assert w["storage_route"] == "posix-host" and w["remote_route"] == "host-remote"
         assert w["comms"]["protocol"] == protocol
-    assert doc["peer_access"] == []
+    assert doc["peer_access"] == [] and doc["remote"] == []
     paths = doc["paths"]
     assert (paths["storage_to_gpu"]["route"], paths["storage_to_gpu"]["copies"]) == (
         "posix-host",
@@ -295,7 +322,8 @@ def test_doc_example_follows_the_schema():
     doc = json.loads(example)
     check_schema(doc)
     documented = set(re.findall(r"^\| `(\w+)`", text, re.M))
-    for spec in (TOP, WORKER, GDS, COMMS, PATH, MEASUREMENT, TRANSPORTS):
+    for spec in (TOP, WORKER, GDS, COMMS, PATH, MEASUREMENT, TRANSPORTS, REMOTE,
+                 REMOTE_MEASUREMENT):  # fmt: skip
         assert set(spec) <= documented, set(spec) - documented
 
 
@@ -362,3 +390,115 @@ def test_gds_reason(change, gpus, reason):
     """Why GDS is off, as the GPU workers will say it (no GPU here to ask)."""
     facts = {**GDS_FACTS, "compat_mode_preferred": False, **change}
     assert _gds_reason(facts, gpus).startswith(reason)
+
+
+# --- --remote: whether the workers reach an object store, and how fast ---------------------------
+
+
+def probe_remote(client, options: dict | None, *args: str) -> tuple[dict, str]:
+    """The probe's document with ``--remote`` objects, and its text (for secrets to be absent)."""
+    given = [] if options is None else ["--storage-options", json.dumps(options)]
+    out = probe("--scheduler-address", client.scheduler.address, "--json", *given, *args)
+    doc = json.loads(out)
+    check_schema(doc)
+    return doc, out
+
+
+def test_probe_remote_reads_s3_and_http(tcp_client, s3, http_url):
+    """Every worker reaches both objects and reads min(size, --size) of each into host memory,
+    on the route dg.read_* takes on these workers; the keys are nowhere in the output and the
+    reads stay out of the user's ledger."""
+    urls = [f"s3://{BUCKET}/raw.bin", f"{http_url[0]}/raw.bin"]  # 4000 bytes each
+    before = len(records(tcp_client))
+    doc, out = probe_remote(tcp_client, s3.options, "--size", "1KiB", "--remote", urls[0],
+                            "--remote", urls[1])  # fmt: skip
+    assert [obj["url"] for obj in doc["remote"]] == urls
+    for obj in doc["remote"]:
+        assert obj["reachable"] is True and (obj["route"], obj["copies"]) == ("host-remote", 1)
+        assert {m["worker"] for m in obj["measurements"]} == set(
+            tcp_client.scheduler_info()["workers"]
+        )
+        for m in obj["measurements"]:
+            assert m["reachable"] is True and m["error"] is None
+            assert m["bytes"] == 1024 and isinstance(m["seconds"], float)
+        assert "every worker reads it (2); measured into host memory" in obj["verdict"]
+    assert s3.secret not in out and s3.key not in out
+    assert len(records(tcp_client)) == before
+
+
+def test_probe_remote_quick_only_opens(tcp_client, http_url):
+    """With --quick each worker only opens the object (one HEAD request): reached, nothing read."""
+    url = f"{http_url[0]}/raw.bin"
+    doc, _ = probe_remote(tcp_client, None, "--quick", "--remote", url)
+    (obj,) = doc["remote"]
+    assert obj["reachable"] is True and obj["gbps"] is None
+    assert all((m["bytes"], m["seconds"]) == (0, None) for m in obj["measurements"])
+    assert obj["verdict"] == f"{url}: host-remote, 1 copy: every worker reads it (2)"
+
+
+def test_probe_remote_missing_objects(tcp_client, s3, http_url):
+    """A missing key and an HTTP 404: unreachable from every worker, the URL and cause named."""
+    missing = {f"s3://{BUCKET}/no/such.bin": "no such key in the bucket",
+               f"{http_url[0]}/no/such.bin": "not found (HTTP 404)"}  # fmt: skip
+    args = [arg for url in missing for arg in ("--remote", url)]
+    doc, out = probe_remote(tcp_client, s3.options, "--quick", *args)
+    for obj, (url, cause) in zip(doc["remote"], missing.items(), strict=True):
+        assert obj["url"] == url and obj["reachable"] is False
+        assert obj["verdict"].endswith(f"2 of 2 worker(s) cannot read it: {cause}"), obj
+        assert all(m["error"] == f"{url}: {cause}" for m in obj["measurements"])
+    assert s3.secret not in out
+
+
+@pytest.mark.parametrize(
+    "change, cause",
+    [
+        ({"endpoint_url": "http://127.0.0.1:9"}, "cannot reach the endpoint http://127.0.0.1:9"),
+        ({"secret": "not-the-secret-probe"}, "access denied"),
+    ],
+)
+def test_probe_remote_wrong_endpoint_or_keys(tcp_client, s3, change, cause):
+    """A wrong endpoint (nothing listens) and a wrong secret: unreachable, the cause named, the
+    secrets given (right or wrong) nowhere in the JSON."""
+    url = f"s3://{BUCKET}/raw.bin"
+    options = {**s3.options, **change}
+    doc, out = probe_remote(tcp_client, options, "--quick", "--remote", url)
+    (obj,) = doc["remote"]
+    assert obj["reachable"] is False
+    for m in obj["measurements"]:
+        assert m["reachable"] is False and m["error"].startswith(f"{url}: {cause}"), m
+    assert options["secret"] not in out and s3.secret not in out
+
+
+def test_probe_remote_human(tcp_client, s3):
+    """The human form: a table row per object and worker, a verdict per object, no secret."""
+    ok, missing = f"s3://{BUCKET}/raw.bin", f"s3://{BUCKET}/no/such.bin"
+    out = probe("--scheduler-address", tcp_client.scheduler.address, "--quick", "--remote", ok,
+                "--remote", missing, "--storage-options", json.dumps(s3.options))  # fmt: skip
+    assert "remote objects (read into host memory on every worker" in out
+    lines = out.splitlines()
+    assert f"{ok}: host-remote, 1 copy: every worker reads it (2)" in lines
+    assert (
+        f"{missing}: host-remote, 1 copy: 2 of 2 worker(s) cannot read it: no such key in the "
+        "bucket" in lines
+    )
+    rows = [line for line in lines if "│" in line and "s3://" in line]
+    assert len(rows) >= 4 and sum("no: " in row for row in rows) >= 2, rows
+    assert s3.secret not in out and s3.key not in out
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--remote", "/data/x.bin"], 2, "/data/x.bin: not an s3:// or http(s):// URL"),
+        (["--remote", "https://me:hunter2@h/x"], 1, "credentials in a URL"),
+        (["--remote", "s3://b/k", "--storage-options", "{hunter2"], 2, "not JSON"),
+        (["--remote", "s3://b/k", "--storage-options", "[]"], 2, "not a JSON object"),
+        (["--remote", "s3://b/k", "--storage-options", '{"bogus": "hunter2"}'], 1, "bogus"),
+        (["--storage-options", "{}"], 2, "--storage-options needs --remote URL"),
+    ],
+)
+def test_probe_remote_bad_arguments(args, code, message):
+    """Refused before any worker is asked, the fault named and never a secret's value."""
+    result = CliRunner().invoke(main, ["probe", "--scheduler-address", "tcp://127.0.0.1:1", *args])
+    assert result.exit_code == code, result.output
+    assert message in result.output and "hunter2" not in result.output

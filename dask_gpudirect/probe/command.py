@@ -11,10 +11,17 @@ from typing import TYPE_CHECKING, Any
 import click
 from dask.utils import parse_bytes
 
+from .. import remote
 from .routes import probe_cluster
 
 if TYPE_CHECKING:
     from distributed import Client, SpecCluster
+    from rich.table import Table
+
+#: In the title of the human form's remote table: what its bandwidth measures.
+REMOTE_NOTE = (
+    "read into host memory on every worker: the network and the server, not the device copy"
+)
 
 
 def render(result: dict[str, Any]) -> None:
@@ -46,8 +53,29 @@ def render(result: dict[str, Any]) -> None:
         console.print(peers)
     else:
         console.print("GPU peer access: no GPU pairs", highlight=False)
-    for path in result["paths"].values():  # one line each, however long
+    if result["remote"]:
+        console.print(_remote_table(result["remote"]))
+    verdicts = [*result["paths"].values(), *result["remote"]]
+    for path in verdicts:  # one line each, however long
         console.print(path["verdict"], markup=False, highlight=False, soft_wrap=True)
+
+
+def _remote_table(objects: list[dict]) -> Table:
+    """One row per ``--remote`` object and worker: reached or why not, bytes, seconds, GB/s."""
+    from rich.table import Table
+
+    table = Table(title=f"remote objects ({REMOTE_NOTE})")
+    for column in ("URL", "worker", "route", "reachable", "bytes", "seconds", "GB/s"):
+        table.add_column(column, overflow="fold")
+    for obj in objects:
+        for m in obj["measurements"]:
+            reached = "yes" if m["reachable"] else f"no: {m['error']}"
+            seconds = "-" if m["seconds"] is None else f"{m['seconds']:.3f}"
+            gbps = "-" if m["gbps"] is None else f"{m['gbps']:.3g}"
+            table.add_row(
+                obj["url"], m["worker"], obj["route"], reached, str(m["bytes"]), seconds, gbps
+            )
+    return table
 
 
 def _comms_cell(w: dict) -> str:
@@ -58,6 +86,32 @@ def _comms_cell(w: dict) -> str:
         f"ucxx {comms['ucxx']}; configured UCX_TLS={comms['ucx_tls']}; "
         f"available: {', '.join(comms['ucx_available'])}"
     )
+
+
+def _remote_url(url: str) -> str:
+    """``url`` checked before any worker is asked: an object store's URL without credentials
+    in it (they would show in the output)."""
+    if not remote.is_remote(url):
+        raise click.BadParameter(f"{url}: not an s3:// or http(s):// URL", param_hint="--remote")
+    return remote.checked_url(url)
+
+
+def _store(options: str | None, urls: list[str]) -> remote.Store | None:
+    """The ``--storage-options`` JSON as a Store; None (each worker's environment) without it.
+    A fault is named, never the text, which may hold a secret."""
+    if options is None:
+        return None
+    if not urls:
+        raise click.UsageError("--storage-options needs --remote URL")
+    try:
+        parsed = json.loads(options)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(
+            f"not JSON ({exc.msg} at character {exc.pos})", param_hint="--storage-options"
+        ) from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter("not a JSON object", param_hint="--storage-options")
+    return remote.Store.from_options(parsed)
 
 
 def _log(message: str) -> None:
@@ -102,6 +156,20 @@ def _local_cluster(protocol: str, workers: int | None) -> tuple[SpecCluster, Cli
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document (docs/probe.md)")
 @click.option("--quick", is_flag=True, help="skip the measurements")
 @click.option("--size", default="256MiB", show_default=True, help="bytes each measurement moves")
+@click.option(
+    "--remote",
+    "remotes",
+    multiple=True,
+    metavar="URL",
+    help="an s3:// or http(s):// object that every worker opens and reads up to --size of, "
+    "into host memory (repeatable; --quick: only opened)",
+)
+@click.option(
+    "--storage-options",
+    metavar="JSON",
+    help="how to reach the --remote objects, as dg.read_*'s storage_options (a JSON object) "
+    "[default: each worker's AWS_* environment]",
+)
 def probe(
     scheduler_address: str | None,
     local: bool,
@@ -110,11 +178,17 @@ def probe(
     as_json: bool,
     quick: bool,
     size: str,
+    remotes: tuple[str, ...],
+    storage_options: str | None,
 ) -> None:
-    """Per worker: GPU, kvikio, GDS and comms; per path: route, copies, bandwidth, verdict."""
+    """Per worker: GPU, kvikio, GDS and comms; per path: route, copies, bandwidth, verdict;
+    per --remote object: whether every worker reaches it, and how fast."""
     from distributed import Client
 
     from ..measure import stop_cluster
+
+    urls = [_remote_url(url) for url in remotes]
+    store = _store(storage_options, urls)
 
     source = click.get_current_context().get_parameter_source("scheduler_address")
     if local and source is click.core.ParameterSource.ENVIRONMENT:
@@ -131,7 +205,7 @@ def probe(
         cluster = None
     try:
         with client.as_current():  # the pair transfer waits on futures of the current client
-            result = probe_cluster(client, quick=quick, nbytes=parse_bytes(size))
+            result = probe_cluster(client, quick, parse_bytes(size), urls, store)
     finally:
         stop_cluster(cluster, client, _log)
     if as_json:

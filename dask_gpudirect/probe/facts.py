@@ -1,8 +1,8 @@
 """The probe on the workers: what each worker's GPU, storage and comms are (``client.run``).
 
 Everything here runs in a worker process, shipped by reference: a worker's host, GPU, kvikio, GDS
-and comms facts, what UCX selected for an endpoint, and the storage read measurement. It asks
-CUDA nothing where the worker has no GPU.
+and comms facts, what UCX selected for an endpoint, and the storage and remote read measurements.
+It asks CUDA nothing where the worker has no GPU.
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ import socket
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from .. import remote
 from ..ledger import Ledger
+from ..targets import REMOTE_ROUTES
 
 if TYPE_CHECKING:
     from distributed import Worker
+
+    from ..shards import Shard
+    from ..stamps import Stamp
+    from ..targets import Target
 
 NVIDIA_FS = "/proc/driver/nvidia-fs"
 #: Kernel modules that give NICs GPUDirect RDMA access to GPU memory.
@@ -33,6 +39,8 @@ DRIVER_PROPERTIES = (
     "max_pinned_memory_size",
 )
 NO_GPU = "no GPU: no CUDA driver or no visible device"
+#: A remote measurement's bytes, seconds and GB/s where nothing was read (``--quick``, a failure).
+NOT_READ: dict[str, Any] = {"bytes": 0, "seconds": None, "gbps": None}
 
 
 def worker_facts(dask_worker: Worker) -> dict[str, Any]:
@@ -61,6 +69,7 @@ def worker_facts(dask_worker: Worker) -> dict[str, Any]:
         "gpudirect_rdma": any(os.path.exists(m) for m in PEERMEM_MODULES),
         "comms": _comms(dask_worker.address),
         "storage_route": plugin.target("device" if plugin.gpus else "host").route,
+        "remote_route": REMOTE_ROUTES["device" if plugin.gpus else "host"],
     }
 
 
@@ -251,37 +260,94 @@ def parse_ep_info(text: str) -> dict[str, list[str]]:
     }
 
 
-def _measure_storage(nbytes: int) -> dict[str, Any]:
-    """Write ``nbytes`` into this worker's local directory and read them twice with the plugin's
-    target (a reader of its own, so the cluster's ledger stays the user's); the faster read
-    counts. The file was just written, so this is the page-cache-warm rate."""
-    import numpy as np
-    from distributed import get_worker
-
+def _probe_target(name: str) -> Target:
+    """The plugin's target ``name`` with a ledger of its own, so that the probe's reads stay
+    out of the user's ledger (``dg.report``)."""
     from .. import targets
-    from ..formats.binary import BinaryPart
     from ..plugin import current_plugin
-    from ..shards import Shard
 
     plugin = current_plugin()
-    name = "device" if plugin.gpus else "host"
-    ledger = Ledger(plugin.address, 2)
-    target = targets.module(name).TARGET(plugin.options, ledger)
+    return targets.module(name).TARGET(plugin.options, Ledger(plugin.address, 2))
+
+
+def _raw_shard(path: str, nbytes: int, target: str, **fields: Any) -> Shard:
+    """A shard of the first ``nbytes`` of ``path``, raw bytes that are never decoded."""
+    import numpy as np
+
+    from ..formats.binary import BinaryPart
+    from ..shards import Shard
+
+    part = BinaryPart(np.dtype(np.uint8), (nbytes,))
+    return Shard(path, ((0, nbytes),), 0, nbytes, part, target=target, **fields)
+
+
+def _measure_storage(nbytes: int) -> dict[str, Any]:
+    """Write ``nbytes`` into this worker's local directory and read them twice with the plugin's
+    target; the faster read counts. The file was just written, so this is the page-cache-warm
+    rate."""
+    from distributed import get_worker
+
+    from ..plugin import current_plugin
+
+    name = "device" if current_plugin().gpus else "host"
+    target = _probe_target(name)
     fd, path = tempfile.mkstemp(prefix="probe-", dir=get_worker().local_directory)
     try:
         with os.fdopen(fd, "wb") as f:
             chunk = bytes(min(nbytes, 16 << 20))
             for start in range(0, nbytes, len(chunk)):
                 f.write(chunk[: nbytes - start])
-        part = BinaryPart(np.dtype(np.uint8), (nbytes,))  # raw bytes: never decoded
-        shard = Shard(path, ((0, nbytes),), 0, nbytes, part, target=name)
+        shard = _raw_shard(path, nbytes, name)
         for _ in range(2):
             target.read(shard)
     finally:
         target.close()
         os.remove(path)
-    best = min(ledger.records(), key=lambda r: r["seconds"])
+    best = min(target.ledger.records(), key=lambda r: r["seconds"])
     return {"route": best["path"], "copies": best["copies"], "gbps": _gbps(nbytes, best["seconds"])}
+
+
+def _measure_remote(url: str, store: remote.Store | None, nbytes: int | None) -> dict[str, Any]:
+    """Whether this worker reaches the object ``url``, and how fast it reads its first
+    ``nbytes`` (None: only open it, one HEAD request). The read is the host target's, into host
+    memory on every worker (ranges of ``gpudirect.remote.range-size``, ``connections`` in
+    flight), timed as the ledger times a read: the network and the server, not the device
+    copy. A failure is :func:`.remote.error`'s text: the URL, the cause, no credentials."""
+    from distributed import get_worker
+
+    from .. import stamps
+
+    worker = get_worker().address
+    try:
+        with remote.opened(url, store) as obj:
+            stamp = stamps.take(obj)
+        read = NOT_READ
+        if nbytes is not None:
+            read = _timed_read(url, store, stamp, min(stamp.size, nbytes))
+    except Exception as exc:  # the probe reports what failed and goes on
+        return unreached(worker, str(remote.error(url, exc, store or remote.Store())))
+    return {"worker": worker, "reachable": True, "error": None, **read}
+
+
+def unreached(worker: str, error: str) -> dict[str, Any]:
+    """The remote measurement of a worker that could not read the object, and why."""
+    return {"worker": worker, "reachable": False, "error": error, **NOT_READ}
+
+
+def _timed_read(url: str, store: remote.Store | None, stamp: Stamp, nbytes: int) -> dict[str, Any]:
+    """The first ``nbytes`` of the remote object ``url`` read by the host target: its ledger's
+    bytes, seconds and GB/s."""
+    target = _probe_target("host")
+    try:
+        target.read(_raw_shard(url, nbytes, "host", stamp=stamp, store=store))
+    finally:
+        target.close()
+    (record,) = target.ledger.records()
+    return {
+        "bytes": nbytes,
+        "seconds": record["seconds"],
+        "gbps": _gbps(nbytes, record["seconds"]),
+    }
 
 
 def _gbps(nbytes: int, seconds: float) -> float | None:

@@ -1,22 +1,31 @@
 """The probe on the client: the workers' facts and short measurements made into one document.
 
 For each path (storage -> GPU, host -> GPU, GPU -> GPU in a node and across nodes) the route in
-use, its copies, its bandwidth and a verdict; the document's schema is docs/probe.md's.
+use, its copies, its bandwidth and a verdict, and for each ``--remote`` object whether every
+worker reaches it and how fast; the document's schema is docs/probe.md's.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import ClusterError
 from ..ledger import COPIES
-from .facts import _gbps, _measure_storage, endpoint_transports, worker_facts
+from .facts import (
+    _gbps,
+    _measure_remote,
+    _measure_storage,
+    endpoint_transports,
+    unreached,
+    worker_facts,
+)
 
 if TYPE_CHECKING:
     from distributed import Client
 
+    from ..remote import Store
     from ..targets import TargetName
 
 T = TypeVar("T")
@@ -207,6 +216,48 @@ def _summary(name: str, measurements: list[dict], why_none: str = "") -> dict:
     }
 
 
+def _remote(
+    client: Client, url: str, store: Store | None, workers: list[dict], nbytes: int | None
+) -> dict:
+    """One ``--remote`` object, each worker in turn (as the storage path, so that the workers do
+    not share the link): reachable by all, the route their reads take, the median GB/s."""
+    measurements = [_remote_on(client, w["address"], url, store, nbytes) for w in workers]
+    routes = {w["remote_route"] for w in workers}
+    route = routes.pop() if len(routes) == 1 else "mixed"
+    copies = COPIES.get(route)
+    failed = [m for m in measurements if not m["reachable"]]
+    rates = [m["gbps"] for m in measurements if m["gbps"]]
+    gbps = statistics.median(rates) if rates else None
+    if failed:
+        cause = failed[0]["error"].removeprefix(f"{url}: ")
+        reason = f"{len(failed)} of {len(measurements)} worker(s) cannot read it: {cause}"
+    else:
+        reason = f"every worker reads it ({len(measurements)})"
+        if gbps:
+            reason += "; measured into host memory: the network and the server, not the device copy"
+    parts = [p for p in (route, _copies(copies), gbps and f"{gbps:.3g} GB/s") if p]
+    return {
+        "url": url,
+        "route": route,
+        "copies": copies,
+        "reachable": not failed,
+        "gbps": gbps,
+        "verdict": f"{url}: " + ", ".join(parts) + f": {reason}",
+        "measurements": measurements,
+    }
+
+
+def _remote_on(
+    client: Client, worker: str, url: str, store: Store | None, nbytes: int | None
+) -> dict[str, Any]:
+    """:func:`._measure_remote` on ``worker``; a task that fails or times out is unreachable."""
+    try:
+        return _run_on(client, worker, _measure_remote, url, store, nbytes)
+    except Exception as exc:  # one failed measurement must not stop the probe
+        text = _failed(exc)
+        return unreached(worker, store.scrub(text) if store else text)
+
+
 def _copies(n: int | None) -> str | None:
     return None if n is None else f"{n} cop{'y' if n == 1 else 'ies'}"
 
@@ -224,9 +275,16 @@ def peer_access(workers: list[dict]) -> list[dict]:
     ]
 
 
-def probe_cluster(client: Client, quick: bool = False, nbytes: int = 256 << 20) -> dict[str, Any]:
+def probe_cluster(
+    client: Client,
+    quick: bool = False,
+    nbytes: int = 256 << 20,
+    remotes: Sequence[str] = (),
+    store: Store | None = None,
+) -> dict[str, Any]:
     """The probe's document for ``client``'s cluster (docs/probe.md). ``quick`` skips the
-    measurements; each one moves ``nbytes``."""
+    measurements (a remote object is only opened); each one moves ``nbytes``. ``remotes`` are
+    objects every worker reads, reached through ``store`` (None: each worker's environment)."""
     from ..cluster import ensure_plugins
 
     ensure_plugins(client)
@@ -262,4 +320,7 @@ def probe_cluster(client: Client, quick: bool = False, nbytes: int = 256 << 20) 
         "workers": workers,
         "peer_access": peer_access(workers),
         "paths": paths,
+        "remote": [
+            _remote(client, url, store, workers, None if quick else nbytes) for url in remotes
+        ],
     }
