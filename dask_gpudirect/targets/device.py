@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import cupy
@@ -265,6 +266,7 @@ class DeviceTarget(Target):
         super().__init__(options, ledger)
         self.route = configure_kvikio(options)
         configure_remote(remote.Settings.current())
+        self._pool: ThreadPoolExecutor | None = None
 
     def _read(self, shard: Shard, file: Opened) -> tuple[rmm.DeviceBuffer, int]:
         buffer = rmm.DeviceBuffer(size=shard.size)
@@ -347,17 +349,34 @@ class DeviceTarget(Target):
 
     def _read_remote_parquet(self, shards: Sequence[Shard]) -> cudf.DataFrame:
         """Remote shards, each read into a device buffer (where its ranges lie in the file;
-        the rest is never read) and decoded there by libcudf, end to end."""
-        import cudf
-
-        frames = []
-        for shard in shards:
-            buffer = self.read(shard)
-            with decoding(shard):
-                rgs, columns = [list(shard.part.row_groups)], list(shard.part.read_columns)
-                frames.append(_decode_parquet([buffer], rgs, columns))
-        frame = frames[0] if len(frames) == 1 else cudf.concat(frames, ignore_index=True)
+        the rest is never read), all at once, then decoded by libcudf in one call, end to end
+        (one call per small file costs ~10 ms, as for local files)."""
+        buffers = list(self._remote_pool().map(self.read, shards))
+        row_groups = [list(shard.part.row_groups) for shard in shards]
+        columns = list(shards[0].part.read_columns)
+        try:
+            frame = _decode_parquet(buffers, row_groups, columns)
+        except MemoryError:
+            raise
+        except Exception as exc:  # one call for many shards names none: find the one
+            for shard, buffer, rgs in zip(shards, buffers, row_groups, strict=True):
+                with decoding(shard):
+                    _decode_parquet([buffer], [rgs], columns)
+            with decoding(*shards):
+                raise exc from None
         return halves_as_float32(frame, shards[0].part.halves)
+
+    def _remote_pool(self) -> ThreadPoolExecutor:
+        """Threads that fetch a partition's remote shards side by side: each shard's open
+        and version checks are requests that would otherwise wait on one another."""
+        if self._pool is None:
+            connections = remote.Settings.current().connections
+            self._pool = ThreadPoolExecutor(connections, thread_name_prefix="gpudirect-remote")
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def as_array(
         self, buffer: rmm.DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...], order: Order
