@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -65,9 +64,9 @@ from .common import (
     progress_bar,
     result_head,
     visible_devices,
-    wait_released,
 )
 from .datasets import dataset, filesystem
+from .persisting import Check, dask_measure, guarded, records_check, rows_check
 from .read_report import ORDER, checks_of, markdown, print_result
 
 if TYPE_CHECKING:
@@ -76,8 +75,6 @@ if TYPE_CHECKING:
     from distributed import Client
 
 BASELINE_KEYS = ["naive", "cudf-default"]
-#: A check of a persisted collection: what it holds, or a RuntimeError where it is wrong.
-Check = Callable[[Any], str]
 
 
 def _log(message: str) -> None:
@@ -99,70 +96,6 @@ def _kvikio_state() -> dict:
         except Exception as exc:  # a key this kvikio lacks
             out[name] = f"n/a ({type(exc).__name__})"
     return out
-
-
-def _persist(
-    client: Client, build: Callable[[], Any], check: Check | None = None
-) -> tuple[float, str]:
-    """Seconds from ``build()`` to every partition persisted; then release and wait until freed."""
-    from distributed import futures_of, wait
-
-    start = time.perf_counter()
-    persisted = build().persist()
-    wait(persisted)
-    seconds = time.perf_counter() - start
-    failed = [f for f in futures_of(persisted) if f.status != "finished"]
-    if failed:
-        raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")
-    note = check(persisted) if check else ""
-    del persisted, failed
-    wait_released(client)
-    return seconds, note
-
-
-def dask_measure(
-    client: Client,
-    key: str,
-    cache: str,
-    nbytes: int,
-    build: Callable[[], Any],
-    repeat: int,
-    check: Check | None = None,
-) -> dict:
-    if cache == "warm":
-        _, note = _persist(client, build, check)  # warm-up (worker imports, pools), checked
-        runs = [_persist(client, build)[0] for _ in range(max(1, repeat))]
-    else:
-        seconds, note = _persist(client, build, check)
-        runs = [seconds]
-    note = "; ".join(n for n in (note, f"median of {len(runs)}" if len(runs) > 1 else "") if n)
-    return record(
-        key,
-        cache,
-        bytes=nbytes,
-        seconds=statistics.median(runs),
-        runs=runs,
-        note=note,
-    )
-
-
-def rows_check(expected: int) -> Check:
-    def check(frame: dd.DataFrame) -> str:
-        rows = int(frame.map_partitions(len).compute().sum())
-        if rows != expected:
-            raise RuntimeError(f"loaded {rows} rows, the files hold {expected}")
-        return f"{rows} rows in {frame.npartitions} partitions"
-
-    return check
-
-
-def records_check(expected: int) -> Check:
-    def check(array: da.Array) -> str:
-        if array.shape[0] != expected:
-            raise RuntimeError(f"array has {array.shape[0]} records, the files hold {expected}")
-        return f"{array.shape[0]} records in {array.numblocks[0]} chunks"
-
-    return check
 
 
 def _spread_check(client: Client, check: Check, into: dict) -> Check:
@@ -295,14 +228,6 @@ def _cold_dask(
     if reason:
         return record(key, "cold", status="not run", note=reason)
     return dask_measure(client, key, "cold", nbytes, build, 1, check)
-
-
-def guarded(key: str, cache: str, fn: Callable[[], dict]) -> dict:
-    try:
-        return fn()
-    except Exception as exc:  # a failed measurement is reported; the others still run
-        _log(f"{key} ({cache}) failed: {type(exc).__name__}: {exc}")
-        return record(key, cache, status="error", note=f"{type(exc).__name__}: {exc}")
 
 
 # --- the command --------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ from ..measure import start_cluster, stop_cluster
 from ._baselines import record
 from .common import log
 from .datasets import dataset
+from .persisting import dask_measure, guarded, records_check, rows_check
 from .range_server import base_url, serving
-from .read import dask_measure, guarded, records_check, rows_check
 from .tables import judge, markdown_table, print_table
 
 if TYPE_CHECKING:
