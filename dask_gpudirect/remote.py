@@ -265,6 +265,10 @@ _S3_CAUSES = (
     ),
     (("NO_SUCH_BUCKET",), "no such bucket"),
     (
+        ("SLOW_DOWN", "SlowDown", *(f"HTTP status {code}" for code in (500, 502, 503, 504))),
+        "the store kept throttling or failing (HTTP 5xx) through gpudirect.remote.retries retries",
+    ),
+    (
         ("NETWORK_CONNECTION", "curlCode", "Could not resolve"),
         "cannot reach the endpoint {endpoint}",
     ),

@@ -12,7 +12,7 @@ import cloudpickle
 import pytest
 import util
 from distributed import Client
-from object_servers import http_url, local_data, s3  # noqa: F401  (fixtures for every test)
+from object_servers import http_url, local_data, s3, s3_proxy  # noqa: F401  (fixtures for every test)
 
 # Worker processes cannot import the tests directory: ship the helpers by value.
 cloudpickle.register_pickle_by_value(util)

@@ -7,8 +7,11 @@ which skips where it is missing)."""
 from __future__ import annotations
 
 import email.utils
+import http.client
+import http.server
 import io
 import json
+import threading
 
 import numpy as np
 import pandas as pd
@@ -149,3 +152,67 @@ def http_url(tmp_path_factory, local_data):
 
 def parquet_files(local_data) -> list[str]:
     return [str(local_data / "pq" / f"part-{k}.parquet") for k in range(FILES)]
+
+
+class _S3ProxyHandler(http.server.BaseHTTPRequestHandler):
+    """Forwards every request to moto unchanged (the Host header too, so that signatures
+    still match), unless told to throttle (503 SlowDown, as S3 says it) or to cut a ranged
+    GET's body in half and drop the connection."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _forward(self) -> None:
+        if self.server.throttle_next > 0:
+            self.server.throttle_next -= 1
+            body = b"<Error><Code>SlowDown</Code><Message>Slow down.</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        data = self.rfile.read(length) if length else None
+        upstream = http.client.HTTPConnection(*self.server.moto, timeout=60)
+        upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+        for name, value in self.headers.items():
+            upstream.putheader(name, value)
+        upstream.endheaders(data)
+        response = upstream.getresponse()
+        body = response.read()
+        upstream.close()
+        cut = self.command == "GET" and "Range" in self.headers and self.server.cut_next > 0
+        self.send_response(response.status)
+        for name, value in response.getheaders():
+            if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(name, value)
+        # a HEAD's length is the object's, as the server said; a body's is its own
+        length = response.getheader("Content-Length") if self.command == "HEAD" else len(body)
+        self.send_header("Content-Length", str(length or 0))
+        self.end_headers()
+        if cut:
+            self.server.cut_next -= 1
+            self.wfile.write(body[: len(body) // 2])
+            self.close_connection = True
+        elif self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def s3_proxy(s3):
+    """A proxy in front of moto that can throttle or cut: its server (``throttle_next``,
+    ``cut_next``) and storage_options that go through it."""
+    host, port = s3.endpoint.removeprefix("http://").split(":")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _S3ProxyHandler)
+    server.daemon_threads = True
+    server.moto, server.throttle_next, server.cut_next = (host, int(port)), 0, 0
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = {**s3.options, "endpoint_url": f"http://127.0.0.1:{server.server_address[1]}"}
+    yield server, options
+    server.shutdown()
+    server.server_close()

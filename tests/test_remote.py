@@ -13,7 +13,14 @@ import dask
 import numpy as np
 import pytest
 from object_servers import BUCKET, FILES, parquet_files
-from util import assert_same_frame, clear_ledgers, compute, expected_parquet, shards_of
+from util import (
+    assert_same_frame,
+    clear_ledgers,
+    compute,
+    expected_parquet,
+    shards_of,
+    worker_config,
+)
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report, remote
@@ -254,3 +261,43 @@ def test_http_connection_cut_mid_read(tcp, http_url):
     with pytest.raises(InputError, match="the connection was cut after 2000 of 4000 bytes"):
         compute(tcp, arr)
     np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
+
+
+def test_s3_throttling_is_retried_then_an_error_naming_the_url(tcp, s3_proxy, local_data):
+    """503 SlowDown, as S3 throttles: retried with the SDK's backoff and read whole; where it
+    never ends, an InputError naming the object, and the cluster still reads."""
+    proxy, options = s3_proxy
+    url = f"s3://{BUCKET}/npy/shard-1.npy"
+    expected = np.load(local_data / "npy" / "shard-1.npy")
+    arr = dg.read_binary(url, client=tcp, storage_options=options)
+    proxy.throttle_next = 2
+    np.testing.assert_array_equal(compute(tcp, arr), expected)
+    assert proxy.throttle_next == 0
+    with worker_config(tcp, {"gpudirect.remote.retries": 1}):
+        try:
+            proxy.throttle_next = 1000
+            with pytest.raises(InputError) as excinfo:
+                compute(tcp, arr)
+        finally:
+            proxy.throttle_next = 0
+    assert excinfo.value.path == url, str(excinfo.value)
+    assert "kept throttling or failing (HTTP 5xx)" in str(excinfo.value)
+    np.testing.assert_array_equal(compute(tcp, arr), expected)
+
+
+def test_s3_connection_cut_mid_read(tcp, s3_proxy, local_data):
+    """A ranged GET whose connection drops halfway: retried, or an InputError naming the
+    object; never a partial or wrong array."""
+    proxy, options = s3_proxy
+    url = f"s3://{BUCKET}/raw.bin"
+    arr = dg.read_binary(url, dtype="<i4", client=tcp, storage_options=options)
+    proxy.cut_next = 1000
+    try:
+        with pytest.raises(InputError) as excinfo:
+            compute(tcp, arr)
+    finally:
+        proxy.cut_next = 0
+    assert excinfo.value.path == url, str(excinfo.value)
+    np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
+    proxy.cut_next = 1  # once: the SDK tries again and the read is whole
+    np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
