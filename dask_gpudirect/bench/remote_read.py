@@ -7,8 +7,9 @@ after a checked warm-up:
 - ``server``: plain ranged GETs of every Parquet file into host memory on a worker, decoded by
   nothing (kvikio's libcurl on the device target, urllib threads on the host target): the
   server's rate as the readers' own client sees it, the ceiling of reads that decode;
-- ``cudf-url``: ``cudf.read_parquet(url)`` per file on a worker, through kvikio's remote IO
-  (host target: ``pyarrow.parquet.read_table`` of each file's bytes, fetched the same way);
+- ``cudf-url``: ``cudf.read_parquet(url)`` per file on a worker, with ``kvikio_remote_io`` on
+  (cuDF's option; it takes effect for ``s3://`` only: an ``http://`` file cuDF fetches whole
+  through fsspec first); host target: ``pyarrow.parquet.read_table`` of each file's bytes;
 - ``dask-url``: ``dask_cudf.read_parquet(urls).persist()`` (host: ``dd.read_parquet``), which
   reads through fsspec's HTTP file system (``not run`` where fsspec lacks aiohttp);
 - ``dg-parquet``, ``dg-binary``: ``dg.read_parquet(urls)`` and ``dg.read_binary(urls)``,
@@ -96,7 +97,7 @@ def _server_rate_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[
 
 
 def _per_file_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list[float]]:
-    """Run on a worker: each URL read whole by cuDF (kvikio remote IO) or pyarrow."""
+    """Run on a worker: each URL read whole by cuDF or pyarrow."""
     if device:
         import cudf
 
@@ -175,7 +176,7 @@ def _cluster_runs(
         seconds, runs = client.run(_per_file_on_worker, pq_urls, repeat, device, workers=[worker])[
             worker
         ]
-        note = "cuDF per file (kvikio remote IO)" if device else "pyarrow per file"
+        note = "cuDF per file (HTTP: fetched whole by fsspec)" if device else "pyarrow per file"
         return record("cudf-url", "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
 
     def dask_url() -> Any:
