@@ -55,6 +55,32 @@ def _decode_parquet(
     return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
 
 
+def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
+    """One libcudf decode of ``shards`` from ``sources`` (a path or a device buffer each), end
+    to end, float16 as float32, with the rows their footers promise. Where the call fails, the
+    shard whose source fails alone is named."""
+    row_groups = [list(shard.part.row_groups) for shard in shards]
+    columns = list(shards[0].part.read_columns)
+    try:
+        frame = _decode_parquet(sources, row_groups, columns)
+    except MemoryError:
+        raise
+    except Exception as exc:  # one call for many files names none: find the one
+        for shard, source, rgs in zip(shards, sources, row_groups, strict=True):
+            with decoding(shard):
+                _decode_parquet([source], [rgs], columns)
+        with decoding(*shards):
+            raise exc from None
+    frame = halves_as_float32(frame, shards[0].part.halves)
+    rows = sum(shard.part.rows for shard in shards)
+    if len(frame) != rows:
+        raise InputError(
+            shards[0].path,
+            f"decoded {len(frame)} rows where the footers of {len(shards)} file(s) promise {rows}",
+        )
+    return frame
+
+
 def empty_frame(table: pa.Table, backend: str | None = None) -> cudf.DataFrame:
     """The cuDF partition type for ``table``'s schema (a collection's ``meta``).
 
@@ -320,27 +346,7 @@ class DeviceTarget(Target):
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             files = [stack.enter_context(self.checked(shard)) for shard in shards]
-            paths = [file.same_file_path for file in files]
-            row_groups = [list(shard.part.row_groups) for shard in shards]
-            columns = list(shards[0].part.read_columns)
-            try:
-                frame = _decode_parquet(paths, row_groups, columns)
-            except MemoryError:
-                raise
-            except Exception as exc:  # one call for many files names none: find the one
-                for shard, path, rgs in zip(shards, paths, row_groups, strict=True):
-                    with decoding(shard):
-                        _decode_parquet([path], [rgs], columns)
-                with decoding(*shards):
-                    raise exc from None
-        frame = halves_as_float32(frame, shards[0].part.halves)
-        rows = sum(shard.part.rows for shard in shards)
-        if len(frame) != rows:
-            raise InputError(
-                shards[0].path,
-                f"decoded {len(frame)} rows where the footers of {len(shards)} file(s) promise "
-                f"{rows}",
-            )
+            frame = _decode_run(shards, [file.same_file_path for file in files])
         seconds = time.perf_counter() - start
         total = sum(shard.nbytes for shard in shards) or 1
         for shard in shards:
@@ -351,20 +357,7 @@ class DeviceTarget(Target):
         """Remote shards, each read into a device buffer (where its ranges lie in the file;
         the rest is never read), all at once, then decoded by libcudf in one call, end to end
         (one call per small file costs ~10 ms, as for local files)."""
-        buffers = list(self._remote_pool().map(self.read, shards))
-        row_groups = [list(shard.part.row_groups) for shard in shards]
-        columns = list(shards[0].part.read_columns)
-        try:
-            frame = _decode_parquet(buffers, row_groups, columns)
-        except MemoryError:
-            raise
-        except Exception as exc:  # one call for many shards names none: find the one
-            for shard, buffer, rgs in zip(shards, buffers, row_groups, strict=True):
-                with decoding(shard):
-                    _decode_parquet([buffer], [rgs], columns)
-            with decoding(*shards):
-                raise exc from None
-        return halves_as_float32(frame, shards[0].part.halves)
+        return _decode_run(shards, list(self._remote_pool().map(self.read, shards)))
 
     def _remote_pool(self) -> ThreadPoolExecutor:
         """Threads that fetch a partition's remote shards side by side: each shard's open
