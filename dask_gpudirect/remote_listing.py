@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from . import remote
@@ -26,8 +27,15 @@ def views(
     entries: list[str], seen: dict[str, list[View]], listing: Listing, store: remote.Store
 ) -> dict[str, list[View]]:
     """Every worker's views of ``entries``: ``seen`` holds each worker's views of the local
-    ones, in order; each remote entry is listed here once and seen alike by every worker."""
-    listed = {e: view(e, listing, store) for e in entries if remote.is_remote(e)}
+    ones, in order; each remote entry is listed here once and seen alike by every worker,
+    ``gpudirect.remote.connections`` of them at once (a URL each is a request each)."""
+    urls = [e for e in entries if remote.is_remote(e)]
+    listed: dict[str, View] = {}
+    if urls:
+        threads = min(len(urls), remote.Settings.current().connections)
+        with ThreadPoolExecutor(threads, thread_name_prefix="gpudirect-listing") as pool:
+            found = pool.map(lambda entry: view(entry, listing, store), urls)
+            listed = dict(zip(urls, found, strict=True))
     merged = {}
     for worker, local in seen.items():
         rest = iter(local)
