@@ -72,7 +72,7 @@ def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
     return statistics.median(runs), runs
 
 
-def _server_rate_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list]:
+def _server_rate_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list[float]]:
     """Run on a worker: every byte of ``urls`` into host memory by ranged GETs, decoded by
     nothing: kvikio's libcurl on the device target (the client dg's device reads use), urllib
     in ``gpudirect.remote.connections`` threads on the host target (the host target's)."""
@@ -105,16 +105,12 @@ def _per_file_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[flo
             with cudf.option_context("kvikio_remote_io", True):
                 for url in urls:
                     cudf.read_parquet(url)
-    else:
-        import pyarrow.parquet as pq
 
-        pool = ThreadPoolExecutor(remote.Settings.current().connections)
+        return _timed(read_all, repeat)
+    import pyarrow.parquet as pq
 
-        def read_all() -> None:
-            for url in urls:
-                pq.read_table(io.BytesIO(fetch(url, pool)))
-
-    return _timed(read_all, repeat)
+    with ThreadPoolExecutor(remote.Settings.current().connections) as pool:
+        return _timed(lambda: [pq.read_table(io.BytesIO(fetch(url, pool))) for url in urls], repeat)
 
 
 def run(result: dict, opts: dict, root: str, target: str) -> None:
