@@ -160,20 +160,28 @@ def _cluster_runs(
 
     worker = sorted(client.scheduler_info()["workers"])[0]
 
-    def server() -> dict:
-        seconds, runs = client.run(
-            _server_rate_on_worker, pq_urls, repeat, device, workers=[worker]
-        )[worker]
-        how = "kvikio (libcurl)" if device else "urllib"
-        note = f"ranged GETs of every Parquet file into host memory on a worker, by {how}"
-        return record("server", "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
+    def on_worker(
+        key: str, fn: Callable[..., tuple[float, list[float]]], note: str
+    ) -> Callable[[], dict]:
+        """A measurement that runs ``fn`` over the Parquet URLs on one worker."""
 
-    def per_file() -> dict:
-        seconds, runs = client.run(_per_file_on_worker, pq_urls, repeat, device, workers=[worker])[
-            worker
-        ]
-        note = "cuDF per file (HTTP: fetched whole by fsspec)" if device else "pyarrow per file"
-        return record("cudf-url", "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
+        def measure() -> dict:
+            seconds, runs = client.run(fn, pq_urls, repeat, device, workers=[worker])[worker]
+            return record(key, "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
+
+        return measure
+
+    how = "kvikio (libcurl)" if device else "urllib"
+    server = on_worker(
+        "server",
+        _server_rate_on_worker,
+        f"ranged GETs of every Parquet file into host memory on a worker, by {how}",
+    )
+    per_file = on_worker(
+        "cudf-url",
+        _per_file_on_worker,
+        "cuDF per file (HTTP: fetched whole by fsspec)" if device else "pyarrow per file",
+    )
 
     def dask_url() -> Any:
         if device:
