@@ -169,7 +169,8 @@ class _S3ProxyHandler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if self.command != "HEAD":  # a HEAD's body would be read as the next response
+                self.wfile.write(body)
             return
         length = int(self.headers.get("Content-Length") or 0)
         data = self.rfile.read(length) if length else None
