@@ -5,7 +5,7 @@
 #
 # (after the chunk calls of ../shared/gpu/README.md have installed the stack into /tmp/site).
 # Writes into $OUT: env.txt, gpu-tests.log, gpu-junit.xml, corpus-diff.md, bench-read.log, read.json, read.md,
-# bench-remote.log, remote.json, remote.md, bench-shuffle.log, shuffle.json, shuffle.md, bench-etl.log, etl.json, etl.md, and prints the
+# bench-remote-{http,s3}.log, remote-{http,s3}.json and .md, bench-shuffle.log, shuffle.json, shuffle.md, bench-etl.log, etl.json, etl.md, and prints the
 # short tables last. Each part has its own time limit and a failing part does not stop the next;
 # the whole run stays under 9.5 minutes (the shuffle benchmark, then the ETL one, get what the
 # parts before them leave). Exit status: 0 only if every part that ran passed. Skip parts with
@@ -40,6 +40,7 @@ SKIP_TESTS=${SKIP_TESTS:-0}
 SKIP_READ=${SKIP_READ:-0}
 SKIP_REMOTE=${SKIP_REMOTE:-0}
 REMOTE_GIB=${REMOTE_GIB:-1}                               # each format, for bench read --remote
+REMOTE_STORES=${REMOTE_STORES:-http s3}                   # s3: moto's server (scripts/gpu-moto-wheels.sh)
 # REMOTE_ARGS: more options for `bench read --remote`, e.g. "--threads-per-worker 4"
 SKIP_SHUFFLE=${SKIP_SHUFFLE:-0}
 SKIP_ETL=${SKIP_ETL:-0}
@@ -111,17 +112,22 @@ if [[ $SKIP_READ != 1 ]]; then
   echo "== bench read: exit $bench_rc after $((SECONDS - start))s (log: bench-read.log) =="
 fi
 
-# --- 2b. the read benchmark over HTTP: dg against cudf.read_parquet(url) and dask_cudf --------
+# --- 2b. the read benchmark from object storage (each of REMOTE_STORES: http, s3): dg against
+# cudf.read_parquet(url) and dask_cudf ---------------------------------------------------------
 remote_rc=skipped
 if [[ $SKIP_REMOTE != 1 ]]; then
-  echo "== bench read --remote: ${REMOTE_GIB} GiB each over loopback HTTP (limit ${BENCH_LIMIT}s) =="
-  timeout -s INT -k 10 "$BENCH_LIMIT" \
-    python3 -m dask_gpudirect.bench read --remote --target "$BENCH_TARGET" \
-      --binary-gib "$REMOTE_GIB" --parquet-gib "$REMOTE_GIB" --files 16 --workers 1 \
-      --dir "$BENCH_DIR/remote" --json "$OUT/remote.json" --markdown "$OUT/remote.md" \
-      ${REMOTE_ARGS:-} > "$OUT/bench-remote.log" 2>&1
-  remote_rc=$?
-  echo "== bench read --remote: exit $remote_rc after $((SECONDS - start))s (log: bench-remote.log) =="
+  remote_rc=0
+  for store in $REMOTE_STORES; do
+    echo "== bench read --remote $store: ${REMOTE_GIB} GiB each over loopback (limit ${BENCH_LIMIT}s) =="
+    timeout -s INT -k 10 "$BENCH_LIMIT" \
+      python3 -m dask_gpudirect.bench read --remote "$store" --target "$BENCH_TARGET" \
+        --binary-gib "$REMOTE_GIB" --parquet-gib "$REMOTE_GIB" --files 16 --workers 1 \
+        --dir "$BENCH_DIR/remote" --json "$OUT/remote-$store.json" \
+        --markdown "$OUT/remote-$store.md" ${REMOTE_ARGS:-} > "$OUT/bench-remote-$store.log" 2>&1
+    rc=$?
+    (( rc == 0 )) || remote_rc=$rc
+    echo "== bench read --remote $store: exit $rc after $((SECONDS - start))s (log: bench-remote-$store.log) =="
+  done
 fi
 
 # --- 1b. UCX's own report of the transports a small dg.shuffle used --------------------------
@@ -202,7 +208,7 @@ show() {  # the Markdown a benchmark wrote, else the end of its log
   fi
 }
 [[ $bench_rc == skipped ]] || show read
-[[ $remote_rc == skipped ]] || show remote
+if [[ $remote_rc != skipped ]]; then for store in $REMOTE_STORES; do show "remote-$store"; done; fi
 [[ $shuffle_rc == skipped || $shuffle_rc == "not run"* ]] || show shuffle
 [[ $etl_rc == skipped || $etl_rc == "not run"* ]] || show etl
 ok() { [[ $1 == 0 || $1 == skipped || $1 == "not run"* ]]; }

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dask_gpudirect.bench.range_server import RangeHandler, base_url, serving
+from dask_gpudirect.bench.range_server import LoopbackServer, RangeHandler, base_url, serving
 
 BUCKET = "gpudirect-data"
 FILES = 3  # Parquet files, 100 rows each in 4 row groups
@@ -209,8 +209,7 @@ def s3_proxy(s3):
     """A proxy in front of moto that can throttle or cut: its server (``throttle_next``,
     ``cut_next``) and storage_options that go through it."""
     host, port = s3.endpoint.removeprefix("http://").split(":")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _S3ProxyHandler)
-    server.daemon_threads = True
+    server = LoopbackServer(("127.0.0.1", 0), _S3ProxyHandler)
     server.moto, server.throttle_next, server.cut_next = (host, int(port)), 0, 0
     threading.Thread(target=server.serve_forever, daemon=True).start()
     options = {**s3.options, "endpoint_url": f"http://127.0.0.1:{server.server_address[1]}"}

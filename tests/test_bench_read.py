@@ -87,12 +87,16 @@ def test_bench_read_two_workers_host(tmp_path):
 
 
 @pytest.mark.timeout(HANG_GUARD + 60)
-def test_bench_read_remote_host(tmp_path):
-    """``--remote``: the data through the loopback server, every row measured or saying why
-    not, the rows and records checked, the ratio to the faster per-URL baseline printed."""
+@pytest.mark.parametrize(
+    "store", [pytest.param(["--remote"], id="http"), pytest.param(["--remote", "s3"], id="s3")]
+)
+def test_bench_read_remote_host(tmp_path, store):
+    """``--remote`` (a ranged HTTP server) and ``--remote s3`` (moto's S3 server): the data
+    through the loopback server, every row measured or saying why not, the rows and records
+    checked, the ratio to the faster per-URL baseline printed."""
     out_json, out_md = tmp_path / "remote.json", tmp_path / "remote.md"
     size = str(1 / 1024)
-    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "read", "--remote", "--target", "host"]
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "read", *store, "--target", "host"]
     cmd += ["--dir", str(tmp_path / "data"), "--binary-gib", size, "--parquet-gib", size]
     cmd += ["--files", "4", "--repeat", "1", "--json", str(out_json), "--markdown", str(out_md)]
     env = {**os.environ, "COLUMNS": "160"}
@@ -110,6 +114,8 @@ def test_bench_read_remote_host(tmp_path):
     assert check["what"].startswith("dg-parquet / ") and check["ratio"] > 0
     assert f"{check['what']}: {check['ratio']:.2f}x" in proc.stdout
     assert "| server |" in out_md.read_text()
+    server = "moto's S3 server" if "s3" in store else "Python's ranged HTTP server"
+    assert server in result["server"]
 
 
 @pytest.mark.parametrize(

@@ -266,8 +266,12 @@ def _cold_dask(
 )
 @click.option(
     "--remote",
-    is_flag=True,
-    help="Read the data through a ranged HTTP server on loopback instead: dg against "
+    type=click.Choice(["http", "s3"]),
+    is_flag=False,
+    flag_value="http",
+    default=None,
+    help="Read the data from object storage on loopback instead (--remote: a ranged HTTP "
+    "server; --remote s3: moto's S3 server, which needs moto[server]): dg against "
     "cudf.read_parquet(url) per file and dask_cudf.read_parquet(urls), beside the server's rate.",
 )
 @output_options
@@ -284,7 +288,7 @@ def read(
     repeat: int,
     drop_cache: bool,
     baselines: bool,
-    remote: bool,
+    remote: str | None,
     json_path: str | None,
     md_path: str | None,
     target: str,
@@ -294,7 +298,7 @@ def read(
     """Loading speed of dg.read_parquet / dg.read_binary against the baselines and ceilings.
 
     With --workers N (one per GPU) all GPUs read their own shards at once, against the sum of
-    their pinned copy ceilings. With --remote, over HTTP (see bench/remote_read.py).
+    their pinned copy ceilings. With --remote, over HTTP or S3 (see bench/remote_read.py).
     """
     gpus = gpu_count()
     if target == "auto":
@@ -318,6 +322,7 @@ def read(
         "repeat": repeat,
         "drop_cache": drop_cache,
         "baselines": baselines,
+        "remote": remote,
     }
     result = {
         **result_head("read", target, gpus, opts),

@@ -1,17 +1,22 @@
-"""``dask-gpudirect bench read --remote``: reads over HTTP against their baselines, in one run.
+"""``dask-gpudirect bench read --remote``: reads from object storage against their baselines,
+in one run.
 
-The data ``bench read`` writes is served by a ranged HTTP server on loopback
-(:mod:`.range_server`), and read through its URLs, each figure the median of ``--repeat`` runs
-after a checked warm-up:
+The data ``bench read`` writes is served on loopback, by a ranged HTTP server
+(:mod:`.range_server`, ``--remote http``) or by moto's S3 server (:mod:`.s3_server`,
+``--remote s3``), and read through its URLs, each figure the median of ``--repeat`` runs after
+a checked warm-up:
 
 - ``server``: plain ranged GETs of every Parquet file into host memory on a worker, decoded by
   nothing (kvikio's libcurl on the device target, urllib threads on the host target): the
   server's rate as the readers' own client sees it, the ceiling of reads that decode;
 - ``cudf-url``: ``cudf.read_parquet(url)`` per file on a worker, with ``kvikio_remote_io`` on
-  (cuDF's option; it takes effect for ``s3://`` only: an ``http://`` file cuDF fetches whole
-  through fsspec first); host target: ``pyarrow.parquet.read_table`` of each file's bytes;
+  (cuDF's option; it takes effect for ``s3://`` only, which s3fs lists and libcudf then reads
+  through its own KvikIO source, with the ``AWS_*`` variables of :func:`.aws_environment` on
+  the worker; an ``http://`` file cuDF fetches whole through fsspec first); host target:
+  ``pyarrow.parquet.read_table`` of each file's bytes;
 - ``dask-url``: ``dask_cudf.read_parquet(urls).persist()`` (host: ``dd.read_parquet``), which
-  reads through fsspec's HTTP file system (``not run`` where fsspec lacks aiohttp);
+  reads through fsspec's HTTP or S3 file system (``not run`` where fsspec lacks aiohttp or
+  s3fs);
 - ``dg-parquet``, ``dg-binary``: ``dg.read_parquet(urls)`` and ``dg.read_binary(urls)``,
   persisted.
 
@@ -20,11 +25,12 @@ The target: ``dg-parquet`` at least 1.0 x the faster of ``cudf-url`` and ``dask-
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -36,6 +42,7 @@ from .common import log
 from .datasets import dataset
 from .persisting import dask_measure, guarded, records_check, rows_check
 from .range_server import base_url, serving
+from .s3_server import aws_environment, s3_serving
 from .tables import judge, markdown_table, print_table
 
 if TYPE_CHECKING:
@@ -52,10 +59,10 @@ def _log(message: str) -> None:
     log("read --remote", message)
 
 
-def fetch(url: str, pool: ThreadPoolExecutor) -> bytes:
+def fetch(url: str, pool: ThreadPoolExecutor, options: dict | None = None) -> bytes:
     """Every byte of ``url`` by ranged GETs of ``gpudirect.remote.range-size``, in ``pool``."""
     settings = remote.Settings.current()
-    with remote.opened(url, remote.Store()) as obj:
+    with remote.opened(url, remote.Store.from_options(options)) as obj:
         assert isinstance(obj, remote.Object)
         pieces = remote.pieces(((0, obj.size),), settings.range_size)
         return b"".join(pool.map(lambda piece: obj.pread(piece[1], piece[0]), pieces))
@@ -72,31 +79,45 @@ def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:
     return statistics.median(runs), runs
 
 
-def _server_rate_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list[float]]:
+def _server_rate_on_worker(
+    urls: list[str], repeat: int, device: bool, options: dict | None
+) -> tuple[float, list[float]]:
     """Run on a worker: every byte of ``urls`` into host memory by ranged GETs, decoded by
     nothing: kvikio's libcurl on the device target (the client dg's device reads use), urllib
-    in ``gpudirect.remote.connections`` threads on the host target (the host target's)."""
+    or pyarrow's S3 client in ``gpudirect.remote.connections`` threads on the host target (the
+    host target's)."""
     if not device:
         with ThreadPoolExecutor(remote.Settings.current().connections) as pool:
-            return _timed(lambda: [fetch(url, pool) for url in urls], repeat)
-    import kvikio
+            return _timed(lambda: [fetch(url, pool, options) for url in urls], repeat)
     import numpy as np
 
-    def read_all() -> None:  # every file at once, as dg's reads are
-        files = [kvikio.RemoteFile.open_http(url) for url in urls]
-        try:
-            buffers = [np.empty(f.nbytes(), dtype=np.uint8) for f in files]  # alive till read
-            futures = [f.pread(buffer) for f, buffer in zip(files, buffers, strict=True)]
-            for future in futures:
-                future.get()
-        finally:
-            for f in files:
-                f.close()
+    from ..targets.device import remote_file
 
-    return _timed(read_all, repeat)
+    store = remote.Store.from_options(options)
+    with contextlib.ExitStack() as opened:  # each object's HEAD once, before the clock
+        objects = []
+        for url in urls:
+            obj = opened.enter_context(remote.opened(url, store))
+            assert isinstance(obj, remote.Object)
+            objects.append(obj)
+
+        def read_all() -> None:  # every file at once, as dg's reads are
+            files = [remote_file(obj) for obj in objects]
+            try:
+                buffers = [np.empty(f.nbytes(), dtype=np.uint8) for f in files]  # alive till read
+                futures = [f.pread(buffer) for f, buffer in zip(files, buffers, strict=True)]
+                for future in futures:
+                    future.get()
+            finally:
+                for f in files:
+                    f.close()
+
+        return _timed(read_all, repeat)
 
 
-def _per_file_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[float, list[float]]:
+def _per_file_on_worker(
+    urls: list[str], repeat: int, device: bool, options: dict | None
+) -> tuple[float, list[float]]:
     """Run on a worker: each URL read whole by cuDF or pyarrow."""
     if device:
         import cudf
@@ -104,13 +125,31 @@ def _per_file_on_worker(urls: list[str], repeat: int, device: bool) -> tuple[flo
         def read_all() -> None:
             with cudf.option_context("kvikio_remote_io", True):
                 for url in urls:
-                    cudf.read_parquet(url)
+                    cudf.read_parquet(url, storage_options=options)
 
-        return _timed(read_all, repeat)
+        with _environment(aws_environment(options) if options else {}):
+            return _timed(read_all, repeat)
     import pyarrow.parquet as pq
 
     with ThreadPoolExecutor(remote.Settings.current().connections) as pool:
-        return _timed(lambda: [pq.read_table(io.BytesIO(fetch(url, pool))) for url in urls], repeat)
+        return _timed(
+            lambda: [pq.read_table(io.BytesIO(fetch(url, pool, options))) for url in urls], repeat
+        )
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in this process's environment (C's too: libcudf reads it) for the block."""
+    old = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run(result: dict, opts: dict, root: str, target: str) -> None:
@@ -123,12 +162,14 @@ def run(result: dict, opts: dict, root: str, target: str) -> None:
         os.path.join(root, "parquet"), "parquet", opts["parquet_gib"], opts["files"]
     )
     result["data"] = {"dir": root, "binary": bin_info, "parquet": pq_info}
-    with serving(root) as server:
-        base = base_url(server)
+    store = opts.get("remote", "http")
+    with _store(root, store) as (base, options):
         pq_urls = [f"{base}/parquet/{os.path.basename(p)}" for p in pq_files]
         bin_urls = [f"{base}/binary/{os.path.basename(p)}" for p in bin_files]
-        result["server"] = base
-        _log(f"serving {root} at {base}")
+        result["server"] = f"{base} ({SERVERS[store]}" + (
+            f", endpoint {options['endpoint_url']})" if options else ")"
+        )
+        _log(f"serving {root} at {result['server']}")
         _log(f"starting the cluster ({opts['workers']} worker(s))")
         cluster, client = start_cluster(
             target,
@@ -138,9 +179,27 @@ def run(result: dict, opts: dict, root: str, target: str) -> None:
             opts["rmm_pool_size"],
         )
         try:
-            _cluster_runs(client, recs, pq_urls, bin_urls, pq_info, bin_info, repeat, device)
+            _cluster_runs(
+                client, recs, pq_urls, bin_urls, pq_info, bin_info, repeat, device, options
+            )
         finally:
             stop_cluster(cluster, client, _log)
+
+
+#: What serves the data, by ``--remote``.
+SERVERS = {"http": "Python's ranged HTTP server", "s3": "moto's S3 server"}
+
+
+@contextlib.contextmanager
+def _store(root: str, store: str) -> Iterator[tuple[str, dict | None]]:
+    """``root`` served on loopback by ``store``: the base URL and the storage_options (None
+    over HTTP)."""
+    if store == "s3":
+        with s3_serving(root) as (base, options):
+            yield base, options
+        return
+    with serving(root) as server:
+        yield base_url(server), None
 
 
 def _cluster_runs(
@@ -152,6 +211,7 @@ def _cluster_runs(
     bin_info: dict,
     repeat: int,
     device: bool,
+    options: dict | None,
 ) -> None:
     import dask_gpudirect as dg
 
@@ -166,38 +226,41 @@ def _cluster_runs(
         """A measurement that runs ``fn`` over the Parquet URLs on one worker."""
 
         def measure() -> dict:
-            seconds, runs = client.run(fn, pq_urls, repeat, device, workers=[worker])[worker]
+            seconds, runs = client.run(fn, pq_urls, repeat, device, options, workers=[worker])[
+                worker
+            ]
             return record(key, "warm", bytes=nbytes, seconds=seconds, runs=runs, note=note)
 
         return measure
 
-    how = "kvikio (libcurl)" if device else "urllib"
+    how = "kvikio (libcurl)" if device else ("pyarrow's S3 client" if options else "urllib")
     server = on_worker(
         "server",
         _server_rate_on_worker,
         f"ranged GETs of every Parquet file into host memory on a worker, by {how}",
     )
+    how_cudf = "s3fs lists, libcudf's KvikIO source reads" if options else "fetched whole by fsspec"
     per_file = on_worker(
         "cudf-url",
         _per_file_on_worker,
-        "cuDF per file (HTTP: fetched whole by fsspec)" if device else "pyarrow per file",
+        f"cuDF per file ({how_cudf})" if device else "pyarrow per file",
     )
 
     def dask_url() -> Any:
         if device:
             import dask_cudf
 
-            return dask_cudf.read_parquet(pq_urls)
+            return dask_cudf.read_parquet(pq_urls, storage_options=options)
         import dask.dataframe as dd
 
-        return dd.read_parquet(pq_urls)
+        return dd.read_parquet(pq_urls, storage_options=options)
 
     def dask_measured() -> dict:
         try:
             return dask_measure(
                 client, "dask-url", "warm", nbytes, dask_url, repeat, rows_check(rows)
             )
-        except ImportError as exc:  # fsspec's HTTP file system needs aiohttp
+        except ImportError as exc:  # fsspec's HTTP file system needs aiohttp, S3 needs s3fs
             return record("dask-url", "warm", status="not run", note=f"{exc}".splitlines()[-1])
 
     runs: list[tuple[str, Callable[[], dict]]] = [
@@ -212,7 +275,9 @@ def _cluster_runs(
                 "dg-parquet",
                 "warm",
                 nbytes,
-                lambda: dg.read_parquet(pq_urls, target=target, client=client),
+                lambda: dg.read_parquet(
+                    pq_urls, target=target, client=client, storage_options=options
+                ),
                 repeat,
                 rows_check(rows),
             ),
@@ -225,7 +290,9 @@ def _cluster_runs(
                 "dg-binary",
                 "warm",
                 bin_info["bytes"],
-                lambda: dg.read_binary(bin_urls, target=target, client=client),
+                lambda: dg.read_binary(
+                    bin_urls, target=target, client=client, storage_options=options
+                ),
                 repeat,
                 records_check(bin_info["records"]),
             ),
@@ -278,7 +345,7 @@ def markdown(result: dict) -> str:
         "",
         f"- date: {result['date']}",
         f"- target: `{result['target']}`; command: `{result['command']}`",
-        f"- server: {result.get('server', 'not started')} (Python's ranged HTTP server)",
+        f"- server: {result.get('server', 'not started')}",
         "",
         *markdown_table(HEADER, _rows(result)),
         "",

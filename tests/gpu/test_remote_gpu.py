@@ -1,8 +1,8 @@
 """Issue 16 on the device target: ``s3://`` (moto's S3 server, on the GPU machine itself) and
 ``http://`` (a server of byte ranges) read by ``kvikio.RemoteFile`` straight into GPU memory,
-equal to ``cudf.read_parquet`` of the same objects; the ledger's route is ``kvikio-remote``; an
-object changed since planning and a connection cut mid-read are InputErrors naming the URL.
-The servers are the CPU tests' (``tests/object_servers.py``)."""
+equal to ``cudf.read_parquet`` of the same URLs (and of local copies); the ledger's route is
+``kvikio-remote``; an object changed since planning and a connection cut mid-read are
+InputErrors naming the URL. The servers are the CPU tests' (``tests/object_servers.py``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from object_servers import BUCKET, FILES, parquet_files
 from util import clear_ledgers
 
 import dask_gpudirect as dg
+from dask_gpudirect.bench.s3_server import aws_environment
 
 pytestmark = pytest.mark.gpu
 
@@ -53,6 +54,25 @@ def test_http_parquet_equals_cudf_of_the_same_url(cuda_tcp, http_url, local_data
     got = compute(cuda_tcp, df).reset_index(drop=True)
     with cudf.option_context("kvikio_remote_io", True):
         expected = cudf.read_parquet(urls, columns=["id", "name"], filters=[("id", "<", 150)])
+    h.assert_same_table(h.cudf_to_arrow(got), h.cudf_to_arrow(expected.reset_index(drop=True)))
+
+
+def test_s3_parquet_equals_cudf_of_the_same_url(cuda_tcp, s3, monkeypatch):
+    """The same ``s3://`` URLs through cuDF: s3fs lists them, then libcudf reads them with its
+    own KvikIO S3 source, which takes the keys and endpoint only from the environment."""
+    import cudf
+
+    pytest.importorskip("s3fs")
+    urls = [f"s3://{BUCKET}/pq/part-{k}.parquet" for k in range(FILES)]
+    options = {"columns": ["id", "name"], "filters": [("id", ">=", 120)]}
+    df = dg.read_parquet(urls, target="device", client=cuda_tcp, storage_options=s3.options,
+                         **options)  # fmt: skip
+    got = compute(cuda_tcp, df).reset_index(drop=True)
+    s3fs_options = {"key": s3.key, "secret": s3.secret, "endpoint_url": s3.endpoint}
+    for name, value in aws_environment(s3fs_options).items():
+        monkeypatch.setenv(name, value)
+    with cudf.option_context("kvikio_remote_io", True):
+        expected = cudf.read_parquet(urls, storage_options=s3fs_options, **options)
     h.assert_same_table(h.cudf_to_arrow(got), h.cudf_to_arrow(expected.reset_index(drop=True)))
 
 
