@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+from object_servers import BUCKET
 
 pytestmark = pytest.mark.gpu
 
@@ -98,3 +99,19 @@ def test_probe_tcp_quick_says_staged():
             "staged through host memory" in lines
         ), lines
     assert "GPU -> GPU across nodes: one host: nothing to measure" in lines
+
+
+@pytest.mark.timeout(240)
+def test_probe_remote_on_gpu_workers(s3, http_url):
+    """``--remote`` from GPU workers: every one reaches the S3 and the HTTP object and reads it
+    on the route dg.read_* takes there (kvikio-remote, 2 copies); the keys are not printed."""
+    urls = [f"s3://{BUCKET}/raw.bin", f"{http_url[0]}/raw.bin"]
+    out = run_probe("--protocol", "tcp", "--json", "--size", "1KiB", "--storage-options",
+                    json.dumps(s3.options), "--remote", urls[0], "--remote", urls[1])  # fmt: skip
+    doc = json.loads(out)
+    assert [obj["url"] for obj in doc["remote"]] == urls
+    for obj in doc["remote"]:
+        assert obj["reachable"] is True, obj
+        assert (obj["route"], obj["copies"]) == ("kvikio-remote", 2), obj
+        assert all(m["bytes"] == 1024 for m in obj["measurements"]), obj
+    assert s3.secret not in out and s3.key not in out
