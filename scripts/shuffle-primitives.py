@@ -1,0 +1,161 @@
+"""What a shuffle stage's per-partition work costs on this machine, one primitive at a time.
+
+Issue 14: ``dg.shuffle`` spends milliseconds per partition on the GPU, outside the exchange.
+This times, in one process and on one frame cut into N partitions, each cuDF (device) or pandas
+(host) step a stage may take per input or per output, so that the stage can be built from the
+cheap ones. Run on the GPU machine:
+
+    python3 scripts/shuffle-primitives.py --target device --gib 1 --parts 8,256,1024
+
+Prints a table of milliseconds per partition (and in all) and writes ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+
+def timed(fn: Callable[[], object], sync: Callable[[], None], repeat: int = 3) -> float:
+    """The best of ``repeat`` runs of ``fn`` (after one warm-up), in seconds."""
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def slices(frame, bounds: np.ndarray, copy: bool) -> list:
+    """``frame`` cut at ``bounds``: views of it, or copies with memory of their own."""
+    cut = [frame.iloc[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [c.copy() for c in cut] if copy else cut
+
+
+_WORKER: list = []
+
+
+def kept(parts: list) -> None:
+    """``parts`` put into a real (in-process) worker's memory as the shuffle keeps its outputs,
+    then freed: the worker's state machine, its data buffer and Dask's sizeof, per key."""
+    from distributed import LocalCluster
+    from distributed.utils import sync
+    from distributed.worker_state_machine import FreeKeysEvent
+
+    if not _WORKER:
+        cluster = LocalCluster(n_workers=1, processes=False, dashboard_address=None)
+        _WORKER.extend([cluster, next(iter(cluster.workers.values()))])
+    worker = _WORKER[1]
+    keys = [("primitives", i) for i in range(len(parts))]
+
+    async def put() -> None:
+        worker.update_data(dict(zip(keys, parts, strict=True)))
+
+    async def free() -> None:
+        worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=f"free-{time.time()}"))
+
+    sync(worker.loop, put)
+    sync(worker.loop, free)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", choices=["host", "device"], default="device")
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--parts", default="8,256,1024")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    device = args.target == "device"
+    rows = int(args.gib * 2**30 / 32)
+    rng = np.random.default_rng(0)
+    data = {
+        "key": rng.integers(0, 2**62, rows),
+        "x": rng.random(rows),
+        "y": rng.random(rows),
+        "z": np.arange(rows),
+    }
+    from dask.dataframe.shuffle import partitioning_index
+    from dask.sizeof import sizeof
+
+    if device:
+        import cudf
+        import cupy
+        import dask_cudf  # noqa: F401  (registers cuDF's sizeof and dispatches)
+        import pylibcudf as plc
+
+        from dask_gpudirect.targets import device as target
+
+        frame = cudf.DataFrame(data)
+
+        def sync() -> None:
+            cupy.cuda.get_current_stream().synchronize()
+
+        xp = cupy
+    else:
+        import pandas as pd
+
+        from dask_gpudirect.targets import host as target
+
+        frame = pd.DataFrame(data)
+
+        def sync() -> None:
+            pass
+
+        xp = np
+    from dask.dataframe.dispatch import concat
+
+    results = []
+    for n in [int(p) for p in args.parts.split(",")]:
+        bounds = np.linspace(0, rows, n + 1).astype(np.int64)
+        parts = [frame.iloc[a:b].copy() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        lengths = [len(p) for p in parts]
+        joined = concat(parts)
+        order = xp.arange(rows)
+        steps: dict[str, Callable[[], object]] = {
+            "concat of the N inputs": lambda parts=parts: concat(parts),
+            "hash + group order (one chunk)": lambda joined=joined, n=n, lengths=lengths: (
+                target.group_order(partitioning_index(joined[["key"]], n), lengths, n)
+            ),
+            "take per output (N gathers)": lambda joined=joined, bounds=bounds, order=order: [
+                joined.take(order[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ],
+            "one take, N slices (views)": lambda joined=joined, bounds=bounds, order=order: slices(
+                joined.take(order), bounds, copy=False
+            ),
+            "one take, N slice copies": lambda joined=joined, bounds=bounds, order=order: slices(
+                joined.take(order), bounds, copy=True
+            ),
+            "sizeof of N outputs": lambda parts=parts: [sizeof(p) for p in parts],
+        }
+        if device:
+
+            def contiguous(joined=joined, bounds=bounds, order=order):
+                table = target.to_table(joined.take(order))
+                packed = plc.contiguous_split.contiguous_split(table, list(bounds[1:-1]))
+                return [target.from_table(p.table_view(), joined.iloc[:0]) for p in packed]
+
+            def plc_concat(parts=parts):
+                tables = [target.to_table(p) for p in parts]
+                return target.from_table(plc.concatenate.concatenate(tables), parts[0].iloc[:0])
+
+            steps["one take + contiguous_split + N frames"] = contiguous
+            steps["concat through pylibcudf tables"] = plc_concat
+        steps["worker.update_data of N outputs, then freed"] = lambda parts=parts: kept(parts)
+        for step, fn in steps.items():
+            seconds = timed(fn, sync)
+            results.append({"partitions": n, "step": step, "seconds": seconds})
+            print(f"{n:6d}  {step:42s} {seconds * 1e3:9.2f} ms  {seconds / n * 1e6:9.1f} us/part")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": args.target, "gib": args.gib, "rows": rows, "results": results}, f)
+
+
+if __name__ == "__main__":
+    main()
