@@ -138,14 +138,14 @@ def main() -> None:
 
             def contiguous(joined=joined, bounds=bounds, order=order):
                 table = target.to_table(joined.take(order))
-                packed = plc.contiguous_split.contiguous_split(table, list(bounds[1:-1]))
-                return [target.from_table(p.table_view(), joined.iloc[:0]) for p in packed]
+                views = plc.copying.split(table, [int(b) for b in bounds[1:-1]])
+                return [target.from_table(v, joined.iloc[:0]) for v in views]
 
             def plc_concat(parts=parts):
                 tables = [target.to_table(p) for p in parts]
                 return target.from_table(plc.concatenate.concatenate(tables), parts[0].iloc[:0])
 
-            steps["one take + contiguous_split + N frames"] = contiguous
+            steps["one take + pylibcudf split + N frames (views)"] = contiguous
             steps["concat through pylibcudf tables"] = plc_concat
         steps["worker.update_data of N outputs, then freed"] = lambda parts=parts: kept(parts)
         for step, fn in steps.items():
