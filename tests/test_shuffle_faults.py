@@ -647,8 +647,8 @@ def test_an_input_that_fails_raises_its_own_error(tcp):
     assert not any(s["runs"] for s in tcp.run(shuffle_state).values())
 
 
-def _take_input(key):
-    return shuffle_service().take_input(key)
+def _take_inputs(keys):
+    return shuffle_service().take_inputs(keys)
 
 
 def test_an_input_gone_from_its_worker_is_fetched_from_the_cluster(tcp):
@@ -657,8 +657,12 @@ def test_an_input_gone_from_its_worker_is_fetched_from_the_cluster(tcp):
     ensure_plugins(tcp)
     a, b = sorted(tcp.scheduler_info(n_workers=-1)["workers"])[:2]
     part = tcp.submit(pd.DataFrame, {"k": [1, 2, 3]}, workers=[a], pure=False)
-    wait(part)
-    # the key, not the future: b does not fetch the input before the task runs
-    got = tcp.submit(_take_input, part.key, workers=[b], allow_other_workers=False, pure=False)
-    pd.testing.assert_frame_equal(got.result(timeout=120), part.result())  # it used to hang
+    own = tcp.submit(pd.DataFrame, {"k": [4]}, workers=[b], pure=False)
+    wait([part, own])
+    # the keys, not the futures: b does not fetch the input before the task runs
+    keys = [part.key, own.key]
+    got = tcp.submit(_take_inputs, keys, workers=[b], allow_other_workers=False, pure=False)
+    fetched, held = got.result(timeout=120)  # it used to hang
+    pd.testing.assert_frame_equal(fetched, part.result())
+    pd.testing.assert_frame_equal(held, own.result())
     assert a in tcp.who_has([part])[part.key]  # fetched, not moved

@@ -13,10 +13,10 @@ input order (:func:`assembly_order`) and the same shuffle gives the same partiti
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Protocol
 
 import numpy as np
-from dask.dataframe.dispatch import concat
 from dask.dataframe.shuffle import partitioning_index
 
 from .. import targets
@@ -27,8 +27,9 @@ class Splitter(Protocol):
     """What the shuffle needs of a way to cut rows: every worker of a shuffle gets the same one.
 
     ``split`` orders a chunk's rows by output (and within one output by input) and counts them;
-    ``rows`` slices that order; ``join`` concatenates pieces; ``output`` takes output ``j``'s
-    rows out of the joined pieces; ``meta`` is an output with no rows.
+    ``rows`` slices that order; ``join`` concatenates pieces; ``outputs`` builds consecutive
+    outputs out of the joined pieces, given the positions that list their rows one output
+    after another and each one's row count; ``meta`` is an output with no rows.
     """
 
     @property
@@ -39,7 +40,7 @@ class Splitter(Protocol):
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]: ...
     def rows(self, part: Any, start: int, stop: int) -> Any: ...
     def join(self, pieces: list) -> Any: ...
-    def output(self, j: int, joined: Any, positions: Any) -> Any: ...
+    def outputs(self, joined: Any, order: Any, sizes: np.ndarray, outputs: range) -> list: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +67,13 @@ class HashSplit:
         return part.iloc[start:stop]
 
     def join(self, pieces: list) -> Any:
-        return concat(pieces) if len(pieces) > 1 else pieces[0]
+        return targets.module(self.target).concat_frames(pieces, self.meta)
 
-    def output(self, j: int, joined: Any, positions: Any) -> Any:
-        return joined.take(positions)
+    def outputs(self, joined: Any, order: Any, sizes: np.ndarray, outputs: range) -> list:
+        """One gather of every row in output order, then the target cuts it into outputs
+        (a gather per output costs cuDF about 1.6 ms: its bounds check alone waits on the GPU)."""
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        return targets.module(self.target).cut_frame(joined.take(order), bounds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +104,13 @@ class PermutationSplit:
     def join(self, pieces: list) -> Any:
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
-    def output(self, j: int, joined: Any, positions: Any) -> Any:
-        return joined[positions[self._permutation(len(positions), 1, j)]]
+    def outputs(self, joined: Any, order: Any, sizes: np.ndarray, outputs: range) -> list:
+        """Each output's records permuted on their own (CuPy and NumPy gathers are cheap)."""
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        return [
+            joined[order[a:b][self._permutation(int(b - a), 1, j)]]
+            for j, (a, b) in zip(outputs, itertools.pairwise(bounds), strict=True)
+        ]
 
     def _permutation(self, n: int, phase: int, index: int) -> Any:
         seed = np.random.SeedSequence(self.seed, spawn_key=(phase, index)).generate_state(

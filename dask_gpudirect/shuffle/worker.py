@@ -145,9 +145,9 @@ class ShuffleRun:
 
     def outputs(self, exchange: Exchange, groups: list[range]) -> Iterator[dict[int, Any]]:
         """Build our outputs one of ``groups`` at a time, from the pieces that arrived for it:
-        one join, then one gather per output that takes its rows in input order (so the same
-        shuffle gives the same partitions) into memory of its own. Its cost follows the bytes,
-        not the partitions; only one group's pieces and outputs are in hand at once."""
+        one join, then the splitter's outputs, each output's rows in input order (so the same
+        shuffle gives the same partitions). Its cost follows the bytes, not the partitions;
+        only one group's pieces and outputs are in hand at once."""
         splitter = exchange.splitter
         for group, outputs in enumerate(groups):
             received = self.received.pop(group, {})
@@ -157,11 +157,7 @@ class ShuffleRun:
             firsts = sorted(received)
             joined = splitter.join([self.buffer.pop(f"{group}-{i}") for i in firsts])
             order, sizes = assembly_order([received[i] for i in firsts], outputs, exchange.target)
-            offsets = np.concatenate([[0], np.cumsum(sizes)])
-            yield {
-                j: splitter.output(j, joined, order[offsets[k] : offsets[k + 1]])
-                for k, j in enumerate(outputs)
-            }
+            yield dict(zip(outputs, splitter.outputs(joined, order, sizes, outputs), strict=True))
             joined = order = None  # let this group's rows go before the next one's
 
     def fail(self, error: ShuffleError) -> None:
@@ -516,23 +512,34 @@ class ShuffleService:
         sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
         for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
             with clock("split"):
-                parts = [self.take_input(inputs[i][0]) for i in indices]
+                parts = self.take_inputs([inputs[i][0] for i in indices])
                 ordered, counts = exchange.splitter.split(list(indices), parts)
                 offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
                 parts = []
             yield indices, ordered, counts, offsets
 
-    def take_input(self, key: Key) -> Any:
-        """An input from this worker's data, read on the loop as Distributed reads it; from the
-        cluster where it is no longer here (Distributed may drop one of two copies)."""
-        try:
-            return self.on_loop(self.worker.data.__getitem__, key)
-        except KeyError:
+    def take_inputs(self, keys: list[Key]) -> list:
+        """Inputs from this worker's data, read on the loop as Distributed reads them (in one
+        visit: a visit per input costs a thread handoff each); from the cluster where one is no
+        longer here (Distributed may drop one of two copies)."""
+        here = self.on_loop(self._held, keys)
+        missing = [key for key in keys if key not in here]
+        if missing:
             client = get_client()
             # "memory": the input was computed; a Future made without a state stays pending
             # in this client (the scheduler is never asked about it) and gather waits forever
             # (distributed types `state` as a FutureState but looks it up as a state's name)
-            return client.gather(Future(key, client, state="memory"))  # type: ignore[arg-type]
+            futures: list[Future] = [
+                Future(k, client, state="memory")  # type: ignore[arg-type]
+                for k in missing
+            ]
+            here.update(zip(missing, client.gather(futures), strict=True))
+        return [here[key] for key in keys]
+
+    def _held(self, keys: list[Key]) -> dict[Key, Any]:
+        """Those of ``keys`` this worker holds (unspilled where spilled), by key."""
+        data = self.worker.data
+        return {key: data[key] for key in keys if key in data}
 
     def _keep_own(self, exchange: Exchange, run: ShuffleRun, message: tuple) -> None:
         """Rows whose outputs this worker owns: into its own buffer, recorded as not moved."""

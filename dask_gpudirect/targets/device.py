@@ -8,6 +8,7 @@ pinned bounce buffers, then host-to-device: two copies) elsewhere; the ledger re
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -150,6 +151,35 @@ def to_table(frame: cudf.DataFrame) -> plc.Table:
     index, _ = frame.index.to_frame(index=False).to_pylibcudf()
     columns, _ = frame.to_pylibcudf()
     return plc.Table([*index.columns(), *columns.columns()])
+
+
+def concat_frames(frames: list[cudf.DataFrame], meta: cudf.DataFrame) -> cudf.DataFrame:
+    """``frames`` end to end. One libcudf concatenate of their tables where that keeps every
+    type (no categorical or struct column, whose categories or field names a table does not
+    carry; the same types in every frame): ``cudf.concat`` spends about 0.2 ms a frame on its
+    checks, this about 0.07 ms; Dask's concat (cuDF's) for the rest."""
+    import cudf
+    from dask.dataframe.dispatch import concat
+
+    if len(frames) == 1:
+        return frames[0]
+    kept = (cudf.CategoricalDtype, cudf.StructDtype)
+    types = [*meta.dtypes, *meta.index.to_frame(index=False).dtypes]
+    if not any(isinstance(t, kept) for t in types):
+        try:
+            return from_table(plc.concatenate.concatenate([to_table(f) for f in frames]), meta)
+        except (TypeError, ValueError, RuntimeError):  # frames of differing types: cuDF's rules
+            pass
+    return concat(frames)
+
+
+def cut_frame(frame: cudf.DataFrame, bounds: np.ndarray) -> list[cudf.DataFrame]:
+    """``frame``'s rows ``bounds[k]:bounds[k + 1]`` as slices that share its memory, as
+    dask_cudf's own shuffle outputs share theirs (``scatter_by_map``): a slice costs cuDF about
+    0.2 ms, a copy 0.55 ms. Device memory of a frame goes back once its last slice is freed or
+    spilled; a shuffle's frame is one group of outputs, at most a chunk
+    (``gpudirect.shuffle.chunk-size``)."""
+    return [frame.iloc[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 def from_table(table: plc.Table, meta: cudf.DataFrame) -> cudf.DataFrame:

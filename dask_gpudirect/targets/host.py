@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from dask.dataframe.dispatch import concat
 from dask.utils import parse_bytes
 
 from .. import remote
@@ -57,6 +59,18 @@ def _to_pandas(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
         unindexed = json.dumps({**stored, "index_columns": [], "columns": columns}).encode()
         table = table.replace_schema_metadata({**table.schema.metadata, b"pandas": unindexed})
     return table.to_pandas(types_mapper=MAPPERS[backend])
+
+
+def concat_frames(frames: list[pd.DataFrame], meta: pd.DataFrame) -> pd.DataFrame:
+    """``frames`` end to end (Dask's concat: categories unioned, as the device target's)."""
+    return concat(frames) if len(frames) > 1 else frames[0]
+
+
+def cut_frame(frame: pd.DataFrame, bounds: np.ndarray) -> list[pd.DataFrame]:
+    """``frame``'s rows ``bounds[k]:bounds[k + 1]`` as frames of their own memory: a worker
+    counts each output's bytes and spills outputs one by one, and a view's spill would free
+    nothing while its neighbours live (a copy costs pandas what a gather does)."""
+    return [frame.iloc[a:b].copy() for a, b in itertools.pairwise(bounds)]
 
 
 def empty_frame(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
