@@ -287,8 +287,9 @@ def _last_stage(dask_worker: Worker) -> dict[str, float]:
 
 
 def stage_phases(client: Client) -> dict[str, float]:
-    """The phases of the last shuffle stage (split, send, wait for peers, combine, keep), each the
-    longest over the workers, named ``"shuffle: <phase>"``; asked after the clock stopped."""
+    """The phases of the last shuffle stage (split, send, wait for peers, join, order, combine,
+    keep), each the longest over the workers, named ``"shuffle: <phase>"``; asked after the
+    clock stopped."""
     out: dict[str, float] = {}
     for phases in client.run(_last_stage).values():
         for phase, seconds in phases.items():

@@ -143,7 +143,9 @@ class ShuffleRun:
                 raise
             self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
-    def outputs(self, exchange: Exchange, groups: list[range]) -> Iterator[dict[int, Any]]:
+    def outputs(
+        self, exchange: Exchange, groups: list[range], clock: _Phases
+    ) -> Iterator[dict[int, Any]]:
         """Build our outputs one of ``groups`` at a time, from the pieces that arrived for it:
         one join, then the splitter's outputs, each output's rows in input order (so the same
         shuffle gives the same partitions). Its cost follows the bytes, not the partitions;
@@ -155,10 +157,16 @@ class ShuffleRun:
                 yield {j: splitter.meta for j in outputs}
                 continue
             firsts = sorted(received)
-            joined = splitter.join([self.buffer.pop(f"{group}-{i}") for i in firsts])
-            order, sizes = assembly_order([received[i] for i in firsts], outputs, exchange.target)
-            yield dict(zip(outputs, splitter.outputs(joined, order, sizes, outputs), strict=True))
+            with clock("join"):
+                joined = splitter.join([self.buffer.pop(f"{group}-{i}") for i in firsts])
+            with clock("order"):
+                pieces = [received[i] for i in firsts]
+                order, sizes = assembly_order(pieces, outputs, exchange.target)
+            with clock("combine"):
+                built = splitter.outputs(joined, order, sizes, outputs)
+            yield dict(zip(outputs, built, strict=True))
             joined = order = None  # let this group's rows go before the next one's
+            built = []
 
     def fail(self, error: ShuffleError) -> None:
         """Record the first error, stop our sends, and wake whatever the stage waits on."""
@@ -505,16 +513,12 @@ class ShuffleService:
         with clock("wait for peers"):
             self.on_loop(run.finish, exchange)
         built = 0
-        building = run.outputs(exchange, groups[me])
-        while True:
-            with clock("combine"):  # a group's outputs built
-                outputs = next(building, None)
-            if outputs is None:
-                return built
-            with clock("keep"):  # and put into the worker's memory, a key each
+        for outputs in run.outputs(exchange, groups[me], clock):  # a group at a time
+            with clock("keep"):  # into the worker's memory, a key each
                 keep = {exchange.keys[j]: part for j, part in outputs.items()}
                 self.on_loop(self.keep, exchange.id, keep)
             built += len(keep)
+        return built
 
     def split_chunks(
         self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], clock: _Phases
