@@ -133,6 +133,9 @@ def main() -> None:
                 joined.take(order), bounds, copy=True
             ),
             "sizeof of N outputs": lambda parts=parts: [sizeof(p) for p in parts],
+            "sizeof of N slices of one frame": lambda joined=joined, bounds=bounds: [
+                sizeof(p) for p in slices(joined, bounds, copy=False)
+            ],
         }
         if device:
 
@@ -148,6 +151,9 @@ def main() -> None:
             steps["one take + pylibcudf split + N frames (views)"] = contiguous
             steps["concat through pylibcudf tables"] = plc_concat
         steps["worker.update_data of N outputs, then freed"] = lambda parts=parts: kept(parts)
+        steps["worker.update_data of N slices, then freed"] = lambda j=joined, b=bounds: kept(
+            slices(j, b, copy=False)
+        )
         for step, fn in steps.items():
             seconds = timed(fn, sync)
             results.append({"partitions": n, "step": step, "seconds": seconds})
