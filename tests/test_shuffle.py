@@ -374,3 +374,34 @@ def test_dropping_the_result_frees_it(client):
     while any(client.run(_shuffle_keys_held).values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(client.run(_shuffle_keys_held).values())
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_assembly_order_lists_each_output_in_input_order(interleaved):
+    """Pieces joined end to end (each grouped by output, then input) are listed output by
+    output, each output's rows in input order, whether the senders' inputs interleave (one
+    worker holds the even partitions) or not; empty segments and empty outputs included."""
+    from dask_gpudirect.shuffle.split import assembly_order
+
+    rng = np.random.default_rng(3)
+    outputs = range(10, 16)
+    senders = [tuple(range(w, 12, 2)) if interleaved else tuple(range(6 * w, 6 * w + 6))
+               for w in range(2)]  # fmt: skip
+    pieces = []
+    for inputs in senders:
+        for chunk in (inputs[:3], inputs[3:]):
+            counts = rng.integers(0, 3, (len(chunk), len(outputs)))
+            counts[:, 2] = 0  # an output no row of this chunk goes to
+            pieces.append((chunk, outputs.start, counts))
+    pieces.sort(key=lambda piece: piece[0][0])
+    # (output, input) of each row as the receiver joins them: piece after piece, in order
+    joined = []
+    for chunk, _, counts in pieces:
+        joined += [(outputs[j], i) for j in range(len(outputs)) for k, i in enumerate(chunk)
+                   for _ in range(int(counts[k, j]))]  # fmt: skip
+    order, sizes = assembly_order(pieces, outputs, "host")
+    listed = [joined[p] for p in order]
+    assert listed == sorted(joined)  # by output, then input (a stable order within each)
+    assert sorted(order.tolist()) == list(range(len(joined)))
+    assert sizes.tolist() == [sum(1 for o, _ in joined if o == j) for j in outputs]
+    assert sizes[2] == 0

@@ -13,6 +13,7 @@ import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
+from dask.dataframe.dask_expr._collection import new_collection
 from dask.dataframe.dask_expr.io.io import FromGraph
 from dask.highlevelgraph import HighLevelGraph
 from dask.typing import Key
@@ -84,13 +85,22 @@ def shuffle(
     engine = engines.choose(engine, target)
     inputs = _partitions(client, df)
     splitter = HashSplit(on, npartitions, target, meta)
-    name = f"gpudirect-shuffle-{uuid.uuid4().hex}"  # each call is a new result
+    token = uuid.uuid4().hex  # each call is a new result
+    name = f"gpudirect-shuffle-{token}"
     keys: list[Key] = [(name, j) for j in range(npartitions)]
     outputs = exchange(client, inputs, splitter, keys, target, progress, engine)
     with dask.config.set({"dataframe.convert-string": False}):
-        return dd.from_graph(
-            dict(zip(keys, outputs, strict=True)), meta, (None,) * (npartitions + 1), keys, name
+        # dd.from_graph, with the call's own token: tokenizing a thousand futures for a name
+        # that is unique anyway costs about 0.1 s
+        graph = FromGraph(
+            layer=dict(zip(keys, outputs, strict=True)),
+            _meta=meta,
+            divisions=(None,) * (npartitions + 1),
+            keys=keys,
+            name_prefix=name,
+            _determ_token=token,
         )
+        return new_collection(graph)
 
 
 def shuffle_array(

@@ -138,21 +138,27 @@ def assembly_order(
 
     Piece ``(inputs, first, counts)`` holds, for outputs ``first, first + 1, ...`` in turn,
     ``counts[k, j - first]`` rows of input ``inputs[k]``. The work is per segment (a run of one
-    input's rows for one output) on the host; only the rows' positions are made on the target.
+    input's rows for one output) on the host: each piece's segments are already in (output,
+    input) order, so one stable sort merges the pieces' runs, and segments that continue where
+    the one before ended are joined; only the rows' positions are made on the target.
     """
-    seg_output, seg_input, seg_length = [], [], []
-    for inputs, first, counts in pieces:
-        k, n = counts.shape
-        seg_output.append(np.repeat(np.arange(first, first + n), k))
-        seg_input.append(np.tile(np.asarray(inputs, dtype=np.int64), n))
-        seg_length.append(counts.T.ravel())
-    output = np.concatenate(seg_output)
-    length = np.concatenate(seg_length).astype(np.int64)
+    width = 1 + max(max(inputs) for inputs, _, _ in pieces)
+    keys, lengths = [], []
+    for inputs, first, counts in pieces:  # segment (j, k) of a piece, j-major
+        js = np.arange(first, first + counts.shape[1], dtype=np.int64)
+        keys.append((js[:, None] * width + np.asarray(inputs, dtype=np.int64)).ravel())
+        lengths.append(counts.T.ravel())
+    key = np.concatenate(keys)
+    length = np.concatenate(lengths).astype(np.int64)
     start = np.cumsum(length) - length
-    by = np.lexsort((np.concatenate(seg_input), output))
+    by = np.argsort(key, kind="stable")
     by = by[length[by] > 0]
+    start, length, output = start[by], length[by], key[by] // width
     sizes = np.bincount(output - outputs.start, weights=length, minlength=len(outputs))
-    return targets.module(target).positions(start[by], length[by]), sizes.astype(np.int64)
+    new = np.ones(len(start), dtype=bool)
+    new[1:] = start[1:] != start[:-1] + length[:-1]
+    joined = np.add.reduceat(length, np.flatnonzero(new)) if len(start) else length
+    return targets.module(target).positions(start[new], joined), sizes.astype(np.int64)
 
 
 def contingency(seed: int, sizes: list[int]) -> np.ndarray:
