@@ -81,9 +81,13 @@ def _registered(dask_scheduler: Scheduler) -> dict[str, list[str]]:
 
 def ensure_plugins(client: Client) -> None:
     """Register the reader, shuffle, placement and dashboard plugins where they are missing, and
-    say so. Where all are there (every call after the first): two round trips, one to the
-    workers and one to the scheduler."""
-    missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
+    say so. Where all are there (every call after the first): one round trip to the scheduler,
+    which hands its worker plugins to every worker that joins; one more to the workers where
+    the reader plugin came with them (``plugins=``) rather than through the scheduler."""
+    held = client.run_on_scheduler(_registered)
+    missing = []
+    if GPUDirectPlugin.name not in held["worker"]:
+        missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
     if missing:
         cluster = client.cluster
         if dask_cuda is not None and type(cluster) is dask_cuda.LocalCUDACluster:
@@ -96,7 +100,6 @@ def ensure_plugins(client: Client) -> None:
             "registering GPUDirectPlugin with defaults on %d worker(s): %s", len(missing), missing
         )
         client.register_plugin(GPUDirectPlugin())
-    held = client.run_on_scheduler(_registered)
     for plugin, kind in (
         (ShuffleWorkerPlugin, "worker"),
         (ShuffleSchedulerPlugin, "scheduler"),
