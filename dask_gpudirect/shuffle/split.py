@@ -29,7 +29,8 @@ class Splitter(Protocol):
     ``split`` orders a chunk's rows by output (and within one output by input) and counts them;
     ``rows`` slices that order; ``join`` concatenates pieces; ``outputs`` builds consecutive
     outputs out of the joined pieces, given the positions that list their rows one output
-    after another and each one's row count; ``meta`` is an output with no rows.
+    after another (output ``k``'s at ``order[bounds[k]:bounds[k + 1]]``); ``meta`` is an output
+    with no rows.
     """
 
     @property
@@ -40,7 +41,7 @@ class Splitter(Protocol):
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]: ...
     def rows(self, part: Any, start: int, stop: int) -> Any: ...
     def join(self, pieces: list) -> Any: ...
-    def outputs(self, joined: Any, order: Any, sizes: np.ndarray, outputs: range) -> list: ...
+    def outputs(self, joined: Any, order: Any, bounds: np.ndarray, outputs: range) -> list: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,10 +70,9 @@ class HashSplit:
     def join(self, pieces: list) -> Any:
         return targets.module(self.target).concat_frames(pieces, self.meta)
 
-    def outputs(self, joined: Any, order: Any, sizes: np.ndarray, outputs: range) -> list:
+    def outputs(self, joined: Any, order: Any, bounds: np.ndarray, outputs: range) -> list:
         """One gather of every row in output order, then the target cuts it into outputs
         (a gather per output costs cuDF about 1.6 ms: its bounds check alone waits on the GPU)."""
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
         return targets.module(self.target).cut_frame(joined.take(order), bounds)
 
 
@@ -104,9 +104,8 @@ class PermutationSplit:
     def join(self, pieces: list) -> Any:
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
-    def outputs(self, joined: Any, order: Any, sizes: np.ndarray, outputs: range) -> list:
+    def outputs(self, joined: Any, order: Any, bounds: np.ndarray, outputs: range) -> list:
         """Each output's records permuted on their own (CuPy and NumPy gathers are cheap)."""
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
         return [
             joined[order[a:b][self._permutation(int(b - a), 1, j)]]
             for j, (a, b) in zip(outputs, itertools.pairwise(bounds), strict=True)

@@ -162,8 +162,9 @@ class ShuffleRun:
             with clock("order"):
                 pieces = [received[i] for i in firsts]
                 order, sizes = assembly_order(pieces, outputs, exchange.target)
+                bounds = np.concatenate([[0], np.cumsum(sizes)])
             with clock("combine"):
-                built = splitter.outputs(joined, order, sizes, outputs)
+                built = splitter.outputs(joined, order, bounds, outputs)
             yield dict(zip(outputs, built, strict=True))
             joined = order = None  # let this group's rows go before the next one's
             built = []
