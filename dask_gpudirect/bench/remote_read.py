@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 from .. import remote
 from ..measure import start_cluster, stop_cluster
@@ -127,7 +128,8 @@ def _per_file_on_worker(
                 for url in urls:
                     cudf.read_parquet(url, storage_options=options)
 
-        with _environment(aws_environment(options) if options else {}):
+        # libcudf's S3 source reads the process's (C) environment, which os.environ sets
+        with mock.patch.dict(os.environ, aws_environment(options) if options else {}):
             return _timed(read_all, repeat)
     import pyarrow.parquet as pq
 
@@ -135,21 +137,6 @@ def _per_file_on_worker(
         return _timed(
             lambda: [pq.read_table(io.BytesIO(fetch(url, pool, options))) for url in urls], repeat
         )
-
-
-@contextlib.contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    """``variables`` set in this process's environment (C's too: libcudf reads it) for the block."""
-    old = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def run(result: dict, opts: dict, root: str, target: str) -> None:

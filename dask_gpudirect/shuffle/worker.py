@@ -370,13 +370,16 @@ class ShuffleService:
         sizeof of a pandas frame costs about 0.15 ms; the task states hold the sizes.)"""
         stimulus_id = f"gpudirect-shuffle-{shuffle_id}-keep-{time.time()}"
         self.worker.handle_stimulus(UpdateDataEvent(data=outputs, stimulus_id=stimulus_id))
-        kept = {key: self.worker.state.tasks[key] for key in outputs}
-        lost = [key for key, ts in kept.items() if ts.state != "memory" or ts.nbytes is None]
+        tasks = self.worker.state.tasks
+        sizes = {
+            key: nbytes
+            for key in outputs
+            if tasks[key].state == "memory" and (nbytes := tasks[key].nbytes) is not None
+        }
+        lost = [key for key in outputs if key not in sizes]
         if lost:  # the worker's memory refused it (a spill that failed, say)
             raise ShuffleError(f"worker {self.worker.address} could not keep output {lost[0]}")
-        self.built.setdefault(shuffle_id, {}).update(
-            {key: ts.nbytes for key, ts in kept.items() if ts.nbytes is not None}
-        )
+        self.built.setdefault(shuffle_id, {}).update(sizes)
 
     def publish(self, shuffle_id: str) -> dict[Key, int]:
         """The outputs this worker keeps for ``shuffle_id`` and their sizes, now the client's
