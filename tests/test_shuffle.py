@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask.sizeof import sizeof
+from distributed import futures_of
 from pandas.testing import assert_frame_equal, assert_series_equal
 from util import (
     assert_hash_partitions,
@@ -355,6 +356,23 @@ def test_explicit_client_need_not_be_current(tcp_client, ucxx_client):
 
 def _shuffle_keys_held(dask_worker) -> list:
     return [k for k in dask_worker.data if "gpudirect-shuffle" in str(k)]
+
+
+def test_persisting_the_result_runs_no_task(tcp):
+    """The result's partitions are the shuffle's outputs under their own keys: persisting it
+    (as a user does before reusing it) gives back those very futures, with no task to run,
+    and what is computed on it depends on the outputs directly."""
+    client = tcp
+    pdf = sample_frame(400, keys=9, seed=5)
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=4, client=client)
+    outputs = set(out.__dask_keys__())
+    kept = client.persist(out)
+    assert {f.key for f in futures_of(kept)} == outputs
+    assert all(f.status == "finished" for f in futures_of(kept))
+    graph = dict(out.map_partitions(len).__dask_graph__())
+    assert outputs <= set(graph)  # the outputs are inputs of the new tasks, not renamed
+    assert len(graph) == 2 * len(outputs)
+    assert compute(client, out.map_partitions(len)).sum() == len(pdf)
 
 
 def test_dropping_the_result_frees_it(client):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import secrets
@@ -90,9 +91,9 @@ def shuffle(
     keys: list[Key] = [(name, j) for j in range(npartitions)]
     outputs = exchange(client, inputs, splitter, keys, target, progress, engine)
     with dask.config.set({"dataframe.convert-string": False}):
-        # dd.from_graph, with the call's own token: tokenizing a thousand futures for a name
-        # that is unique anyway costs about 0.1 s
-        graph = FromGraph(
+        # named by the call's own token: tokenizing a thousand futures for a name that is
+        # unique anyway costs about 0.1 s
+        graph = Computed(
             layer=dict(zip(keys, outputs, strict=True)),
             _meta=meta,
             divisions=(None,) * (npartitions + 1),
@@ -101,6 +102,19 @@ def shuffle(
             _determ_token=token,
         )
         return new_collection(graph)
+
+
+class Computed(FromGraph):
+    """Partitions in memory under their own keys. ``FromGraph`` (what ``persist`` makes)
+    renames them, one alias task per partition, which every later compute runs: at a thousand
+    partitions that is a thousand tasks more (about a second on a CPU scheduler)."""
+
+    @functools.cached_property
+    def _name(self) -> str:
+        return self.operand("name_prefix")
+
+    def _layer(self) -> dict:
+        return dict(self.operand("layer"))
 
 
 def shuffle_array(
