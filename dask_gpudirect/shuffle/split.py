@@ -136,28 +136,39 @@ def assembly_order(
     rows of each of ``outputs``.
 
     Piece ``(inputs, first, counts)`` holds, for outputs ``first, first + 1, ...`` in turn,
-    ``counts[k, j - first]`` rows of input ``inputs[k]``. The work is per segment (a run of one
-    input's rows for one output) on the host: each piece's segments are already in (output,
-    input) order, so one stable sort merges the pieces' runs, and segments that continue where
-    the one before ended are joined; only the rows' positions are made on the target.
+    ``counts[k, j - first]`` rows of input ``inputs[k]``; every input is in one piece. The work
+    is per segment (a run of one input's rows for one output) on the host, and linear in the
+    segments: segment ``(j, input)`` has one slot in an output-major table of them, so placing
+    the pieces' segments there orders them, and segments that continue where the one before
+    ended are joined; only the rows' positions are made on the target. Where each piece's
+    inputs all come after those of the piece before it (each sender's inputs consecutive
+    partitions), a piece's rows for one output are one run already: one segment per piece and
+    output, not per input and output (a thousand partitions make half a million of those).
     """
-    width = 1 + max(max(inputs) for inputs, _, _ in pieces)
-    keys, lengths = [], []
-    for inputs, first, counts in pieces:  # segment (j, k) of a piece, j-major
-        js = np.arange(first, first + counts.shape[1], dtype=np.int64)
-        keys.append((js[:, None] * width + np.asarray(inputs, dtype=np.int64)).ravel())
-        lengths.append(counts.T.ravel())
-    key = np.concatenate(keys)
-    length = np.concatenate(lengths).astype(np.int64)
-    start = np.cumsum(length) - length
-    by = np.argsort(key, kind="stable")
-    by = by[length[by] > 0]
-    start, length, output = start[by], length[by], key[by] // width
-    sizes = np.bincount(output - outputs.start, weights=length, minlength=len(outputs))
+    if all(max(a) < min(b) for (a, _, _), (b, _, _) in itertools.pairwise(pieces)):
+        pieces = [((inputs[0],), first, counts.sum(axis=0, keepdims=True))
+                  for inputs, first, counts in pieces]  # fmt: skip
+    inputs = np.concatenate([np.asarray(i, dtype=np.int64) for i, _, _ in pieces])
+    rank = np.zeros(int(inputs.max()) + 1, dtype=np.int64)  # input -> its place among them
+    rank[np.sort(inputs)] = np.arange(len(inputs))
+    width = len(inputs)
+    start = np.zeros(len(outputs) * width, dtype=np.int64)
+    length = np.zeros(len(outputs) * width, dtype=np.int64)
+    offset = 0  # where the piece's rows start in the joined pieces
+    for ins, first, counts in pieces:  # segment (j, k) of a piece, j-major
+        rows = counts.T.ravel()
+        js = np.arange(first - outputs.start, first - outputs.start + counts.shape[1])
+        slot = (js[:, None] * width + rank[np.asarray(ins, dtype=np.int64)]).ravel()
+        length[slot] = rows
+        start[slot] = offset + np.cumsum(rows) - rows
+        offset += int(rows.sum())
+    sizes = length.reshape(len(outputs), width).sum(axis=1)
+    kept = np.flatnonzero(length)
+    start, length = start[kept], length[kept]
     new = np.ones(len(start), dtype=bool)
     new[1:] = start[1:] != start[:-1] + length[:-1]
     joined = np.add.reduceat(length, np.flatnonzero(new)) if len(start) else length
-    return targets.module(target).positions(start[new], joined), sizes.astype(np.int64)
+    return targets.module(target).positions(start[new], joined), sizes
 
 
 def contingency(seed: int, sizes: list[int]) -> np.ndarray:
