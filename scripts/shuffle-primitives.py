@@ -39,6 +39,22 @@ def slices(frame, bounds: np.ndarray, copy: bool) -> list:
     return [c.copy() for c in cut] if copy else cut
 
 
+def profiled(steps: dict[str, Callable[[], object]], path: str, top: int = 25) -> None:
+    """cProfile of each step (one run, after the timed ones), its ``top`` functions by own
+    time, appended to ``path``: where a per-partition cost goes inside cuDF or Dask."""
+    import cProfile
+    import io
+    import pstats
+
+    with open(path, "a") as out:
+        for step, fn in steps.items():
+            profile = cProfile.Profile()
+            profile.runcall(fn)
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(top)
+            out.write(f"## {step}\n\n{text.getvalue()}\n")
+
+
 _WORKER: list = []
 
 
@@ -71,6 +87,7 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--parts", default="8,256,1024")
     parser.add_argument("--json")
+    parser.add_argument("--profile", help="append cProfiles of the per-output steps here")
     args = parser.parse_args()
     device = args.target == "device"
     rows = int(args.gib * 2**30 / 32)
@@ -150,14 +167,32 @@ def main() -> None:
 
             steps["one take + pylibcudf split + N frames (views)"] = contiguous
             steps["concat through pylibcudf tables"] = plc_concat
+            steps["one take, cuDF _split (views: the stage's cut_frame)"] = (
+                lambda joined=joined, bounds=bounds, order=order: target.cut_frame(
+                    joined.take(order), bounds
+                )
+            )
+            steps["sizeof of N cut_frame outputs"] = lambda j=joined, b=bounds: [
+                sizeof(p) for p in target.cut_frame(j, b)
+            ]
+            steps["concat_frames of the N inputs (the stage's join)"] = (
+                lambda parts=parts, meta=frame.iloc[:0]: target.concat_frames(parts, meta)
+            )
         steps["worker.update_data of N outputs, then freed"] = lambda parts=parts: kept(parts)
         steps["worker.update_data of N slices, then freed"] = lambda j=joined, b=bounds: kept(
             slices(j, b, copy=False)
+        )
+        steps["worker.update_data of N cut_frame outputs, then freed"] = (
+            lambda j=joined, b=bounds: kept(target.cut_frame(j, b))
         )
         for step, fn in steps.items():
             seconds = timed(fn, sync)
             results.append({"partitions": n, "step": step, "seconds": seconds})
             print(f"{n:6d}  {step:42s} {seconds * 1e3:9.2f} ms  {seconds / n * 1e6:9.1f} us/part")
+        if args.profile and n == max(int(p) for p in args.parts.split(",")):
+            per_output = ("sizeof", "cut_frame", "slices (views)", "concat_frames", "update_data")
+            profiled({k: f for k, f in steps.items() if any(w in k for w in per_output)},
+                     args.profile)  # fmt: skip
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"target": args.target, "gib": args.gib, "rows": rows, "results": results}, f)

@@ -8,7 +8,6 @@ pinned bounce buffers, then host-to-device: two copies) elsewhere; the ledger re
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -175,11 +174,14 @@ def concat_frames(frames: list[cudf.DataFrame], meta: cudf.DataFrame) -> cudf.Da
 
 def cut_frame(frame: cudf.DataFrame, bounds: np.ndarray) -> list[cudf.DataFrame]:
     """``frame``'s rows ``bounds[k]:bounds[k + 1]`` as slices that share its memory, as
-    dask_cudf's own shuffle outputs share theirs (``scatter_by_map``): a slice costs cuDF about
-    0.2 ms, a copy 0.55 ms. Device memory of a frame goes back once its last slice is freed or
+    dask_cudf's own shuffle outputs share theirs: cuDF's split (what ``scatter_by_map`` cuts
+    with), one libcudf call for all of them, where ``iloc`` costs about 0.2 ms a slice and a
+    copy 0.55 ms. Device memory of a frame goes back once its last slice is freed or
     spilled; a shuffle's frame is one group of outputs, at most a chunk
     (``gpudirect.shuffle.chunk-size``)."""
-    return [frame.iloc[a:b] for a, b in itertools.pairwise(bounds)]
+    if len(frame) == 0:  # cuDF's split of no rows gives no frames
+        return [frame] * (len(bounds) - 1)
+    return frame._split([int(b) for b in bounds[1:-1]])
 
 
 def from_table(table: plc.Table, meta: cudf.DataFrame) -> cudf.DataFrame:
