@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from util import HANG_GUARD
+from util import CLIENT_PHASES, HANG_GUARD
 
 from dask_gpudirect.bench.etl import etl
 from dask_gpudirect.bench.etl_report import checks_of
@@ -54,13 +54,18 @@ def test_bench_etl_host(tmp_path):
     for query in QUERIES:  # where dg's time went: each phase waited for, inside the total
         rec = by[query, "gpudirect"]
         for seconds, phases in zip(rec["runs"], rec["phases"], strict=True):
-            pipeline = {k: s for k, s in phases.items() if not k.startswith("shuffle: ")}
+            inside = ("shuffle: ", "client: ")
+            pipeline = {k: s for k, s in phases.items() if not k.startswith(inside)}
             assert list(pipeline) == ["plan", "read", "shuffle", "group-by"], rec
             assert 0 < sum(pipeline.values()) <= seconds, rec
             # and the stage's own phases, measured on the workers inside the shuffle's time
             stage = {k: s for k, s in phases.items() if k.startswith("shuffle: ")}
             assert {"shuffle: split", "shuffle: combine"} <= set(stage), rec
             assert max(stage.values()) <= pipeline["shuffle"], rec
+            # and the client's, one after another inside it
+            client = {k: s for k, s in phases.items() if k.startswith("client: ")}
+            assert list(client) == [f"client: {p}" for p in CLIENT_PHASES], rec
+            assert sum(client.values()) <= pipeline["shuffle"], rec
         assert by[query, "tasks"]["phases"] == [{}, {}]  # Dask's pipeline is one graph
     for phases in by["scan", "gpudirect"]["phases"]:  # the read alone, no shuffle
         assert list(phases) == ["plan", "read"], phases

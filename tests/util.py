@@ -311,3 +311,7 @@ def write_nested_parquet(directory) -> list[str]:
         paths.append(os.path.join(directory, f"part-{k}.parquet"))
         pq.write_table(pa.table(nested_columns(k)), paths[-1], row_group_size=NESTED_ROWS // 2)
     return paths
+
+
+#: The client's phases of a shuffle, in order, as the benchmarks report them ("client: plan", ...).
+CLIENT_PHASES = ("plan", "start", "stages", "publish", "end")

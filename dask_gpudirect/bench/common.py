@@ -288,13 +288,16 @@ def _last_stage(dask_worker: Worker) -> dict[str, float]:
 
 def stage_phases(client: Client) -> dict[str, float]:
     """The phases of the last shuffle stage (split, send, wait for peers, join, order, combine,
-    keep), each the longest over the workers, named ``"shuffle: <phase>"``; asked after the
-    clock stopped."""
+    keep), each the longest over the workers, named ``"shuffle: <phase>"``, then the client's
+    own (plan, start, stages, publish, end) as ``"client: <phase>"``; asked after the clock
+    stopped."""
+    from ..shuffle import coordinator
+
     out: dict[str, float] = {}
     for phases in client.run(_last_stage).values():
         for phase, seconds in phases.items():
             out[f"shuffle: {phase}"] = max(out.get(f"shuffle: {phase}", 0.0), seconds)
-    return out
+    return out | {f"client: {phase}": s for phase, s in coordinator.last_phases.items()}
 
 
 def write_outputs(

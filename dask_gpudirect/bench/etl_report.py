@@ -146,18 +146,16 @@ CHECK_HEADER = ("check", "ratio", "target", "result")
 
 def _phases(rec: dict) -> str:
     """dg's seconds per phase in its last run (plan, read, shuffle, group-by), where kept, with
-    the shuffle stage's own phases (the slowest worker's) in brackets after the shuffle."""
+    the shuffle's own phases in brackets after the shuffle: the stage's (the slowest worker's),
+    then the client's."""
     last = (rec.get("phases") or [{}])[-1]
     if not last:
         return ""
-    stage = ", ".join(
-        f"{k.removeprefix('shuffle: ')} {s:.2f}"
-        for k, s in last.items()
-        if k.startswith("shuffle: ")
-    )
+    inside = [k for k in last if k.startswith(("shuffle: ", "client: "))]
+    stage = ", ".join(f"{k.removeprefix('shuffle: ')} {last[k]:.2f}" for k in inside)
     parts = []
     for name, seconds in last.items():
-        if name.startswith("shuffle: "):
+        if name in inside:
             continue
         parts.append(
             f"{name} {seconds:.2f} s" + (f" ({stage})" if name == "shuffle" and stage else "")

@@ -28,7 +28,7 @@ from ..progress import ShuffleProgress
 from ..targets import TargetName
 from .plugin import service
 from .split import Splitter
-from .worker import Exchange
+from .worker import Exchange, Phases
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,10 @@ logger = logging.getLogger(__name__)
 WATCH_INTERVAL = 0.5
 #: Seconds the client gives aborted stages to stop before it cancels them and raises.
 ABORT_GRACE = 10
+
+#: The client's own phases of the last shuffle this process ran (plan, stages, publish, end),
+#: beside the stages' (``ShuffleService.last_phases``): where a benchmark's time went.
+last_phases: dict[str, float] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,57 +105,66 @@ def _exchange(
     failed = [f for f in inputs if f.status != "finished"]
     if failed:
         failed[0].result()  # the input's own error, in the user's process
-    holders = client.who_has(inputs)
-    on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
-    for i, future in enumerate(inputs):
-        on_worker[sorted(holders[future.key])[0]][i] = future
-    participants = tuple(sorted(on_worker))
-    # Contiguous runs: the rows one worker sends another are then one slice of each input.
-    owners = tuple(participants[j * len(participants) // npartitions] for j in range(npartitions))
-    nbytes = client.nbytes([f.key for f in inputs], summary=False)
-    total = sum(nbytes.values())
-    limits = client.run(_limits, target=target, workers=list(participants))
-    # Outputs built at once: about a chunk's bytes, so no worker holds more of them in hand.
-    chunk = min(limit["chunk"] for limit in limits.values())
-    group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
-    plan = Exchange(
-        uuid.uuid4().hex[:12], participants, owners, splitter, target, tuple(keys), group, engine
-    )
-    _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
-    if engine == "rapidsmpf":
-        plan = _on_rapidsmpf(client, plan)
-    logger.info(
-        "shuffle %s: %d partitions -> %d over %d workers",
-        plan.id,
-        len(inputs),
-        npartitions,
-        len(participants),
-    )
-    stages = {
-        w: client.submit(
-            _stage,
-            plan,
-            _Inputs({i: (future.key, nbytes[future.key]) for i, future in parts.items()}),
-            workers=[w],
-            allow_other_workers=False,
-            pure=False,
-            key=f"gpudirect-shuffle-{plan.id}-{i}",
+    clock = Phases()
+    with clock("plan"):
+        holders = client.who_has(inputs)
+        on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
+        for i, future in enumerate(inputs):
+            on_worker[sorted(holders[future.key])[0]][i] = future
+        participants = tuple(sorted(on_worker))
+        # Contiguous runs: the rows one worker sends another are then one slice of each input.
+        workers = len(participants)
+        owners = tuple(participants[j * workers // npartitions] for j in range(npartitions))
+        nbytes = client.nbytes([f.key for f in inputs], summary=False)
+        total = sum(nbytes.values())
+        limits = client.run(_limits, target=target, workers=list(participants))
+        # Outputs built at once: about a chunk's bytes, so no worker holds more of them in hand.
+        chunk = min(limit["chunk"] for limit in limits.values())
+        group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
+        shuffle_id = uuid.uuid4().hex[:12]
+        plan = Exchange(
+            shuffle_id, participants, owners, splitter, target, tuple(keys), group, engine
         )
-        for i, (w, parts) in enumerate(sorted(on_worker.items()))
-    }
-    client.sync(
-        client.scheduler.gpudirect_shuffle_start,
-        shuffle_id=plan.id,
-        client=client.id,
-        participants=list(participants),
-        stages={w: stage.key for w, stage in stages.items()},
-    )
+        _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
+        if engine == "rapidsmpf":
+            plan = _on_rapidsmpf(client, plan)
+        logger.info(
+            "shuffle %s: %d partitions -> %d over %d workers",
+            plan.id,
+            len(inputs),
+            npartitions,
+            len(participants),
+        )
+    with clock("start"):
+        stages = {
+            w: client.submit(
+                _stage,
+                plan,
+                _Inputs({i: (future.key, nbytes[future.key]) for i, future in parts.items()}),
+                workers=[w],
+                allow_other_workers=False,
+                pure=False,
+                key=f"gpudirect-shuffle-{plan.id}-{i}",
+            )
+            for i, (w, parts) in enumerate(sorted(on_worker.items()))
+        }
+        client.sync(
+            client.scheduler.gpudirect_shuffle_start,
+            shuffle_id=plan.id,
+            client=client.id,
+            participants=list(participants),
+            stages={w: stage.key for w, stage in stages.items()},
+        )
     try:
-        _watch(client, plan, stages, shown)
-        return _publish_outputs(client, plan)
+        with clock("stages"):
+            _watch(client, plan, stages, shown)
+        with clock("publish"):
+            return _publish_outputs(client, plan)
     finally:  # forgotten by the scheduler (a no-op where an abort did it)
-        with contextlib.suppress(OSError):  # a lost scheduler must not hide the first error
-            _end(client, plan)
+        with clock("end"), contextlib.suppress(OSError):  # a lost scheduler must not hide
+            _end(client, plan)  # the first error
+        last_phases.clear()
+        last_phases.update(clock.seconds)
 
 
 def _on_rapidsmpf(client: Client, plan: Exchange) -> Exchange:

@@ -121,7 +121,7 @@ def _join(root_address: bytes, members: tuple[str, ...], dask_worker: Worker) ->
 # --- on the workers: the stage ------------------------------------------------------------------
 
 
-# The worker's types (ShuffleService, Exchange, ShuffleRun, _Phases) are Any here: .worker
+# The worker's types (ShuffleService, Exchange, ShuffleRun, Phases) are Any here: .worker
 # imports this module, and the package's imports form no cycle (tests/test_layering.py).
 def exchange_on_rapidsmpf(
     service: Any, exchange: Any, inputs: dict[int, tuple[Key, int]], run: Any, clock: Any

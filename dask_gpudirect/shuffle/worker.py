@@ -144,7 +144,7 @@ class ShuffleRun:
             self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
     def outputs(
-        self, exchange: Exchange, groups: list[range], clock: _Phases
+        self, exchange: Exchange, groups: list[range], clock: Phases
     ) -> Iterator[dict[int, Any]]:
         """Build our outputs one of ``groups`` at a time, from the pieces that arrived for it:
         one join, then the splitter's outputs, each output's rows in input order (so the same
@@ -476,7 +476,7 @@ class ShuffleService:
         # Out of the worker's thread count while it waits on peers: two shuffles at once on
         # one-thread workers would otherwise each hold a worker the other needs.
         secede()
-        clock = _Phases()
+        clock = Phases()
         run = self.on_loop(self.stage_run, exchange.id, exchange.target)
         try:
             if exchange.engine == "rapidsmpf":
@@ -494,7 +494,7 @@ class ShuffleService:
         exchange: Exchange,
         inputs: dict[int, tuple[Key, int]],
         run: ShuffleRun,
-        clock: _Phases,
+        clock: Phases,
     ) -> int:
         """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
         me = self.worker.address
@@ -525,7 +525,7 @@ class ShuffleService:
         return built
 
     def split_chunks(
-        self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], clock: _Phases
+        self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], clock: Phases
     ) -> Iterator[tuple[tuple[int, ...], Any, np.ndarray, np.ndarray]]:
         """This worker's inputs a chunk at a time, split: ``(indices, ordered, counts,
         offsets)``, the rows of output ``j`` being ``ordered[offsets[j]:offsets[j + 1]]``.
@@ -610,7 +610,7 @@ def _chunks(sizes: dict[int, int], chunk_bytes: int) -> Iterator[tuple[int, ...]
         yield tuple(chunk)
 
 
-class _Phases:
+class Phases:
     """Seconds spent in each phase of a stage, for the worker's log."""
 
     def __init__(self) -> None:
