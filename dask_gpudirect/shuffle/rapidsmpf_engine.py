@@ -165,15 +165,26 @@ def exchange_on_rapidsmpf(
         with clock("wait for peers"):
             _wait(shuffler, run, exchange.id)
         built = 0
-        with clock("combine"):
-            for pid in shuffler.local_partitions():
-                pieces = unspill_partitions(
-                    shuffler.extract(pid), br=ranks.buffers, allow_overbooking=True
-                )
-                table = unpack_and_concat(pieces, DEFAULT_STREAM, ranks.buffers)
-                part = device.from_table(table, exchange.splitter.meta)
-                service.on_loop(service.keep, exchange.id, {exchange.keys[pid]: part})
-                built += 1
+        local = list(shuffler.local_partitions())
+        for first in range(0, len(local), exchange.group):  # as the distributed engine groups
+            group = local[first : first + exchange.group]
+            with clock("combine"):
+                tables = [
+                    unpack_and_concat(
+                        unspill_partitions(
+                            shuffler.extract(pid), br=ranks.buffers, allow_overbooking=True
+                        ),
+                        DEFAULT_STREAM,
+                        ranks.buffers,
+                    )
+                    for pid in group
+                ]
+                parts = device.frames_of(tables, exchange.splitter.meta)
+            with clock("keep"):
+                keep = {exchange.keys[pid]: part for pid, part in zip(group, parts, strict=True)}
+                service.on_loop(service.keep, exchange.id, keep)
+            built += len(keep)
+            tables = parts = []
         ok = True
         return built
     finally:
