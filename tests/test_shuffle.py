@@ -28,6 +28,7 @@ from util import (
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report
+from dask_gpudirect.cluster import ensure_plugins
 
 REMOTE = {"tcp": "tcp-host", "ucxx": "ucx-host"}  # the ledger path of a piece that moved
 
@@ -373,6 +374,34 @@ def test_persisting_the_result_runs_no_task(tcp):
     assert outputs <= set(graph)  # the outputs are inputs of the new tasks, not renamed
     assert len(graph) == 2 * len(outputs)
     assert compute(client, out.map_partitions(len)).sum() == len(pdf)
+
+
+def test_publishing_names_a_worker_that_is_gone(tcp):
+    """The scheduler asks every participant for its outputs in one round trip: where one is
+    unreachable (it left after its stage finished), the reply names it and keeps nothing, so
+    the client raises instead of returning a partial result; a worker that answers with too
+    few outputs is refused the same way."""
+    client = tcp
+    ensure_plugins(client)
+    workers = sorted(client.nthreads())
+    gone = "tcp://127.0.0.1:9"  # nothing listens there
+    with dask.config.set({"distributed.comm.timeouts.connect": "2s"}):  # the scheduler's, here
+        reply = client.sync(
+            client.scheduler.gpudirect_shuffle_publish,
+            shuffle_id="no-such-shuffle",
+            client=client.id,
+            workers=[*workers, gone],
+            expected=0,
+        )
+    assert list(reply["lost"]) == [gone] and reply["outputs"] == 0
+    short = client.sync(
+        client.scheduler.gpudirect_shuffle_publish,
+        shuffle_id="no-such-shuffle",
+        client=client.id,
+        workers=workers,
+        expected=3,
+    )
+    assert (list(short["lost"]), short["error"], short["outputs"]) == ([], None, 0)
 
 
 def test_dropping_the_result_frees_it(client):

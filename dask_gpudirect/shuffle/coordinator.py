@@ -16,11 +16,11 @@ import dataclasses
 import logging
 import uuid
 from collections import defaultdict
-from typing import Any, NoReturn
+from typing import Any
 
 from dask.typing import Key
 from dask.utils import format_bytes
-from distributed import Client, Future, Scheduler, Worker, wait
+from distributed import Client, Future, Worker, wait
 
 from ..cluster import ensure_plugins
 from ..errors import ShuffleError
@@ -57,10 +57,6 @@ def _stage(exchange: Exchange, inputs: _Inputs) -> int:
 def _limits(dask_worker: Worker, target: TargetName) -> dict[str, Any]:
     worker = service(dask_worker)
     return {"room": worker.limits(target), "chunk": worker.batches(target)["chunk"]}
-
-
-def _publish(dask_worker: Worker, shuffle_id: str) -> dict:
-    return service(dask_worker).publish(shuffle_id)
 
 
 def _end(client: Client, plan: Exchange, abort: str | None = None) -> None:
@@ -184,58 +180,32 @@ def _on_rapidsmpf(client: Client, plan: Exchange) -> Exchange:
 
 def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
     """The outputs, kept by the workers that built them under the plan's keys, as futures: the
-    scheduler learns where each is, as after ``client.scatter``, with no task per output."""
+    scheduler asks the workers for them and learns where each is, as after ``client.scatter``,
+    with no task per output (one round trip: :meth:`.ShuffleSchedulerPlugin.publish`)."""
     keys = list(plan.keys)
-    try:
-        nbytes = client.run(_publish, shuffle_id=plan.id, workers=list(plan.participants))
-    except Exception as exc:  # a participant left after its stage finished
-        gone = sorted(set(plan.participants) - set(client.nthreads()))
+    kept = client.sync(
+        client.scheduler.gpudirect_shuffle_publish,
+        shuffle_id=plan.id,
+        client=client.id,
+        workers=list(plan.participants),
+        expected=len(keys),
+    )
+    if kept["lost"]:  # a participant left after its stage finished
         _end(client, plan, abort="lost")
         raise ShuffleError(
-            f"worker(s) {gone or plan.participants} left the cluster before shuffle {plan.id}'s "
-            f"outputs were kept ({type(exc).__name__}: {exc}); no output was returned. The "
-            "cluster is still usable: run the shuffle again."
-        ) from None
-    who_has = {key: [worker] for worker, by_key in nbytes.items() for key in by_key}
-    if len(who_has) != len(keys):
+            f"worker(s) {kept['lost']} left the cluster before shuffle {plan.id}'s outputs were "
+            f"kept ({kept['error']}); no output was returned. The cluster is still usable: run "
+            "the shuffle again."
+        )
+    if kept["outputs"] != len(keys):
         raise ShuffleError(
-            f"shuffle {plan.id}: its workers kept {len(who_has)} of {len(keys)} outputs; no "
+            f"shuffle {plan.id}: its workers kept {kept['outputs']} of {len(keys)} outputs; no "
             "output was returned"
         )
-    sizes = {key: n for by_key in nbytes.values() for key, n in by_key.items()}
-    client.run_on_scheduler(
-        _keep_outputs, shuffle_id=plan.id, who_has=who_has, nbytes=sizes, client_id=client.id
-    )
     outputs: list[Future] = [Future(key, client) for key in keys]
     for key in keys:
         client.futures[key].finish()
     return outputs
-
-
-def _keep_outputs(
-    dask_scheduler: Scheduler, shuffle_id: str, who_has: dict, nbytes: dict, client_id: str
-) -> None:
-    """On the scheduler: learn where the outputs are, as after ``client.scatter``, and give each
-    a task that raises a ShuffleError naming its worker. Data without a task is forgotten when
-    its worker dies, and what needs it is cancelled with no word of why; with one, the scheduler
-    "recomputes" it, and whatever needed the output fails with that error, at once."""
-    from dask._task_spec import Task
-
-    dask_scheduler.update_data(who_has=who_has, nbytes=nbytes, client=client_id)
-    tasks = [dask_scheduler.tasks[key] for key in who_has]
-    for order, (ts, (worker,)) in enumerate(zip(tasks, who_has.values(), strict=True)):
-        ts.run_spec = Task(ts.key, _lost_output, shuffle_id, worker)
-        ts.priority = (0, dask_scheduler.generation, order)  # as update_graph gives a task
-    # ... and a span, as update_graph gives: a worker that runs a task of no span sends
-    # metrics the scheduler rejects in the worker's heartbeat, and the worker then closes.
-    dask_scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
-
-
-def _lost_output(shuffle_id: str, worker: str) -> NoReturn:
-    raise ShuffleError(
-        f"an output of shuffle {shuffle_id} was lost with worker {worker}, which held it: "
-        "run the shuffle again (the cluster is still usable)"
-    )
 
 
 def _check_memory(plan: Exchange, total: int, limits: dict[str, dict[str, int]]) -> None:

@@ -9,17 +9,21 @@ leaves a running shuffle alone.
 cluster (``remove_worker``) it fails the shuffle at once: the survivors' runs end with an error
 naming the lost worker, and the client's future of the lost worker's stage, which would
 otherwise wait in ``no-worker`` for a worker that never comes back, gets that error too. The
-client also asks it to abort a shuffle: messages on the scheduler's streams, which never wait
-on a worker that stopped answering.
+client also asks it to abort a shuffle (messages on the scheduler's streams, which never wait
+on a worker that stopped answering), and to publish a finished shuffle's outputs: it gathers
+from every participant what it kept and registers them, in one round trip of the client's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
+from dask._task_spec import Task
 from distributed import Scheduler, SchedulerPlugin, Worker, WorkerPlugin
+from distributed.protocol import deserialize
 from distributed.protocol.pickle import dumps
 from distributed.worker import get_worker
 
@@ -49,6 +53,13 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         for name in self.service.handlers():
             worker.handlers.pop(name, None)
         worker.stream_handlers.pop(FAIL, None)
+
+
+def _lost_output(shuffle_id: str, worker: str) -> NoReturn:
+    raise ShuffleError(
+        f"an output of shuffle {shuffle_id} was lost with worker {worker}, which held it: "
+        "run the shuffle again (the cluster is still usable)"
+    )
 
 
 def service(worker: Worker | None = None) -> ShuffleService:
@@ -82,6 +93,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers["gpudirect_shuffle_start"] = self.shuffle_started
         scheduler.handlers["gpudirect_shuffle_end"] = self.shuffle_ended
         scheduler.handlers["gpudirect_shuffle_op_id"] = self.reserve_op_id
+        scheduler.handlers["gpudirect_shuffle_publish"] = self.publish
 
     def shuffle_started(
         self, shuffle_id: str, client: str, participants: list[str], stages: dict[str, str]
@@ -102,6 +114,59 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             raise ShuffleError(f"{limit} RapidsMPF shuffles are in flight, its most at once")
         self.op_ids[shuffle_id] = free
         return free
+
+    async def publish(
+        self, shuffle_id: str, client: str, workers: list[str], expected: int
+    ) -> dict[str, Any]:
+        """Ask ``workers`` for the outputs they built and keep for ``shuffle_id`` and learn
+        where each is, as after ``client.scatter``, for ``client``; each gets a task that raises
+        a ShuffleError naming its worker. Data without a task is forgotten when its worker
+        dies, and what needs it is cancelled with no word of why; with one, the scheduler
+        "recomputes" it, and whatever needed the output fails with that error, at once. Where a
+        worker is gone or fewer than ``expected`` outputs came back, none is kept (the workers
+        let go of theirs) and the reply says why."""
+        replies = await asyncio.gather(
+            *(
+                self.scheduler.rpc(w).gpudirect_shuffle_publish(shuffle_id=shuffle_id)
+                for w in workers
+            ),
+            return_exceptions=True,
+        )
+        errors: dict[str, BaseException] = {}
+        built: dict[str, dict] = {}
+        for worker, reply in zip(workers, replies, strict=True):
+            if isinstance(reply, BaseException):
+                errors[worker] = reply
+            else:  # the scheduler's comms leave a worker's pickled reply as it came
+                built[worker] = deserialize(reply.header, reply.frames)
+        count = sum(len(by_key) for by_key in built.values())
+        if errors or count != expected:
+            self._free(built, shuffle_id)
+            gone = sorted(set(errors) - set(self.scheduler.workers)) or sorted(errors)
+            error = next((f"{type(e).__name__}: {e}" for e in errors.values()), None)
+            return {"lost": gone, "error": error, "outputs": count}
+        who_has = {key: [w] for w, by_key in built.items() for key in by_key}
+        nbytes = {key: n for by_key in built.values() for key, n in by_key.items()}
+        scheduler = self.scheduler
+        scheduler.update_data(who_has=who_has, nbytes=nbytes, client=client)
+        tasks = [scheduler.tasks[key] for key in who_has]
+        for order, (ts, (worker,)) in enumerate(zip(tasks, who_has.values(), strict=True)):
+            ts.run_spec = Task(ts.key, _lost_output, shuffle_id, worker)
+            ts.priority = (0, scheduler.generation, order)  # as update_graph gives a task
+        # ... and a span, as update_graph gives: a worker that runs a task of no span sends
+        # metrics the scheduler rejects in the worker's heartbeat, and the worker then closes.
+        scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
+        return {"lost": [], "error": None, "outputs": count}
+
+    def _free(self, built: dict[str, dict], shuffle_id: str) -> None:
+        """Have workers let go of outputs they handed over that no one will keep."""
+        stimulus = f"gpudirect-shuffle-{shuffle_id}-unpublished"
+        messages = {
+            w: [{"op": "free-keys", "keys": list(by_key), "stimulus_id": stimulus}]
+            for w, by_key in built.items()
+            if by_key and w in self.scheduler.workers
+        }
+        self.scheduler.send_all({}, messages)
 
     def shuffle_ended(self, shuffle_id: str, reason: str | None = None) -> None:
         """Forget a shuffle; with a ``reason``, first end its run on every participant."""

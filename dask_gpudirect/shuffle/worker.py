@@ -328,6 +328,7 @@ class ShuffleService:
         return {
             "gpudirect_shuffle_receive": self.receive,
             "gpudirect_shuffle_finished": self.peer_finished,
+            "gpudirect_shuffle_publish": self.publish,
         }
 
     # --- handlers (event loop) ---------------------------------------------------------------
@@ -381,10 +382,10 @@ class ShuffleService:
             raise ShuffleError(f"worker {self.worker.address} could not keep output {lost[0]}")
         self.built.setdefault(shuffle_id, {}).update(sizes)
 
-    def publish(self, shuffle_id: str) -> dict[Key, int]:
-        """The outputs this worker keeps for ``shuffle_id`` and their sizes, now the client's
-        to tell the scheduler about."""
-        return self.built.pop(shuffle_id, {})
+    def publish(self, shuffle_id: str) -> Any:
+        """The outputs this worker keeps for ``shuffle_id`` and their sizes (pickled: keys are
+        tuples), now the scheduler's to know of."""
+        return to_serialize(self.built.pop(shuffle_id, {}))
 
     def _drop_built(self, shuffle_id: str) -> None:
         """Let go of the outputs kept for a shuffle that failed: the scheduler never knew them."""
