@@ -97,60 +97,14 @@ def _exchange(
     shown: ShuffleProgress,
     engine: str,
 ) -> list[Future]:
-    npartitions = len(keys)
     failed = [f for f in inputs if f.status != "finished"]
     if failed:
         failed[0].result()  # the input's own error, in the user's process
     clock = Phases()
     with clock("plan"):
-        holders = client.who_has(inputs)
-        on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
-        for i, future in enumerate(inputs):
-            on_worker[sorted(holders[future.key])[0]][i] = future
-        participants = tuple(sorted(on_worker))
-        # Contiguous runs: the rows one worker sends another are then one slice of each input.
-        workers = len(participants)
-        owners = tuple(participants[j * workers // npartitions] for j in range(npartitions))
-        nbytes = client.nbytes([f.key for f in inputs], summary=False)
-        total = sum(nbytes.values())
-        limits = client.run(_limits, target=target, workers=list(participants))
-        # Outputs built at once: about a chunk's bytes, so no worker holds more of them in hand.
-        chunk = min(limit["chunk"] for limit in limits.values())
-        group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
-        shuffle_id = uuid.uuid4().hex[:12]
-        plan = Exchange(
-            shuffle_id, participants, owners, splitter, target, tuple(keys), group, engine
-        )
-        _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
-        if engine == "rapidsmpf":
-            plan = _on_rapidsmpf(client, plan)
-        logger.info(
-            "shuffle %s: %d partitions -> %d over %d workers",
-            plan.id,
-            len(inputs),
-            npartitions,
-            len(participants),
-        )
+        plan, on_worker, nbytes = _plan(client, inputs, splitter, keys, target, engine)
     with clock("start"):
-        stages = {
-            w: client.submit(
-                _stage,
-                plan,
-                _Inputs({i: (future.key, nbytes[future.key]) for i, future in parts.items()}),
-                workers=[w],
-                allow_other_workers=False,
-                pure=False,
-                key=f"gpudirect-shuffle-{plan.id}-{i}",
-            )
-            for i, (w, parts) in enumerate(sorted(on_worker.items()))
-        }
-        client.sync(
-            client.scheduler.gpudirect_shuffle_start,
-            shuffle_id=plan.id,
-            client=client.id,
-            participants=list(participants),
-            stages={w: stage.key for w, stage in stages.items()},
-        )
+        stages = _start(client, plan, on_worker, nbytes)
     try:
         with clock("stages"):
             _watch(client, plan, stages, shown)
@@ -161,6 +115,76 @@ def _exchange(
             _end(client, plan)  # the first error
         last_phases.clear()
         last_phases.update(clock.seconds)
+
+
+def _plan(
+    client: Client,
+    inputs: list[Future],
+    splitter: Splitter,
+    keys: list[Key],
+    target: TargetName,
+    engine: str,
+) -> tuple[Exchange, dict[str, dict[int, Future]], dict[Key, int]]:
+    """The shuffle's plan, checked against the workers' room; the inputs each worker holds (by
+    input index) and their bytes."""
+    npartitions = len(keys)
+    holders = client.who_has(inputs)
+    on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
+    for i, future in enumerate(inputs):
+        on_worker[sorted(holders[future.key])[0]][i] = future
+    participants = tuple(sorted(on_worker))
+    # Contiguous runs: the rows one worker sends another are then one slice of each input.
+    owners = tuple(participants[j * len(participants) // npartitions] for j in range(npartitions))
+    nbytes = client.nbytes([f.key for f in inputs], summary=False)
+    total = sum(nbytes.values())
+    limits = client.run(_limits, target=target, workers=list(participants))
+    # Outputs built at once: about a chunk's bytes, so no worker holds more of them in hand.
+    chunk = min(limit["chunk"] for limit in limits.values())
+    group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
+    plan = Exchange(
+        uuid.uuid4().hex[:12], participants, owners, splitter, target, tuple(keys), group, engine
+    )
+    _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
+    if engine == "rapidsmpf":
+        plan = _on_rapidsmpf(client, plan)
+    logger.info(
+        "shuffle %s: %d partitions -> %d over %d workers",
+        plan.id,
+        len(inputs),
+        npartitions,
+        len(participants),
+    )
+    return plan, on_worker, nbytes
+
+
+def _start(
+    client: Client,
+    plan: Exchange,
+    on_worker: dict[str, dict[int, Future]],
+    nbytes: dict[Key, int],
+) -> dict[str, Future]:
+    """A stage task on each participant, pinned there, and the scheduler plugin told to watch
+    them."""
+    stages = {
+        w: client.submit(
+            _stage,
+            plan,
+            _Inputs({i: (future.key, nbytes[future.key]) for i, future in parts.items()}),
+            workers=[w],
+            allow_other_workers=False,
+            pure=False,
+            key=f"gpudirect-shuffle-{plan.id}-{i}",
+        )
+        for i, (w, parts) in enumerate(sorted(on_worker.items()))
+    }
+    client.sync(
+        client.scheduler.gpudirect_shuffle_start,
+        shuffle_id=plan.id,
+        client=client.id,
+        participants=list(plan.participants),
+        stages={w: stage.key for w, stage in stages.items()},
+    )
+    return stages
 
 
 def _on_rapidsmpf(client: Client, plan: Exchange) -> Exchange:
