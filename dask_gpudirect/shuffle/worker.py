@@ -612,7 +612,8 @@ def _chunks(sizes: dict[int, int], chunk_bytes: int) -> Iterator[tuple[int, ...]
 
 
 class Phases:
-    """Seconds spent in each phase of a stage, for the worker's log."""
+    """Seconds spent in each phase of a shuffle (a worker's stage, or the client's part), for
+    the logs and the benchmarks."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = collections.defaultdict(float)

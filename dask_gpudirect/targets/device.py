@@ -178,7 +178,7 @@ def concat_frames(frames: list[cudf.DataFrame], meta: cudf.DataFrame) -> cudf.Da
     """``frames`` end to end. One libcudf concatenate of their columns where that keeps every
     type (no categorical or struct column, whose categories or field names a table does not
     carry; the same types in every frame): ``cudf.concat`` spends about 0.2 ms a frame on its
-    checks, this about 0.07 ms; Dask's concat (cuDF's) for the rest."""
+    checks, this about 0.02 ms; Dask's concat (cuDF's) for the rest."""
     import cudf
     from dask.dataframe.dispatch import concat
 
