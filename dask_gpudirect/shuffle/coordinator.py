@@ -1,4 +1,5 @@
-"""The client side of a shuffle: place outputs, check memory, start the stages, watch them.
+"""The client side of a shuffle: place outputs, check memory, start the stages, watch them,
+publish the outputs.
 
 One stage task per worker that holds input, pinned to that worker, so the inputs never move
 before they are split. It gets its inputs' keys, not the inputs: a task's dependencies stay in
@@ -7,6 +8,8 @@ the shuffle plugin's comm handlers, not through the scheduler. The scheduler plu
 participants: a worker that leaves fails the shuffle at once (its stage's future gets the
 error). When a stage fails, the client has the others aborted through the scheduler and
 raises, so nothing waits for a peer that will never answer and no partial output is returned.
+When all succeed, the scheduler plugin gathers what each worker kept and registers it, and the
+client hands back futures of those outputs.
 """
 
 from __future__ import annotations
