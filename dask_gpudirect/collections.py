@@ -29,6 +29,7 @@ from .connection import connected
 from .errors import InputError
 from .formats import binary, hive, parquet
 from .loading import load, load_partition
+from .phases import Phases
 from .placement import assign, join_small, planners
 from .shards import P, combine
 
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
 
 #: ``blocksize="auto"``: the device target's is this share of the smallest worker's GPU memory.
 AUTO_SHARE = 128
+
+#: The phases of the last ``read_parquet`` this process planned (survey, footers, meta,
+#: partitions), in seconds: where a benchmark's planning time went.
+last_phases: dict[str, float] = {}
 #: ``blocksize="auto"`` on the host target: Dask's own ``read_parquet`` default.
 AUTO_HOST = 256 * 2**20
 #: ``blocksize="auto"`` joins small files into no fewer partitions than this per worker, so
@@ -231,7 +236,9 @@ def read_parquet(
     compat.check_filesystem(filesystem)
     per_shard = compat.row_groups_per_partition(split_row_groups)
     listing = discovery.Listing(compat.extensions_of(parquet_file_extension), recursive=True)
-    setting = _prepare(client, paths, target, listing, storage_options)
+    clock = Phases()
+    with clock("survey"):  # the plugins, the workers and what each sees
+        setting = _prepare(client, paths, target, listing, storage_options)
     client, found, target = setting.client, setting.found, setting.target
     auto = (
         dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
@@ -239,27 +246,29 @@ def read_parquet(
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     compat.check_backend(dtype_backend, target)
     folders = hive.partitioning(found.files, found.roots)
-    planned = _plan(
-        client,
-        found,
-        parquet.plan,
-        columns,
-        filters,
-        blocksize,
-        target,
-        index,
-        folders,
-        per_shard,
-        dtype_backend,
-        setting.store,
-    )
-    plan = planned.unified()
-    meta = plan.meta(targets.module(target))
+    with clock("footers"):  # each file's plan, on the workers
+        planned = _plan(
+            client,
+            found,
+            parquet.plan,
+            columns,
+            filters,
+            blocksize,
+            target,
+            index,
+            folders,
+            per_shard,
+            dtype_backend,
+            setting.store,
+        )
+    with clock("meta"):
+        plan = planned.unified()
+        meta = plan.meta(targets.module(target))
     # "auto" never makes so few partitions that a worker has none to read
     at_least = AUTO_PER_WORKER * len(setting.workers) if auto else 1
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
-    with dask.config.set({"dataframe.convert-string": False}):
+    with clock("partitions"), dask.config.set({"dataframe.convert-string": False}):
         if per_shard is None:
             joined = join_small(plan.shards, blocksize, found.readable, at_least)
         else:  # the row groups asked for, each run its own partition
@@ -272,6 +281,8 @@ def read_parquet(
             label="gpudirect-read-parquet",
             enforce_metadata=False,
         )
+    last_phases.clear()
+    last_phases.update(clock.seconds)
     return frame[columns] if isinstance(columns, str) else frame
 
 

@@ -19,6 +19,8 @@ from dask_gpudirect.bench.etl import etl
 from dask_gpudirect.bench.etl_report import checks_of
 
 METHODS = ["gpudirect", "tasks", "p2p"]
+#: dg.read_parquet's planning phases, in order (``dask_gpudirect.collections.last_phases``).
+READ_PHASES = ("survey", "footers", "meta", "partitions")
 QUERIES = ["many-keys", "unique-key"]  # the shuffles; "scan" is the read alone
 SCAN_METHODS = ["gpudirect", "tasks"]  # on the host target
 
@@ -54,10 +56,14 @@ def test_bench_etl_host(tmp_path):
     for query in QUERIES:  # where dg's time went: each phase waited for, inside the total
         rec = by[query, "gpudirect"]
         for seconds, phases in zip(rec["runs"], rec["phases"], strict=True):
-            inside = ("shuffle: ", "client: ")
+            inside = ("shuffle: ", "client: ", "plan: ")
             pipeline = {k: s for k, s in phases.items() if not k.startswith(inside)}
             assert list(pipeline) == ["plan", "read", "shuffle", "group-by"], rec
             assert 0 < sum(pipeline.values()) <= seconds, rec
+            # the read's planning, phase by phase, inside its time
+            planning = {k: s for k, s in phases.items() if k.startswith("plan: ")}
+            assert list(planning) == [f"plan: {p}" for p in READ_PHASES], rec
+            assert sum(planning.values()) <= pipeline["plan"], rec
             # and the stage's own phases, measured on the workers inside the shuffle's time
             stage = {k: s for k, s in phases.items() if k.startswith("shuffle: ")}
             assert {"shuffle: split", "shuffle: combine"} <= set(stage), rec
@@ -68,7 +74,7 @@ def test_bench_etl_host(tmp_path):
             assert sum(client.values()) <= pipeline["shuffle"], rec
         assert by[query, "tasks"]["phases"] == [{}, {}]  # Dask's pipeline is one graph
     for phases in by["scan", "gpudirect"]["phases"]:  # the read alone, no shuffle
-        assert list(phases) == ["plan", "read"], phases
+        assert [k for k in phases if not k.startswith("plan: ")] == ["plan", "read"], phases
     for query, groups in [("many-keys", 256), ("unique-key", data["rows"]), ("scan", data["rows"])]:
         fingerprints = result["fingerprints"][query]
         assert sorted(fingerprints) == sorted(SCAN_METHODS if query == "scan" else METHODS)

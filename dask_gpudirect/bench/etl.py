@@ -110,6 +110,7 @@ def _pipeline(
     from distributed import wait
 
     import dask_gpudirect as dg
+    from dask_gpudirect.collections import last_phases as read_phases
 
     columns = [key, "x", "y", "z"]
     if method in ("gpudirect", "rapidsmpf"):
@@ -117,6 +118,7 @@ def _pipeline(
         engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
         df = dg.read_parquet(paths, columns=columns, client=client)
         clock("plan")
+        clock.seconds.update({f"plan: {k}": s for k, s in read_phases.items()})
         df = df.persist()
         wait(df)
         clock("read")

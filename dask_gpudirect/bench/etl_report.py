@@ -144,22 +144,29 @@ HEADER = ("query", "method", "partitions", "seconds", "best", "first run", "GB/s
 CHECK_HEADER = ("check", "ratio", "target", "result")
 
 
+#: dg's pipeline phase -> the prefixes of its own phases, shown in brackets after it: the
+#: read's planning (survey, footers, meta, partitions), the shuffle's stage (the slowest
+#: worker's) and client side.
+INSIDE = {"plan": ("plan: ",), "shuffle": ("shuffle: ", "client: ")}
+
+
 def _phases(rec: dict) -> str:
-    """dg's seconds per phase in its last run (plan, read, shuffle, group-by), where kept, with
-    the shuffle's own phases in brackets after the shuffle: the stage's (the slowest worker's),
-    then the client's."""
+    """dg's seconds per phase in its last run (plan, read, shuffle, group-by), where kept, each
+    with its own phases in brackets (``INSIDE``)."""
     last = (rec.get("phases") or [{}])[-1]
     if not last:
         return ""
-    inside = [k for k in last if k.startswith(("shuffle: ", "client: "))]
-    stage = ", ".join(f"{k.removeprefix('shuffle: ')} {last[k]:.2f}" for k in inside)
+    prefixes = tuple(p for ps in INSIDE.values() for p in ps)
     parts = []
     for name, seconds in last.items():
-        if name in inside:
+        if name.startswith(prefixes):
             continue
-        parts.append(
-            f"{name} {seconds:.2f} s" + (f" ({stage})" if name == "shuffle" and stage else "")
+        inside = ", ".join(
+            f"{k.removeprefix('shuffle: ').removeprefix('plan: ')} {s:.2f}"
+            for k, s in last.items()
+            if k.startswith(INSIDE.get(name, ()))
         )
+        parts.append(f"{name} {seconds:.2f} s" + (f" ({inside})" if inside else ""))
     return "; last run: " + ", ".join(parts)
 
 

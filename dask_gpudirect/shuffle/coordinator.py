@@ -27,11 +27,12 @@ from distributed import Client, Future, Worker, wait
 
 from ..cluster import ensure_plugins
 from ..errors import ShuffleError
+from ..phases import Phases
 from ..progress import ShuffleProgress
 from ..targets import TargetName
 from .plugin import service
 from .split import Splitter
-from .worker import Exchange, Phases
+from .worker import Exchange
 
 logger = logging.getLogger(__name__)
 

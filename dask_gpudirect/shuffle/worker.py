@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import dataclasses
 import logging
 import os
@@ -48,6 +47,7 @@ from distributed.worker_state_machine import FreeKeysEvent, UpdateDataEvent
 from .. import targets
 from ..errors import ShuffleError
 from ..ledger import STAGED_ACROSS_NODES, Ledger
+from ..phases import Phases
 from ..targets import TargetName
 from .buffer import SpillBuffer
 from .split import Splitter, assembly_order
@@ -609,25 +609,6 @@ def _chunks(sizes: dict[int, int], chunk_bytes: int) -> Iterator[tuple[int, ...]
         nbytes += size
     if chunk:
         yield tuple(chunk)
-
-
-class Phases:
-    """Seconds spent in each phase of a shuffle (a worker's stage, or the client's part), for
-    the logs and the benchmarks."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = collections.defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
-
-    def __str__(self) -> str:
-        return ", ".join(f"{phase} {s:.3f} s" for phase, s in self.seconds.items())
 
 
 def _capped(key: str, cap: int) -> int:
