@@ -181,9 +181,7 @@ def exchange_on_rapidsmpf(
                 ]
                 parts = device.frames_of(tables, exchange.splitter.meta)
             with clock("keep"):
-                keep = {exchange.keys[pid]: part for pid, part in zip(group, parts, strict=True)}
-                service.on_loop(service.keep, exchange.id, keep)
-            built += len(keep)
+                built += service.hand_over(exchange, dict(zip(group, parts, strict=True)))
             tables = parts = []
         ok = True
         return built

@@ -519,11 +519,15 @@ class ShuffleService:
             self.on_loop(run.finish, exchange)
         built = 0
         for outputs in run.outputs(exchange, groups[me], clock):  # a group at a time
-            with clock("keep"):  # into the worker's memory, a key each
-                keep = {exchange.keys[j]: part for j, part in outputs.items()}
-                self.on_loop(self.keep, exchange.id, keep)
-            built += len(keep)
+            with clock("keep"):
+                built += self.hand_over(exchange, outputs)
         return built
+
+    def hand_over(self, exchange: Exchange, outputs: dict[int, Any]) -> int:
+        """Outputs ``j`` this stage built into the worker's memory under their keys (see
+        :meth:`keep`), from the stage's thread; how many."""
+        self.on_loop(self.keep, exchange.id, {exchange.keys[j]: p for j, p in outputs.items()})
+        return len(outputs)
 
     def split_chunks(
         self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], clock: Phases
