@@ -39,15 +39,15 @@ if TYPE_CHECKING:
 
 #: ``blocksize="auto"``: the device target's is this share of the smallest worker's GPU memory.
 AUTO_SHARE = 128
-
-#: The phases of the last ``read_parquet`` this process planned (survey, footers, meta,
-#: partitions), in seconds: where a benchmark's planning time went.
-last_phases: dict[str, float] = {}
 #: ``blocksize="auto"`` on the host target: Dask's own ``read_parquet`` default.
 AUTO_HOST = 256 * 2**20
 #: ``blocksize="auto"`` joins small files into no fewer partitions than this per worker, so
 #: every worker reads (and a shuffle after it starts from every worker).
 AUTO_PER_WORKER = 2
+
+#: The phases of the last ``read_parquet`` this process planned (survey, footers, meta,
+#: partitions), in seconds: where a benchmark's planning time went.
+last_phases: dict[str, float] = {}
 
 
 def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> int:
