@@ -23,7 +23,7 @@ from dask.typing import Key
 from dask.utils import parse_bytes
 from distributed import Client, Worker
 
-from . import compat, discovery, plan_cache, remote, remote_listing, targets
+from . import compat, discovery, plan_cache, read_plans, remote, remote_listing, targets
 from .cluster import survey
 from .connection import connected
 from .errors import InputError
@@ -143,7 +143,16 @@ async def _plan_here(
 
 
 def _plan(client: Client, found: discovery.Found, planner: Callable[..., P], *args: Any) -> P:
-    """``planner`` run on each file by a worker that can read it, merged into one plan."""
+    """``planner`` run on each file by a worker that can read it, merged into one plan; the
+    plan of an earlier read where the survey found the same files (:mod:`.read_plans`)."""
+    return read_plans.reads.plan(
+        found, planner, args, lambda: _plan_on_workers(client, found, planner, args)
+    )
+
+
+def _plan_on_workers(
+    client: Client, found: discovery.Found, planner: Callable[..., P], args: tuple
+) -> P:
     groups = planners(found.files, found.readable)
     planned = client.run(
         _plan_here, groups=groups, planner=planner, args=args, workers=list(groups)

@@ -64,11 +64,12 @@ class View:
 @dataclass
 class Found:
     """The merged views: ``files`` in path order, the files each worker can read, and the
-    modification times the workers saw of each file."""
+    sizes and modification times the workers saw of each file."""
 
     files: list[str] = field(default_factory=list)
     readable: dict[str, set[str]] = field(default_factory=dict)
     mtimes: dict[str, set[int]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)  # one size a file: merge checks it
     roots: dict[str, str] = field(default_factory=dict)  # file -> the directory it was listed in
 
 
@@ -203,6 +204,7 @@ def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FL
                 "different names, or be the same file",
             )
     found.files = list(files)
+    found.sizes = {path: next(iter(by_worker.values())) for path, by_worker in sizes.items()}
     return found
 
 

@@ -23,8 +23,8 @@ WORKER_SIDE = (
     "shuffle.buffer", "shuffle.rapidsmpf_engine",
 )  # fmt: skip
 CLIENT_SIDE = (
-    "discovery", "remote_listing", "placement", "collections", "cluster", "connection",
-    "dashboard", "progress", "ledger_report", "shuffle.api", "shuffle.coordinator",
+    "discovery", "remote_listing", "read_plans", "placement", "collections", "cluster",
+    "connection", "dashboard", "progress", "ledger_report", "shuffle.api", "shuffle.coordinator",
 )  # fmt: skip
 
 

@@ -1,5 +1,7 @@
 """A worker plans an unchanged file once (``gpudirect.planning.cache-files``): reading the same
-files again reads no footer, and any change to a file, or to the read's options, plans anew."""
+files again reads no footer, and any change to a file, or to the read's options, plans anew. The
+client keeps whole reads' plans (``gpudirect.planning.cache-reads``): reading unchanged files
+again asks the workers for no plan, and a rewritten file or other options plan anew."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import pytest
 from util import assert_same_frame, compute, expected_parquet
 
 import dask_gpudirect as dg
+from dask_gpudirect.discovery import Found
 from dask_gpudirect.formats import parquet
 from dask_gpudirect.plan_cache import PlanCache
+from dask_gpudirect.read_plans import ReadPlans, reads
 
 ARGS = (None, None, 2**20, "host")  # columns, filters, blocksize, target
 
@@ -91,8 +95,52 @@ def _hits(dask_worker) -> int:
 def test_a_second_read_plans_from_the_workers_cache(tcp, tmp_path):
     paths = [write(tmp_path / f"part-{k}.parquet", 1000 * k) for k in range(4)]
     before = sum(tcp.run(_hits).values())
-    first = compute(tcp, dg.read_parquet(paths, client=tcp))
-    again = compute(tcp, dg.read_parquet(paths, client=tcp))
+    with dask.config.set({"gpudirect.planning.cache-reads": 0}):  # the workers are asked
+        first = compute(tcp, dg.read_parquet(paths, client=tcp))
+        again = compute(tcp, dg.read_parquet(paths, client=tcp))
     assert sum(tcp.run(_hits).values()) - before == len(paths)
     assert_same_frame(again, first)
     assert_same_frame(again, expected_parquet(paths))
+
+
+def test_a_second_read_of_unchanged_files_asks_the_workers_for_no_plan(tcp, tmp_path):
+    paths = [write(tmp_path / f"part-{k}.parquet", 1000 * k) for k in range(4)]
+    workers_before, client_before = sum(tcp.run(_hits).values()), reads.hits
+    first = compute(tcp, dg.read_parquet(paths, columns=["x"], client=tcp))
+    again = compute(tcp, dg.read_parquet(paths, columns=["x"], client=tcp))
+    assert (sum(tcp.run(_hits).values()), reads.hits) == (workers_before, client_before + 1)
+    assert_same_frame(again, first)
+    assert_same_frame(again, expected_parquet(paths, columns=["x"]))
+
+
+def test_a_read_after_a_file_changed_or_with_other_options_is_planned_again(tcp, tmp_path):
+    paths = [write(tmp_path / f"part-{k}.parquet", 1000 * k) for k in range(3)]
+    compute(tcp, dg.read_parquet(paths, client=tcp))
+    hits = reads.hits
+    write(paths[1], 5000, n=1500)  # another size and modification time: the survey sees both
+    changed = compute(tcp, dg.read_parquet(paths, client=tcp))
+    assert_same_frame(changed, expected_parquet(paths))
+    compute(tcp, dg.read_parquet(paths, filters=[("x", ">", 10)], client=tcp))
+    compute(tcp, dg.read_parquet(paths[:2], client=tcp))
+    assert reads.hits == hits
+
+
+def test_the_clients_plans_drop_the_least_recently_used_and_zero_keeps_none(tmp_path):
+    found = Found(files=[write(tmp_path / "a.parquet", 0)], readable={"w": set()})
+    cache, made = ReadPlans(), []
+
+    def make():
+        made.append(object())
+        return made[-1]
+
+    with dask.config.set({"gpudirect.planning.cache-reads": 1}):
+        first = cache.plan(found, parquet.plan, ARGS, make)
+        assert cache.plan(found, parquet.plan, ARGS, make) is first
+        cache.plan(found, parquet.plan, (["x"], None, 2**20, "host"), make)
+        cache.plan(found, parquet.plan, ARGS, make)  # dropped for the other options
+    assert (len(made), len(cache)) == (3, 1)
+    with dask.config.set({"gpudirect.planning.cache-reads": 0}):
+        cache.clear()
+        cache.plan(found, parquet.plan, ARGS, make)
+        cache.plan(found, parquet.plan, ARGS, make)
+    assert (len(made), len(cache)) == (5, 0)

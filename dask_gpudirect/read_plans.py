@@ -1,0 +1,82 @@
+"""Whole reads' plans, kept by the client that made them.
+
+A notebook cell or a job run again reads the same unchanged files with the same options. Each
+worker already answers from its own cache of single files' plans (:mod:`.plan_cache`), but
+asking it is a round trip, and the answers for 256 files are half of a read's planning time.
+The client keeps the merged plan of each read under what the survey found just before (every
+file's path, size and modification time, and which worker sees which) and the read's options,
+and plans again only where any of it changed, as dask-expr keeps its Parquet dataset info and
+cudf-polars its footer samples. Local files only: a remote object's listing may carry no
+modification time. Nothing is trusted blindly: every read still checks the file it opens
+against the shard's stamp (:mod:`.stamps`), and errors are never kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import dask.config
+
+from . import remote
+from .discovery import Found
+
+KEY = "gpudirect.planning.cache-reads"
+
+
+class ReadPlans:
+    """At most ``gpudirect.planning.cache-reads`` plans of whole reads, the least recently used
+    dropped first; thread-safe (a client may be shared by threads)."""
+
+    def __init__(self) -> None:
+        self._plans: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0  # plans given again, for tests and logs
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def plan(
+        self, found: Found, planner: Callable[..., Any], args: tuple, make: Callable[[], Any]
+    ) -> Any:
+        """``make()``, or what it gave before for the same files, as found, and options."""
+        entries = int(dask.config.get(KEY))
+        key = _key(found, planner, args) if entries > 0 else None
+        if key is not None:
+            with self._lock:
+                if key in self._plans:
+                    self._plans.move_to_end(key)
+                    self.hits += 1
+                    return self._plans[key]
+        plan = make()
+        if key is not None:
+            with self._lock:
+                self._plans[key] = plan
+                while len(self._plans) > entries:
+                    self._plans.popitem(last=False)
+        return plan
+
+
+def _key(found: Found, planner: Callable[..., Any], args: tuple) -> Hashable | None:
+    """The files as the workers saw them and the planning's identity, or None where a file is
+    remote or the options cannot be pickled (the read is then planned every time)."""
+    if any(map(remote.is_remote, found.files)):
+        return None
+    try:
+        arguments = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+    files = tuple((p, found.sizes.get(p), frozenset(found.mtimes.get(p, ()))) for p in found.files)
+    readable = frozenset((w, frozenset(paths)) for w, paths in found.readable.items())
+    return (files, readable, planner, arguments)
+
+
+#: This process's cache: the client's plans of whole reads.
+reads = ReadPlans()
