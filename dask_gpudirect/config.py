@@ -28,7 +28,6 @@ PLUGIN_OPTIONS: dict[str, str] = {
     "threads": "gpudirect.reader.threads",
     "task_size": "gpudirect.reader.task-size",
     "compat_mode": "gpudirect.reader.compat-mode",
-    "concurrent_reads": "gpudirect.reader.concurrent-reads",
     "max_records": "gpudirect.ledger.max-records",
 }
 
@@ -42,7 +41,4 @@ def resolve_options(overrides: dict[str, Any]) -> dict[str, Any]:
         )
     options = {name: dask.config.get(key) for name, key in PLUGIN_OPTIONS.items()}
     options.update(overrides)
-    reads = options["concurrent_reads"]
-    if isinstance(reads, bool) or not isinstance(reads, int) or reads < 1:
-        raise OptionError(f"bad concurrent_reads {reads!r}: use a positive integer")
     return options

@@ -20,8 +20,7 @@ class GPUDirectPlugin(WorkerPlugin):
     """Loads shards straight into GPU memory (or host memory where there is no GPU).
 
     Options come from Dask config (``gpudirect.*``) on the worker; keywords given here override
-    them: ``target``, ``threads``, ``task_size``, ``compat_mode``, ``concurrent_reads``,
-    ``max_records``.
+    them: ``target``, ``threads``, ``task_size``, ``compat_mode``, ``max_records``.
 
     Register it with ``dg.LocalCUDACluster(plugins={GPUDirectPlugin()})``,
     ``client.register_plugin(GPUDirectPlugin())``, or

@@ -24,9 +24,6 @@ from .plugin import GPUDirectPlugin
 @click.option("--gpudirect-threads", type=int, default=None, help="parallel reads per worker")
 @click.option("--gpudirect-task-size", default=None, help="bytes per read task, e.g. 4MiB")
 @click.option("--gpudirect-compat-mode", type=click.Choice(["AUTO", "ON", "OFF"]), default=None)
-@click.option(
-    "--gpudirect-concurrent-reads", type=int, default=None, help="libcudf reads a partition"
-)
 @click.option("--create-cuda-context/--no-create-cuda-context", hidden=True, default=False)
 def dask_setup(
     worker: Worker,
@@ -34,7 +31,6 @@ def dask_setup(
     gpudirect_threads: int | None,
     gpudirect_task_size: str | None,
     gpudirect_compat_mode: str | None,
-    gpudirect_concurrent_reads: int | None,
     create_cuda_context: bool,  # dask cuda worker's flag for its own preload: not ours to act on
 ) -> None:
     options = {
@@ -42,7 +38,6 @@ def dask_setup(
         "threads": gpudirect_threads,
         "task_size": gpudirect_task_size,
         "compat_mode": gpudirect_compat_mode,
-        "concurrent_reads": gpudirect_concurrent_reads,
     }
     plugin = GPUDirectPlugin(**{k: v for k, v in options.items() if v is not None})
     # Set up with the plugins given at start (preloads run just before them), not here:

@@ -11,7 +11,6 @@ import pytest
 from util import compute, partitions
 
 import dask_gpudirect as dg
-from dask_gpudirect.targets import in_runs
 
 
 @pytest.fixture
@@ -57,26 +56,3 @@ def test_device_target_from_config(tcp, files):
             dg.read_parquet(files[0], client=tcp)
     with dask.config.set({"gpudirect.target": "host"}):
         assert len(compute(tcp, dg.read_parquet(files[0], client=tcp))) == 100
-
-
-@pytest.mark.parametrize(
-    ("sizes", "most", "runs"),
-    [
-        ([10, 10, 10, 10], 2, [[10, 10], [10, 10]]),
-        ([100, 1, 1], 2, [[100], [1, 1]]),  # a big file alone, the small ones together
-        ([5, 5], 4, [[5], [5]]),  # never more runs than files, none empty
-        ([7], 3, [[7]]),
-        ([1] * 10, 3, [[1] * 4, [1] * 3, [1] * 3]),
-        ([3, 1, 1, 1], 1, [[3, 1, 1, 1]]),
-    ],
-)
-def test_a_partitions_reads_are_cut_into_runs_of_about_equal_bytes(sizes, most, runs):
-    """``reader.concurrent-reads``: the device target reads a partition's files in this many
-    libcudf calls at once; every file is in exactly one, in order."""
-    assert [sizes[cut] for cut in in_runs(sizes, most)] == runs
-
-
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
-def test_a_bad_concurrent_reads_is_an_option_error(bad):
-    with pytest.raises(dg.OptionError, match="bad concurrent_reads"):
-        dg.GPUDirectPlugin(concurrent_reads=bad)

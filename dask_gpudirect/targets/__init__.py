@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import itertools
 import time
 from collections.abc import Iterator, Sequence
 from types import ModuleType
-from typing import Any, Literal, TypeAlias
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .. import remote, stamps
 from ..access import Opened, opened
 from ..errors import InputError
 from ..ledger import Ledger
 from ..shards import Shard, decoding
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: Where bytes land: the GPU (cuDF, CuPy) or host memory (pandas, NumPy).
 TargetName = Literal["device", "host"]
@@ -50,16 +50,6 @@ def module(name: str) -> ModuleType:
 
 #: target name -> the ledger path of its ``s3://`` and ``http(s)://`` reads.
 REMOTE_ROUTES = {"host": "host-remote", "device": "kvikio-remote"}
-
-
-def in_runs(sizes: Sequence[int], most: int) -> list[slice]:
-    """``sizes`` cut into at most ``most`` consecutive runs, none empty, of about equal sums:
-    the reads of one partition that go at once."""
-    total = sum(sizes)
-    shares = [total * j / most for j in range(1, most)]
-    ends = np.searchsorted(np.cumsum(sizes), shares, side="left") + 1
-    bounds = sorted({0, len(sizes), *(int(e) for e in ends if 0 < e < len(sizes))})
-    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def holding(obj: Any) -> TargetName:

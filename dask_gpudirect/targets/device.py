@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -23,12 +22,11 @@ import pyarrow.parquet as pq
 import pylibcudf as plc
 import rmm
 from dask.utils import parse_bytes
-from rmm.pylibrmm.stream import CudaStreamFlags, Stream
 
 from .. import cudf_compat, remote
 from ..errors import InputError
 from ..shards import decoding
-from . import Order, Target, in_runs
+from . import Order, Target
 
 cudf_compat.patch_struct_serialization()
 
@@ -44,41 +42,33 @@ if TYPE_CHECKING:
 
 
 def _decode_parquet(
-    sources: list[Any],
-    row_groups: list[list[int]] | None,
-    columns: list[str],
-    stream: Stream | None = None,
+    sources: list[Any], row_groups: list[list[int]] | None, columns: list[str]
 ) -> cudf.DataFrame:
     """One libcudf read of ``sources`` (device buffers or paths), end to end; ``row_groups``:
-    each source's, or None for all. On ``stream`` where given, finished before it returns."""
+    each source's, or None for all."""
     import cudf
 
     options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo(sources)).build()
     options.set_column_names(columns)
     if row_groups is not None:
         options.set_row_groups(row_groups)
-    table = plc.io.parquet.read_parquet(options, stream=stream)
-    if stream is not None:
-        stream.synchronize()  # cuDF works on the default stream from here
-    return cudf.DataFrame.from_pylibcudf(table)
+    return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
 
 
-def _decode_run(
-    shards: Sequence[Shard], sources: list[Any], stream: Stream | None = None
-) -> cudf.DataFrame:
+def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
     """One libcudf decode of ``shards`` from ``sources`` (a path or a device buffer each), end
     to end, float16 as float32, with the rows their footers promise. Where the call fails, the
     shard whose source fails alone is named."""
     row_groups = [list(shard.part.row_groups) for shard in shards]
     columns = list(shards[0].part.read_columns)
     try:
-        frame = _decode_parquet(sources, row_groups, columns, stream)
+        frame = _decode_parquet(sources, row_groups, columns)
     except MemoryError:
         raise
     except Exception as exc:  # one call for many files names none: find the one
         for shard, source, rgs in zip(shards, sources, row_groups, strict=True):
             with decoding(shard):
-                _decode_parquet([source], [rgs], columns, stream)
+                _decode_parquet([source], [rgs], columns)
         with decoding(*shards):
             raise exc from None
     frame = halves_as_float32(frame, shards[0].part.halves)
@@ -371,10 +361,6 @@ class DeviceTarget(Target):
         self.route = configure_kvikio(options)
         configure_remote(remote.Settings.current())
         self._pool: ThreadPoolExecutor | None = None
-        self._decoders: ThreadPoolExecutor | None = None
-        # one stream per decoding thread, kept for the life of the worker: the columns a read
-        # makes are freed on the stream that allocated them, long after the read
-        self._streams: dict[int, Stream] = {}
 
     def _read(self, shard: Shard, file: Opened) -> tuple[rmm.DeviceBuffer, int]:
         buffer = rmm.DeviceBuffer(size=shard.size)
@@ -425,23 +411,10 @@ class DeviceTarget(Target):
         return decoded
 
     def _read_together(self, shards: Sequence[Shard]) -> cudf.DataFrame:
-        """The run in ``reader.concurrent-reads`` calls at once, each on its own stream (one's
-        file reads overlap another's decoding), put end to end; one call where that is one."""
-        import cudf
-
         start = time.perf_counter()
         with contextlib.ExitStack() as stack:
             files = [stack.enter_context(self.checked(shard)) for shard in shards]
-            paths = [file.same_file_path for file in files]
-            cuts = in_runs([shard.nbytes for shard in shards], self.options["concurrent_reads"])
-            if len(cuts) == 1:
-                frame = _decode_run(shards, paths)
-            else:
-
-                def decode(cut: slice) -> cudf.DataFrame:
-                    return _decode_run(shards[cut], paths[cut], self._stream())
-
-                frame = cudf.concat(list(self._decoding().map(decode, cuts)), ignore_index=True)
+            frame = _decode_run(shards, [file.same_file_path for file in files])
         seconds = time.perf_counter() - start
         total = sum(shard.nbytes for shard in shards) or 1
         for shard in shards:
@@ -462,24 +435,9 @@ class DeviceTarget(Target):
             self._pool = ThreadPoolExecutor(connections, thread_name_prefix="gpudirect-remote")
         return self._pool
 
-    def _decoding(self) -> ThreadPoolExecutor:
-        """Threads that run a partition's libcudf reads side by side."""
-        if self._decoders is None:
-            reads = self.options["concurrent_reads"]
-            self._decoders = ThreadPoolExecutor(reads, thread_name_prefix="gpudirect-decode")
-        return self._decoders
-
-    def _stream(self) -> Stream:
-        """This thread's own CUDA stream, not synchronizing with the default stream."""
-        key = threading.get_ident()
-        if key not in self._streams:
-            self._streams[key] = Stream(flags=CudaStreamFlags.NON_BLOCKING)
-        return self._streams[key]
-
     def close(self) -> None:
-        for pool in (self._pool, self._decoders):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def as_array(
         self, buffer: rmm.DeviceBuffer, dtype: np.dtype, shape: tuple[int, ...], order: Order

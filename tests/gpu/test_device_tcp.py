@@ -163,27 +163,6 @@ def test_parquet_many_small_files_in_one_partition_match_cudf(cuda_tcp, tmp_path
     h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
 
 
-@pytest.mark.parametrize("reads", [1, 3])
-def test_a_partition_read_in_concurrent_calls_matches_cudf(cuda_tcp, tmp_path, reads):
-    """``concurrent_reads``: a partition's files cut into that many libcudf reads on their own
-    streams, put end to end, give the rows of one read, in file order."""
-    import cudf
-
-    paths = []
-    for i, rows in enumerate([5, 900, 40, 40, 3000, 1, 700, 64]):
-        paths.append(str(tmp_path / f"f-{i}.parquet"))
-        pq.write_table(h.parquet_table(i * 10_000, rows), paths[-1])
-    options = {"threads": h.PLUGIN_THREADS}
-    cuda_tcp.register_plugin(dg.GPUDirectPlugin(**options, concurrent_reads=reads))
-    try:
-        ddf = dg.read_parquet(paths, blocksize="1GiB", target="device", client=cuda_tcp)
-        assert ddf.npartitions == 1
-        expected = h.cudf_to_arrow(cudf.read_parquet(paths))
-        h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
-    finally:
-        cuda_tcp.register_plugin(dg.GPUDirectPlugin(**options))
-
-
 def test_parquet_joined_partition_names_the_corrupt_file(cuda_tcp, tmp_path):
     """One libcudf call decodes a joined partition; where one of its files holds garbage pages
     (its footer intact), the error names that file, not the first of the call."""
