@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from typing import Any
 
+import dask.config
 from distributed import Worker, WorkerPlugin, get_worker
 
 from . import access, ledger, metrics, targets
@@ -49,6 +51,12 @@ class GPUDirectPlugin(WorkerPlugin):
             self.target("device")  # configures kvikio now, so a bad option fails at setup
             _register_cudf_with_dask()
         metrics.export(worker, self.ledger)  # /metrics counters, totals in heartbeats
+        if dask.config.get("gpudirect.worker.freeze-gc"):
+            # What the worker holds now lives as long as it does: cuDF's, pandas' and pyarrow's
+            # modules, classes and functions, millions of objects that every full collection
+            # walked again (110-130 ms each on an H200 worker, several per benchmark run,
+            # landing inside shuffle stages). Frozen, collections walk only what came after.
+            gc.freeze()
         logger.info(
             "gpudirect on %s: %d GPU(s), options %s", worker.address, self.gpus, self.options
         )

@@ -240,3 +240,21 @@ def test_a_closed_or_wrong_client_is_a_clear_error(tcp_client, tmp_path):
             call(tcp_client.scheduler.address)
     # the cluster itself is fine
     assert compute(tcp_client, dg.read_binary(tmp_path / "x.npy", client=tcp_client)).sum() == 45
+
+
+def _frozen(dask_worker) -> int:
+    import gc
+
+    return gc.get_freeze_count()
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_the_plugin_freezes_what_the_worker_imported_unless_told_not_to(freeze):
+    """``gpudirect.worker.freeze-gc``: a full collection of a worker then skips the objects of
+    its imported libraries (on an H200 worker 110-130 ms a collection, unfrozen)."""
+    config = {"gpudirect.worker.freeze-gc": freeze}
+    with dask.config.set(config), start_cluster("tcp", n_workers=1, threads=1) as cluster:
+        with Client(cluster) as client:
+            client.register_plugin(dg.GPUDirectPlugin())
+            frozen = client.run(_frozen)
+    assert all((count > 10_000) == freeze for count in frozen.values()), frozen
