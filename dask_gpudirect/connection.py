@@ -6,7 +6,12 @@ an ``AttributeError`` from deep inside distributed.
 
 from __future__ import annotations
 
-from distributed import Client, default_client
+import contextlib
+from collections.abc import Iterable
+from typing import Literal
+
+from distributed import Client, Future, default_client
+from distributed.client import _wait
 
 from .errors import InputError
 
@@ -24,3 +29,26 @@ def connected(client: Client | None) -> Client:
             "Client(cluster), and pass that",
         )
     return client
+
+
+def wait_a_while(
+    client: Client,
+    futures: Iterable[Future],
+    seconds: float,
+    until: Literal["FIRST_COMPLETED", "ALL_COMPLETED"] = "FIRST_COMPLETED",
+) -> None:
+    """Until one of ``futures`` is done (``until="ALL_COMPLETED"``: all of them), or for
+    ``seconds``; a timeout is not an error.
+
+    Not ``distributed.wait(..., timeout=)`` in a ``suppress(TimeoutError)``: its TimeoutError
+    comes up through ``Client.sync``, which keeps it in a reference cycle, and with its traceback
+    every frame of the caller. The futures those frames hold (a shuffle's inputs, the collection
+    they came from) then stay alive, and their data on the workers, until Python's garbage
+    collector happens to run. Here the timeout is met and dropped on the event loop.
+    """
+    client.sync(_settle, list(futures), seconds, until)
+
+
+async def _settle(futures: list[Future], seconds: float, until: str) -> None:
+    with contextlib.suppress(TimeoutError):
+        await _wait(futures, timeout=seconds, return_when=until)

@@ -11,7 +11,6 @@ Where the output is not a terminal (CI logs, captured output), a bar is a plain 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,8 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+from .connection import wait_a_while
 
 if TYPE_CHECKING:
     from distributed import Client, Future, Worker
@@ -128,8 +129,7 @@ def wait(client: Client, futures: list[Future], bar: Bar | None = None) -> None:
             return
         pending = set(futures)
         while pending:
-            with contextlib.suppress(TimeoutError):
-                wait_all(pending, timeout=POLL_INTERVAL, return_when="FIRST_COMPLETED")
+            wait_a_while(client, pending, POLL_INTERVAL)
             pending = {f for f in pending if not f.done()}
             bar.update(len(futures) - len(pending))
 

@@ -20,6 +20,7 @@ running workers. Bad options, which need no cluster of their own, close the modu
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -306,6 +307,33 @@ def test_slow_peer_is_waited_for(cluster):
     moved = moved[moved["peer"] == victim]
     assert len(moved) >= 1
     assert (moved["worker"] != victim).all() and (moved["seconds"] >= 1.5).all()
+
+
+def held_keys(dask_worker) -> int:
+    return len(dask_worker.data)
+
+
+def test_a_slow_shuffle_lets_go_of_its_data_without_the_garbage_collector(cluster):
+    """A shuffle whose stages outlast the client's polls (a peer slow to receive) leaves
+    nothing on the workers once the user drops its input and result, with Python's garbage
+    collector off: a timed wait's error through ``Client.sync`` once kept every frame of the
+    call, and the futures they held, in a reference cycle until a collection happened."""
+    victim = sorted(cluster.nthreads())[0]
+    cluster.run(delay_receive, seconds=1.5, workers=[victim])
+    pdf = frame(1000, keys=31, seed=4)
+    gc.collect()
+    gc.disable()
+    try:
+        df = dd.from_pandas(pdf, npartitions=2).persist()
+        out = dg.shuffle(df, "k", npartitions=3, client=cluster)
+        assert_hash_partitions(partitions(cluster, out), pdf, "k", 3)
+        del df, out
+        deadline = time.monotonic() + 60  # a release is a message to the scheduler and back
+        while sum(cluster.run(held_keys).values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        gc.enable()
+    assert sum(cluster.run(held_keys).values()) == 0
 
 
 def test_tiny_max_in_flight(cluster):

@@ -23,9 +23,10 @@ from typing import Any
 
 from dask.typing import Key
 from dask.utils import format_bytes
-from distributed import Client, Future, Worker, wait
+from distributed import Client, Future, Worker
 
 from ..cluster import ensure_plugins
+from ..connection import wait_a_while
 from ..errors import ShuffleError
 from ..phases import Phases
 from ..progress import ShuffleProgress
@@ -257,16 +258,14 @@ def _watch(
     the rest and raise the first cause."""
     pending = set(stages.values())
     while pending:
-        with client.as_current(), contextlib.suppress(TimeoutError):
-            wait(pending, timeout=WATCH_INTERVAL, return_when="FIRST_COMPLETED")
+        wait_a_while(client, pending, WATCH_INTERVAL)
         done = {f for f in pending if f.done()}
         pending -= done
         if all(f.status == "finished" for f in done):
             shown.exchange(plan, stages, pending)
             continue
         _end(client, plan, abort=f"shuffle {plan.id} failed on a peer")
-        with client.as_current(), contextlib.suppress(TimeoutError):
-            wait(pending, timeout=ABORT_GRACE)  # let the others stop and clean up
+        wait_a_while(client, pending, ABORT_GRACE, "ALL_COMPLETED")  # the others stop, clean up
         cause = _first_cause(stages)
         client.cancel(list(stages.values()))
         raise ShuffleError(
