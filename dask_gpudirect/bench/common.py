@@ -274,9 +274,15 @@ def held_keys(dask_worker: Worker) -> int:
 
 
 def wait_released(client: Client, baseline: int = 0) -> None:
-    """Until the workers hold no more keys than ``baseline`` (the input), or 30 s."""
+    """Until the workers hold no more keys than ``baseline`` (the input); an error after 30 s:
+    the next run would find the last one's partitions in memory and time nothing."""
     deadline = time.monotonic() + 30
-    while sum(client.run(held_keys).values()) > baseline and time.monotonic() < deadline:
+    while (held := sum(client.run(held_keys).values())) > baseline:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the workers still hold {held} keys 30 s after a run (expected {baseline}): "
+                "a result was not let go of"
+            )
         time.sleep(0.05)
 
 
