@@ -52,11 +52,7 @@ class GPUDirectPlugin(WorkerPlugin):
             _register_cudf_with_dask()
         metrics.export(worker, self.ledger)  # /metrics counters, totals in heartbeats
         if dask.config.get("gpudirect.worker.freeze-gc"):
-            # What the worker holds now lives as long as it does: cuDF's, pandas' and pyarrow's
-            # modules, classes and functions, millions of objects that every full collection
-            # walked again (110-130 ms each on an H200 worker, several per benchmark run,
-            # landing inside shuffle stages). Frozen, collections walk only what came after.
-            gc.freeze()
+            _freeze_imports(worker)
         logger.info(
             "gpudirect on %s: %d GPU(s), options %s", worker.address, self.gpus, self.options
         )
@@ -82,6 +78,21 @@ class GPUDirectPlugin(WorkerPlugin):
     def describe(self) -> dict[str, Any]:
         """What placement and reports need to know about this worker."""
         return {"gpus": self.gpus, "options": self.options}
+
+
+def _freeze_imports(worker: Worker) -> None:
+    """Take what the worker holds at its first setup out of the garbage collector's walks.
+
+    That is cuDF's, pandas' and pyarrow's modules, classes and functions: millions of objects
+    that live as long as the worker and that every full collection walked again, 110-130 ms
+    each on an H200 worker, several a benchmark run, landing inside shuffle stages. Once only,
+    after a collection, and not where the worker already holds data: frozen objects are never
+    collected, so a partition frozen in a reference cycle would outlive its last user.
+    """
+    if gc.get_freeze_count() or len(worker.data):
+        return
+    gc.collect()
+    gc.freeze()
 
 
 def _register_cudf_with_dask() -> None:
