@@ -15,7 +15,7 @@ import collections
 import os
 import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import dask.config
@@ -23,39 +23,52 @@ import dask.config
 KEY = "gpudirect.planning.cache-files"
 
 
-class PlanCache:
-    """At most ``gpudirect.planning.cache-files`` plans, the least recently used dropped
-    first; thread-safe (a worker plans in threads)."""
+class Kept:
+    """Values made once and given again by key: at most ``dask.config[setting]`` of them, the
+    least recently used dropped first, none where it is 0; thread-safe (a worker plans in
+    threads, a client may be shared by threads)."""
 
-    def __init__(self) -> None:
-        self._plans: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+    def __init__(self, setting: str) -> None:
+        self.setting = setting
+        self._values: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.hits = 0  # plans given again, for tests and logs
+        self.hits = 0  # values given again, for tests and logs
 
     def __len__(self) -> int:
-        return len(self._plans)
+        return len(self._values)
 
     def clear(self) -> None:
         with self._lock:
-            self._plans.clear()
+            self._values.clear()
+
+    def get(self, key: Hashable | None, make: Callable[[], Any]) -> Any:
+        """What ``make()`` gave before under ``key``, or ``make()`` now (kept, unless ``key`` is
+        None or nothing may be kept). An error of ``make`` is raised, not kept."""
+        entries = int(dask.config.get(self.setting))
+        if key is None or entries <= 0:
+            return make()
+        with self._lock:
+            if key in self._values:
+                self._values.move_to_end(key)
+                self.hits += 1
+                return self._values[key]
+        value = make()
+        with self._lock:
+            self._values[key] = value
+            while len(self._values) > entries:
+                self._values.popitem(last=False)
+        return value
+
+
+class PlanCache(Kept):
+    """Plans of single files, at most ``gpudirect.planning.cache-files`` of them."""
+
+    def __init__(self) -> None:
+        super().__init__(KEY)
 
     def plan(self, path: str, planner: Callable[..., Any], args: tuple) -> Any:
         """``planner([path], *args)``, or the plan it gave before for this very file."""
-        entries = int(dask.config.get(KEY))
-        key = _key(path, planner, args) if entries > 0 else None
-        if key is not None:
-            with self._lock:
-                if key in self._plans:
-                    self._plans.move_to_end(key)
-                    self.hits += 1
-                    return self._plans[key]
-        plan = planner([path], *args)
-        if key is not None:
-            with self._lock:
-                self._plans[key] = plan
-                while len(self._plans) > entries:
-                    self._plans.popitem(last=False)
-        return plan
+        return self.get(_key(path, planner, args), lambda: planner([path], *args))
 
 
 def _key(path: str, planner: Callable[..., Any], args: tuple) -> tuple | None:

@@ -13,55 +13,28 @@ against the shard's stamp (:mod:`.stamps`), and errors are never kept.
 
 from __future__ import annotations
 
-import collections
 import pickle
-import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
-import dask.config
-
 from . import remote
 from .discovery import Found
+from .plan_cache import Kept
 
 KEY = "gpudirect.planning.cache-reads"
 
 
-class ReadPlans:
-    """At most ``gpudirect.planning.cache-reads`` plans of whole reads, the least recently used
-    dropped first; thread-safe (a client may be shared by threads)."""
+class ReadPlans(Kept):
+    """Plans of whole reads, at most ``gpudirect.planning.cache-reads`` of them."""
 
     def __init__(self) -> None:
-        self._plans: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0  # plans given again, for tests and logs
-
-    def __len__(self) -> int:
-        return len(self._plans)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._plans.clear()
+        super().__init__(KEY)
 
     def plan(
         self, found: Found, planner: Callable[..., Any], args: tuple, make: Callable[[], Any]
     ) -> Any:
         """``make()``, or what it gave before for the same files, as found, and options."""
-        entries = int(dask.config.get(KEY))
-        key = _key(found, planner, args) if entries > 0 else None
-        if key is not None:
-            with self._lock:
-                if key in self._plans:
-                    self._plans.move_to_end(key)
-                    self.hits += 1
-                    return self._plans[key]
-        plan = make()
-        if key is not None:
-            with self._lock:
-                self._plans[key] = plan
-                while len(self._plans) > entries:
-                    self._plans.popitem(last=False)
-        return plan
+        return self.get(_key(found, planner, args), make)
 
 
 def _key(found: Found, planner: Callable[..., Any], args: tuple) -> Hashable | None:
