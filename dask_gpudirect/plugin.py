@@ -87,9 +87,11 @@ def _freeze_imports(worker: Worker) -> None:
     that live as long as the worker and that every full collection walked again, 110-130 ms
     each on an H200 worker, several a benchmark run, landing inside shuffle stages. Once only,
     after a collection, and not where the worker already holds data: frozen objects are never
-    collected, so a partition frozen in a reference cycle would outlive its last user.
+    collected, so a partition frozen in a reference cycle would outlive its last user. Only in
+    a process a nanny started for the worker: one that runs workers beside the user's own code
+    (``LocalCluster(processes=False)``) is the user's to tune.
     """
-    if gc.get_freeze_count() or len(worker.data):
+    if worker.nanny is None or gc.get_freeze_count() or len(worker.data):
         return
     gc.collect()
     gc.freeze()

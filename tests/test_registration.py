@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distributed import Client
+from distributed import Client, LocalCluster
 from util import (
     assert_same_frame,
     compute,
@@ -264,3 +264,17 @@ def test_the_plugin_freezes_what_the_worker_imported(freeze, holding, frozen):
             counts = client.run(_frozen)
             del data
     assert all((count > 10_000) == frozen for count in counts.values()), counts
+
+
+def test_workers_in_the_users_own_process_freeze_nothing():
+    """``LocalCluster(processes=False)`` runs its workers in this process: its objects are the
+    user's, and the plugin leaves their collection alone."""
+    import gc
+
+    before = gc.get_freeze_count()
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        client.register_plugin(dg.GPUDirectPlugin())
+        assert client.run(has_plugin) and gc.get_freeze_count() == before
