@@ -84,14 +84,14 @@ def _freeze_imports(worker: Worker) -> None:
     """Take what the worker holds at its first setup out of the garbage collector's walks.
 
     That is cuDF's, pandas' and pyarrow's modules, classes and functions: millions of objects
-    that live as long as the worker and that every full collection walked again, 110-130 ms
+    that live as long as the worker and that every full collection walked again, 110-170 ms
     each on an H200 worker, several a benchmark run, landing inside shuffle stages. Once only,
     after a collection, and not where the worker already holds data: frozen objects are never
     collected, so a partition frozen in a reference cycle would outlive its last user. Only in
     a process a nanny started for the worker: one that runs workers beside the user's own code
     (``LocalCluster(processes=False)``) is the user's to tune.
     """
-    if worker.nanny is None or gc.get_freeze_count() or len(worker.data):
+    if worker.nanny is None or gc.get_freeze_count() or worker.state.tasks:
         return
     gc.collect()
     gc.freeze()
