@@ -6,7 +6,8 @@ quarter of a second for 256 files before any data moves. A worker keeps each fil
 the file's identity (device, inode, size, modification and change times in ns) and the planning
 arguments, and plans again only where one of them changed. Nothing is trusted blindly: every
 read still checks the allowed roots on the file it opens and the shard's stamp against it
-(:mod:`.stamps`), and errors are never kept.
+(:mod:`.stamps`), and errors are never kept. :class:`Kept`, the store itself, also keeps the
+client's plans of whole reads (:mod:`.read_plans`).
 """
 
 from __future__ import annotations
