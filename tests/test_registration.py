@@ -254,7 +254,7 @@ def _frozen(dask_worker) -> int:
 )
 def test_the_plugin_freezes_what_the_worker_imported(freeze, holding, frozen):
     """``gpudirect.worker.freeze-gc``: a full collection of a worker then skips the objects of
-    its imported libraries (on an H200 worker 110-130 ms a collection, unfrozen); not where the
+    its imported libraries (on an H200 worker 110-170 ms a collection, unfrozen); not where the
     worker holds data already, which would then never be collected if caught in a cycle."""
     config = {"gpudirect.worker.freeze-gc": freeze}
     with dask.config.set(config), start_cluster("tcp", n_workers=1, threads=1) as cluster:
