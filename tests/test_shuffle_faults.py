@@ -50,6 +50,7 @@ from util import (
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report
+from dask_gpudirect.bench.common import held_keys
 from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.shuffle.plugin import ShuffleWorkerPlugin
 from dask_gpudirect.shuffle.plugin import service as shuffle_service
@@ -307,10 +308,6 @@ def test_slow_peer_is_waited_for(cluster):
     moved = moved[moved["peer"] == victim]
     assert len(moved) >= 1
     assert (moved["worker"] != victim).all() and (moved["seconds"] >= 1.5).all()
-
-
-def held_keys(dask_worker) -> int:
-    return len(dask_worker.data)
 
 
 def test_a_slow_shuffle_lets_go_of_its_data_without_the_garbage_collector(cluster):
