@@ -259,11 +259,14 @@ def permutation(n: int, seed: int) -> cupy.ndarray:
 def group_order(where: cudf.Series, lengths: list[int], n: int) -> tuple[cupy.ndarray, np.ndarray]:
     """The row order that groups equal values of ``where`` (0..n-1, a cuDF Series), stably, and
     ``counts[k, j]``: how many rows of the ``k``-th run of ``lengths`` rows hold ``j``. CuPy sorts
-    are stable; the counts come back to the host (``len(lengths) * n`` numbers)."""
-    values = cupy.asarray(where.values).astype(cupy.int64)
+    are stable radix sorts, a pass per byte of the key: the narrowest type that holds ``n - 1``
+    (one pass below 256 outputs, where int64 takes eight); the counts come back to the host
+    (``len(lengths) * n`` numbers)."""
+    values = cupy.asarray(where.values)
     source = _segment_of(cupy.arange(len(values), dtype=cupy.int64), np.asarray(lengths))
-    counts = cupy.bincount(source * n + values, minlength=len(lengths) * n)
-    return cupy.argsort(values), counts.get().reshape(len(lengths), n)
+    counts = cupy.bincount(source * n + values.astype(cupy.int64), minlength=len(lengths) * n)
+    order = cupy.argsort(values.astype(np.min_scalar_type(max(n - 1, 0))))
+    return order, counts.get().reshape(len(lengths), n)
 
 
 def positions(starts: np.ndarray, lengths: np.ndarray) -> cupy.ndarray:
