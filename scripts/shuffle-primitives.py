@@ -55,6 +55,66 @@ def profiled(steps: dict[str, Callable[[], object]], path: str, top: int = 25) -
             out.write(f"## {step}\n\n{text.getvalue()}\n")
 
 
+def group_order_int64(where, lengths: list[int], n: int):
+    """The group order as the stage made it before: int64 sort keys (eight radix passes)."""
+    import cupy
+
+    from dask_gpudirect.targets.device import _segment_of
+
+    values = cupy.asarray(where.values).astype(cupy.int64)
+    source = _segment_of(cupy.arange(len(values), dtype=cupy.int64), np.asarray(lengths))
+    counts = cupy.bincount(source * n + values, minlength=len(lengths) * n)
+    return cupy.argsort(values), counts.get().reshape(len(lengths), n)
+
+
+def split_like_stage(parts: list, n: int, meta, target):
+    from dask.dataframe.shuffle import partitioning_index
+
+    joined = target.concat_frames(parts, meta)
+    where = partitioning_index(joined[["key"]], n)
+    order, counts = target.group_order(where, [len(p) for p in parts], n)
+    return joined.take(order), counts
+
+
+def halves_by_output(joined, n: int, target) -> list:
+    """Two pieces as two senders send them: each half of ``joined`` ordered by output, with
+    its rows per output."""
+    from dask.dataframe.shuffle import partitioning_index
+
+    half = len(joined) // 2
+    pieces = []
+    for part in (joined.iloc[:half], joined.iloc[half:]):
+        part = part.copy()
+        order, counts = target.group_order(partitioning_index(part[["key"]], n), [len(part)], n)
+        pieces.append((part.take(order), counts[0]))
+    return pieces
+
+
+def assemble_by_take(pieces: list, n: int, meta, target):
+    from dask_gpudirect.shuffle.split import assembly_segments
+
+    joined = target.concat_frames([p for p, _ in pieces], meta)
+    segments, sizes = assembly_segments(
+        [((i,), 0, c.reshape(1, -1)) for i, (_, c) in enumerate(pieces)], range(n)
+    )
+    order = segments.positions("device")
+    return target.cut_frame(joined.take(order), np.concatenate([[0], np.cumsum(sizes)]))
+
+
+def assemble_by_slices(pieces: list, n: int, meta, target):
+    import pylibcudf as plc
+
+    views = []
+    for frame, counts in pieces:
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        cuts = [int(b) for pair in zip(bounds[:-1], bounds[1:], strict=True) for b in pair]
+        views.append(plc.copying.slice(target.to_table(frame), cuts))
+    ordered = [v for j in range(n) for v in (views[0][j], views[1][j])]
+    table = plc.concatenate.concatenate(ordered)
+    sizes = pieces[0][1] + pieces[1][1]
+    return target.cut_frame(target.from_table(table, meta), np.concatenate([[0], np.cumsum(sizes)]))
+
+
 _WORKER: list = []
 
 
@@ -88,8 +148,16 @@ def main() -> None:
     parser.add_argument("--parts", default="8,256,1024")
     parser.add_argument("--json")
     parser.add_argument("--profile", help="append cProfiles of the per-output steps here")
+    parser.add_argument("--rmm-pool", action="store_true", help="an RMM pool, as the workers have")
     args = parser.parse_args()
     device = args.target == "device"
+    if device and args.rmm_pool:
+        import cupy
+        import rmm
+        from rmm.allocators.cupy import rmm_cupy_allocator
+
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=40 * 2**30)
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
     rows = int(args.gib * 2**30 / 32)
     rng = np.random.default_rng(0)
     data = {
@@ -178,13 +246,32 @@ def main() -> None:
             steps["concat_frames of the N inputs (the stage's join)"] = (
                 lambda parts=parts, meta=frame.iloc[:0]: target.concat_frames(parts, meta)
             )
+            pieces = halves_by_output(joined, n, target)
+            steps["hash alone (partitioning_index)"] = lambda joined=joined, n=n: (
+                partitioning_index(joined[["key"]], n)
+            )
+            steps["group order, int64 sort keys"] = lambda joined=joined, n=n, lengths=lengths: (
+                group_order_int64(partitioning_index(joined[["key"]], n), lengths, n)
+            )
+            steps["split as the stage does (join, hash, group order, take)"] = (
+                lambda parts=parts, n=n: split_like_stage(parts, n, frame.iloc[:0], target)
+            )
+            steps["assembly of 2 pieces: join, take, cut (the stage's)"] = (
+                lambda pieces=pieces, n=n: assemble_by_take(pieces, n, frame.iloc[:0], target)
+            )
+            steps["assembly of 2 pieces: one concatenate of slices, cut"] = (
+                lambda pieces=pieces, n=n: assemble_by_slices(pieces, n, frame.iloc[:0], target)
+            )
+            steps["group-by sum of each of the N partitions"] = lambda parts=parts: [
+                p.groupby("key").sum() for p in parts
+            ]
         steps["worker.update_data of N outputs, then freed"] = lambda parts=parts: kept(parts)
         steps["worker.update_data of N slices, then freed"] = lambda j=joined, b=bounds: kept(
             slices(j, b, copy=False)
         )
         steps["worker.update_data of N cut_frame outputs, then freed"] = (
             lambda j=joined, b=bounds: kept(target.cut_frame(j, b))
-        )
+        )  # fmt: skip
         for step, fn in steps.items():
             seconds = timed(fn, sync)
             results.append({"partitions": n, "step": step, "seconds": seconds})

@@ -424,11 +424,11 @@ def test_dropping_the_result_frees_it(client):
 
 
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_assembly_order_lists_each_output_in_input_order(interleaved):
+def test_assembly_segments_list_each_output_in_input_order(interleaved):
     """Pieces joined end to end (each grouped by output, then input) are listed output by
     output, each output's rows in input order, whether the senders' inputs interleave (one
     worker holds the even partitions) or not; empty segments and empty outputs included."""
-    from dask_gpudirect.shuffle.split import assembly_order
+    from dask_gpudirect.shuffle.split import assembly_segments
 
     rng = np.random.default_rng(3)
     outputs = range(10, 16)
@@ -446,9 +446,52 @@ def test_assembly_order_lists_each_output_in_input_order(interleaved):
     for chunk, _, counts in pieces:
         joined += [(outputs[j], i) for j in range(len(outputs)) for k, i in enumerate(chunk)
                    for _ in range(int(counts[k, j]))]  # fmt: skip
-    order, sizes = assembly_order(pieces, outputs, "host")
+    segments, sizes = assembly_segments(pieces, outputs)
+    order = segments.positions("host")
     listed = [joined[p] for p in order]
     assert listed == sorted(joined)  # by output, then input (a stable order within each)
     assert sorted(order.tolist()) == list(range(len(joined)))
     assert sizes.tolist() == [sum(1 for o, _ in joined if o == j) for j in outputs]
     assert sizes[2] == 0
+
+
+def test_segment_slices_are_cut_where_pieces_end():
+    """A segment that runs on from one piece into the next (rows of one output, the end of
+    one sender's piece and the start of the next one's) becomes a slice of each."""
+    from dask_gpudirect.shuffle.split import Segments
+
+    pieces = [np.arange(3), np.arange(4), np.arange(2)]
+    segments = Segments(np.array([1, 5, 0]), np.array([4, 4, 1]))
+    assert segments.slices(pieces) == [(0, 1, 3), (1, 0, 2), (1, 2, 4), (2, 0, 2), (0, 0, 1)]
+    joined = np.concatenate(pieces)
+    sliced = np.concatenate([pieces[k][a:b] for k, a, b in segments.slices(pieces)])
+    assert sliced.tolist() == joined[segments.positions("host")].tolist()
+
+
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
+def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interleaved):
+    """The two ways a receiver builds its outputs (slices of the pieces copied out, for few
+    segments; one gather from their join, for many) give the same frames."""
+    from dask_gpudirect.shuffle import split
+
+    pdf = sample_frame(900, keys=50, seed=12)
+    inputs = np.array_split(np.arange(len(pdf)), 6)
+    senders = [(0, 2, 4), (1, 3, 5)] if interleaved else [(0, 1, 2), (3, 4, 5)]
+    outputs = range(2, 5)
+    splitter = split.HashSplit(["k"], 6, "host", pdf.iloc[:0])
+    pieces, frames = [], []
+    for chunk in senders:
+        ordered, counts = splitter.split(list(chunk), [pdf.iloc[inputs[i]] for i in chunk])
+        starts = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+        frames.append(ordered.iloc[starts[outputs.start] : starts[outputs.stop]])
+        pieces.append((chunk, outputs.start, counts[:, outputs.start : outputs.stop]))
+    segments, sizes = split.assembly_segments(pieces, outputs)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    built = {}
+    for few in (0, 10**6):
+        monkeypatch.setattr(split, "FEW_SEGMENTS", few)
+        built[few] = splitter.outputs(frames, segments, bounds, outputs)
+    where = owner_of_rows(pdf, "k", 6)
+    for j, by_gather, by_slices in zip(outputs, built[0], built[10**6], strict=True):
+        assert_frame_equal(by_gather, pdf[where == j])
+        assert_frame_equal(by_slices, pdf[where == j])

@@ -50,7 +50,7 @@ from ..ledger import STAGED_ACROSS_NODES, Ledger
 from ..phases import Phases
 from ..targets import TargetName
 from .buffer import SpillBuffer
-from .split import Splitter, assembly_order
+from .split import Splitter, assembly_segments
 
 T = TypeVar("T")
 
@@ -147,8 +147,8 @@ class ShuffleRun:
         self, exchange: Exchange, groups: list[range], clock: Phases
     ) -> Iterator[dict[int, Any]]:
         """Build our outputs one of ``groups`` at a time, from the pieces that arrived for it:
-        one join, then the splitter's outputs, each output's rows in input order (so the same
-        shuffle gives the same partitions). Its cost follows the bytes, not the partitions;
+        the splitter's outputs, each output's rows in input order (so the same shuffle gives
+        the same partitions). Its cost follows the bytes, not the partitions;
         only one group's pieces and outputs are in hand at once."""
         splitter = exchange.splitter
         for group, outputs in enumerate(groups):
@@ -157,17 +157,15 @@ class ShuffleRun:
                 yield {j: splitter.meta for j in outputs}
                 continue
             firsts = sorted(received)
-            with clock("join"):
-                joined = splitter.join([self.buffer.pop(f"{group}-{i}") for i in firsts])
+            with clock("take pieces"):  # back from host or disk where spilled
+                pieces = [self.buffer.pop(f"{group}-{i}") for i in firsts]
             with clock("order"):
-                pieces = [received[i] for i in firsts]
-                order, sizes = assembly_order(pieces, outputs, exchange.target)
+                segments, sizes = assembly_segments([received[i] for i in firsts], outputs)
                 bounds = np.concatenate([[0], np.cumsum(sizes)])
             with clock("combine"):
-                built = splitter.outputs(joined, order, bounds, outputs)
+                built = splitter.outputs(pieces, segments, bounds, outputs)
             yield dict(zip(outputs, built, strict=True))
-            joined = order = None  # let this group's rows go before the next one's
-            built = []
+            pieces, built = [], []  # let this group's rows go before the next one's
 
     def fail(self, error: ShuffleError) -> None:
         """Record the first error, stop our sends, and wake whatever the stage waits on."""

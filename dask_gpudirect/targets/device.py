@@ -176,23 +176,47 @@ def _joined_index(frames: list[cudf.DataFrame]) -> list[plc.Column]:
 
 def concat_frames(frames: list[cudf.DataFrame], meta: cudf.DataFrame) -> cudf.DataFrame:
     """``frames`` end to end. One libcudf concatenate of their columns where that keeps every
-    type (no categorical or struct column, whose categories or field names a table does not
-    carry; the same types in every frame): ``cudf.concat`` spends about 0.2 ms a frame on its
-    checks, this about 0.02 ms; Dask's concat (cuDF's) for the rest."""
-    import cudf
+    type (:func:`_tables_keep_types`; the same types in every frame): ``cudf.concat`` spends
+    about 0.2 ms a frame on its checks, this about 0.02 ms; Dask's concat (cuDF's) for the
+    rest."""
     from dask.dataframe.dispatch import concat
 
     if len(frames) == 1:
         return frames[0]
-    kept = (cudf.CategoricalDtype, cudf.StructDtype)
-    types = [*meta.dtypes, *meta.index.to_frame(index=False).dtypes]
-    if not any(isinstance(t, kept) for t in types):
+    if _tables_keep_types(meta):
         try:
             data = plc.concatenate.concatenate([plc.Table(_columns(f)) for f in frames])
             return from_table(plc.Table([*_joined_index(frames), *data.columns()]), meta)
         except (TypeError, ValueError, RuntimeError):  # frames of differing types: cuDF's rules
             pass
     return concat(frames)
+
+
+def concat_slices(
+    frames: list[cudf.DataFrame], slices: list[tuple[int, int, int]], meta: cudf.DataFrame
+) -> cudf.DataFrame:
+    """Rows ``start:stop`` of ``frames[k]`` for each ``(k, start, stop)`` of ``slices``, end to
+    end, in one copy: pylibcudf views of the slices and one concatenate, where joining the
+    frames and gathering from the join copies every row twice (on the H200, 5.1 against
+    10.4 ms for 1 GiB in eight slices). Each view costs about 0.2 ms, so it pays for few."""
+    if _tables_keep_types(meta):
+        tables = [to_table(frame) for frame in frames]
+        views = [plc.copying.slice(tables[k], [a, b])[0] for k, a, b in slices]
+        try:
+            return from_table(plc.concatenate.concatenate(views), meta)
+        except (TypeError, ValueError, RuntimeError):  # frames of differing types: cuDF's rules
+            pass
+    return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta)
+
+
+def _tables_keep_types(meta: cudf.DataFrame) -> bool:
+    """Whether frames like ``meta`` survive a trip through pylibcudf tables: not with a
+    categorical or struct column, whose categories or field names a table does not carry."""
+    import cudf
+
+    kept = (cudf.CategoricalDtype, cudf.StructDtype)
+    types = [*meta.dtypes, *meta.index.to_frame(index=False).dtypes]
+    return not any(isinstance(t, kept) for t in types)
 
 
 def cut_frame(frame: cudf.DataFrame, bounds: np.ndarray) -> list[cudf.DataFrame]:

@@ -66,6 +66,14 @@ def concat_frames(frames: list[pd.DataFrame], meta: pd.DataFrame) -> pd.DataFram
     return concat(frames) if len(frames) > 1 else frames[0]
 
 
+def concat_slices(
+    frames: list[pd.DataFrame], slices: list[tuple[int, int, int]], meta: pd.DataFrame
+) -> pd.DataFrame:
+    """Rows ``start:stop`` of ``frames[k]`` for each ``(k, start, stop)`` of ``slices``, end to
+    end, in one copy."""
+    return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta)
+
+
 def cut_frame(frame: pd.DataFrame, bounds: np.ndarray) -> list[pd.DataFrame]:
     """``frame``'s rows ``bounds[k]:bounds[k + 1]`` as frames of their own memory: a worker
     counts each output's bytes and spills outputs one by one, and a view's spill would free
