@@ -64,7 +64,10 @@ def _has_plugin(dask_worker: Worker) -> bool:
 
 async def _describe(
     dask_worker: Worker, entries: list[str], listing: discovery.Listing
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
+    """What the survey asks each worker; None where the reader plugin is missing."""
+    if not _has_plugin(dask_worker):
+        return None
     plugin = current_plugin(dask_worker)
     # listing a large directory off the event loop: the worker keeps answering meanwhile
     views = await asyncio.to_thread(discovery.views, entries, listing)
@@ -79,15 +82,17 @@ def _registered(dask_scheduler: Scheduler) -> dict[str, list[str]]:
     return {"worker": list(workers), "scheduler": list(scheduler)}
 
 
-def ensure_plugins(client: Client) -> None:
+def ensure_plugins(client: Client, missing: list[str] | None = None) -> None:
     """Register the reader, shuffle, placement and dashboard plugins where they are missing, and
     say so. Where all are there (every call after the first): one round trip to the scheduler,
     which hands its worker plugins to every worker that joins; one more to the workers where
-    the reader plugin came with them (``plugins=``) rather than through the scheduler."""
+    the reader plugin came with them (``plugins=``) rather than through the scheduler, unless
+    the caller already knows which workers lack it (``missing``: the survey asks them)."""
     held = client.run_on_scheduler(_registered)
-    missing = []
-    if GPUDirectPlugin.name not in held["worker"]:
-        missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
+    if missing is None:
+        missing = []
+        if GPUDirectPlugin.name not in held["worker"]:
+            missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
     if missing:
         cluster = client.cluster
         if dask_cuda is not None and type(cluster) is dask_cuda.LocalCUDACluster:
@@ -114,9 +119,16 @@ def survey(
     client: Client, entries: list[str], listing: discovery.Listing = discovery.FLAT
 ) -> dict[str, dict]:
     """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``
-    (directories listed as ``listing`` says)."""
-    ensure_plugins(client)
+    (directories listed as ``listing`` says). The plugins are checked by the same round trip
+    to the workers, and the workers asked again only where one lacked the reader plugin."""
     workers = client.run(_describe, entries=entries, listing=listing)
+    missing = [w for w, info in workers.items() if info is None]
+    ensure_plugins(client, missing)
+    if missing:
+        workers = client.run(_describe, entries=entries, listing=listing)
     if not workers:
         raise ClusterError("the cluster has no workers")
+    lacking = [w for w, info in workers.items() if info is None]
+    if lacking:  # a worker that joined as the plugin was registered
+        raise ClusterError(f"GPUDirectPlugin is not set up on worker(s) {lacking}: try again")
     return workers
