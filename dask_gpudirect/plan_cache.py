@@ -42,11 +42,13 @@ class Kept:
         with self._lock:
             self._values.clear()
 
-    def get(self, key: Hashable | None, make: Callable[[], Any]) -> Any:
-        """What ``make()`` gave before under ``key``, or ``make()`` now (kept, unless ``key`` is
-        None or nothing may be kept). An error of ``make`` is raised, not kept."""
+    def get(self, key_of: Callable[[], Hashable | None], make: Callable[[], Any]) -> Any:
+        """What ``make()`` gave before under the key ``key_of()`` gives, or ``make()`` now
+        (kept, unless the key is None). Where nothing may be kept, the key (a stat, a pickle)
+        is not worked out at all. An error of ``make`` is raised, not kept."""
         entries = int(dask.config.get(self.setting))
-        if key is None or entries <= 0:
+        key = key_of() if entries > 0 else None
+        if key is None:
             return make()
         with self._lock:
             if key in self._values:
@@ -69,7 +71,7 @@ class PlanCache(Kept):
 
     def plan(self, path: str, planner: Callable[..., Any], args: tuple) -> Any:
         """``planner([path], *args)``, or the plan it gave before for this very file."""
-        return self.get(_key(path, planner, args), lambda: planner([path], *args))
+        return self.get(lambda: _key(path, planner, args), lambda: planner([path], *args))
 
 
 def _key(path: str, planner: Callable[..., Any], args: tuple) -> tuple | None:

@@ -34,7 +34,7 @@ class ReadPlans(Kept):
         self, found: Found, planner: Callable[..., Any], args: tuple, make: Callable[[], Any]
     ) -> Any:
         """``make()``, or what it gave before for the same files, as found, and options."""
-        return self.get(_key(found, planner, args), make)
+        return self.get(lambda: _key(found, planner, args), make)
 
 
 def _key(found: Found, planner: Callable[..., Any], args: tuple) -> Hashable | None:
