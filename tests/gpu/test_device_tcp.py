@@ -106,6 +106,18 @@ def test_parquet_filters(cuda_tcp, parquet_dir, name):
     h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
 
 
+def test_auto_blocksize_joins_small_files_into_one_partition_a_worker(cuda_tcp, tmp_path):
+    """On the device target "auto" joins small files down to one partition per worker (one
+    libcudf call each), in file order; the host target keeps two (tests/test_parquet.py)."""
+    paths = []
+    for i in range(12):
+        paths.append(str(tmp_path / f"s-{i:02d}.parquet"))
+        pq.write_table(h.parquet_table(i * 100, 100), paths[-1])
+    ddf = dg.read_parquet(paths, target="device", client=cuda_tcp)
+    assert ddf.npartitions == len(cuda_tcp.nthreads())
+    h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), h.expected_parquet(paths))
+
+
 def test_parquet_filters_prune_row_groups(cuda_tcp, parquet_dir):
     """Statistics prune: only the row groups that can hold i in [1000, 2000) are read; each of
     the two files ruled out whole is an empty partition that only checks its footer."""
