@@ -148,8 +148,8 @@ class ShuffleRun:
     ) -> Iterator[dict[int, Any]]:
         """Build our outputs one of ``groups`` at a time, from the pieces that arrived for it:
         the splitter's outputs, each output's rows in input order (so the same shuffle gives
-        the same partitions). Its cost follows the bytes, not the partitions;
-        only one group's pieces and outputs are in hand at once."""
+        the same partitions). Its cost follows the bytes, not the partitions; only one group's
+        pieces and outputs are in hand at once."""
         splitter = exchange.splitter
         for group, outputs in enumerate(groups):
             received = self.received.pop(group, {})
