@@ -17,6 +17,7 @@ import dask
 import dask.array as da
 import dask.dataframe as dd
 from dask.base import tokenize
+from dask.dataframe.dask_expr._collection import new_collection
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 from dask.typing import Key
@@ -259,41 +260,35 @@ def read_parquet(
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     compat.check_backend(dtype_backend, target)
     folders = hive.partitioning(found.files, found.roots)
+    store = setting.store
+    args = (columns, filters, blocksize, target, index, folders, per_shard, dtype_backend, store)
     with clock("footers"):  # each file's plan, on the workers
-        planned = _plan(
-            client,
-            found,
-            parquet.plan,
-            columns,
-            filters,
-            blocksize,
-            target,
-            index,
-            folders,
-            per_shard,
-            dtype_backend,
-            setting.store,
-        )
+        planned = _plan(client, found, parquet.plan, *args)
     with clock("meta"):
         plan = planned.unified()
         meta = plan.meta(targets.module(target))
     # "auto" never makes so few partitions that a worker has none to read
     at_least = AUTO_PER_WORKER[target] * len(setting.workers) if auto else 1
-    # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
-    # object column to strings, turning decimals, lists and bytes into text.
-    with clock("partitions"), dask.config.set({"dataframe.convert-string": False}):
+
+    def build() -> Any:
         if per_shard is None:
             joined = join_small(plan.shards, blocksize, found.readable, at_least)
         else:  # the row groups asked for, each run its own partition
             joined = [(shard,) for shard in plan.shards]
         partitions = assign(joined, found.readable)
-        frame = dd.from_map(
+        return dd.from_map(
             load_partition,
             partitions,
             meta=meta,
             label="gpudirect-read-parquet",
             enforce_metadata=False,
-        )
+        ).expr
+
+    # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
+    # object column to strings, turning decimals, lists and bytes into text.
+    with clock("partitions"), dask.config.set({"dataframe.convert-string": False}):
+        expr = read_plans.reads.collection(found, parquet.plan, args, at_least, build)
+        frame = new_collection(expr)
     last_phases.clear()
     last_phases.update(clock.seconds)
     return frame[columns] if isinstance(columns, str) else frame

@@ -6,9 +6,11 @@ asking it is a round trip, and the answers for 256 files are half of a read's pl
 The client keeps the merged plan of each read under what the survey found just before (every
 file's path, size and modification time, and which worker sees which) and the read's options,
 and plans again only where any of it changed, as dask-expr keeps its Parquet dataset info and
-cudf-polars its footer samples. Local files only: a remote object's listing may carry no
-modification time. Nothing is trusted blindly: every read still checks the file it opens
-against the shard's stamp (:mod:`.stamps`), and errors are never kept.
+cudf-polars its footer samples. Under the same key and how the plan was cut into partitions,
+it also keeps the collection's expression: placing and naming the partitions again (Dask
+tokenizes every shard) cost a kept plan's read more than the plan. Local files only: a remote
+object's listing may carry no modification time. Nothing is trusted blindly: every read still
+checks the file it opens against the shard's stamp (:mod:`.stamps`), and errors are never kept.
 """
 
 from __future__ import annotations
@@ -25,16 +27,35 @@ KEY = "gpudirect.planning.cache-reads"
 
 
 class ReadPlans(Kept):
-    """Plans of whole reads, at most ``gpudirect.planning.cache-reads`` of them."""
+    """Plans of whole reads, at most ``gpudirect.planning.cache-reads`` of them, and as many
+    collections' expressions made of them (:attr:`collections`)."""
 
     def __init__(self) -> None:
         super().__init__(KEY)
+        self.collections = Kept(KEY)
 
     def plan(
         self, found: Found, planner: Callable[..., Any], args: tuple, make: Callable[[], Any]
     ) -> Any:
         """``make()``, or what it gave before for the same files, as found, and options."""
         return self.get(lambda: _key(found, planner, args), make)
+
+    def collection(
+        self,
+        found: Found,
+        planner: Callable[..., Any],
+        args: tuple,
+        cut: Hashable,
+        build: Callable[[], Any],
+    ) -> Any:
+        """``build()`` (a collection's expression: a collection can be changed in place, an
+        expression cannot), or what it gave before for the same read cut the same way."""
+
+        def key() -> Hashable | None:
+            read = _key(found, planner, args)
+            return None if read is None else (read, cut)
+
+        return self.collections.get(key, build)
 
 
 def _key(found: Found, planner: Callable[..., Any], args: tuple) -> Hashable | None:

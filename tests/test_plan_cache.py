@@ -113,6 +113,23 @@ def test_a_second_read_of_unchanged_files_asks_the_workers_for_no_plan(tcp, tmp_
     assert_same_frame(again, expected_parquet(paths, columns=["x"]))
 
 
+def test_a_second_read_of_unchanged_files_is_the_same_collection_not_the_same_object(tcp, tmp_path):
+    """The kept read's partitions, placement and name come back with its plan (one expression),
+    each read a collection of its own: changing the first in place leaves the second alone."""
+    paths = [write(tmp_path / f"part-{k}.parquet", 1000 * k) for k in range(4)]
+    first = dg.read_parquet(paths, client=tcp)
+    hits = reads.collections.hits
+    again = dg.read_parquet(paths, client=tcp)
+    assert reads.collections.hits == hits + 1
+    assert again is not first and again._name == first._name
+    first["z"] = first["x"] * 2
+    assert list(again.columns) == ["x", "y"] and list(first.columns) == ["x", "y", "z"]
+    assert_same_frame(compute(tcp, again), expected_parquet(paths))
+    joined = dg.read_parquet(paths, blocksize="1GiB", client=tcp)  # cut otherwise
+    assert (joined.npartitions, again.npartitions) == (1, 4)
+    assert_same_frame(compute(tcp, joined), expected_parquet(paths))
+
+
 def test_a_read_after_a_file_changed_or_with_other_options_is_planned_again(tcp, tmp_path):
     paths = [write(tmp_path / f"part-{k}.parquet", 1000 * k) for k in range(3)]
     compute(tcp, dg.read_parquet(paths, client=tcp))
