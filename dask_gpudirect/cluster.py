@@ -87,7 +87,8 @@ def ensure_plugins(client: Client, missing: list[str] | None = None) -> None:
     say so. Where all are there (every call after the first): one round trip to the scheduler,
     which hands its worker plugins to every worker that joins; one more to the workers where
     the reader plugin came with them (``plugins=``) rather than through the scheduler, unless
-    the caller already knows which workers lack it (``missing``: the survey asks them)."""
+    the caller already knows which workers lack it (``missing``: the survey asks them; a
+    shuffle, which reads nothing, needs none and passes ``[]``)."""
     held = client.run_on_scheduler(_registered)
     if missing is None:
         missing = []

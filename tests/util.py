@@ -24,6 +24,7 @@ from distributed import LocalCluster, Nanny
 from pandas.testing import assert_frame_equal
 
 import dask_gpudirect as dg
+from dask_gpudirect import ledger
 from dask_gpudirect.placement import _shard_of
 from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
@@ -52,9 +53,7 @@ def has_plugin(dask_worker) -> bool:
 
 
 def clear_ledger(dask_worker) -> None:
-    plugin = dask_worker.plugins.get(PLUGIN)
-    if plugin is not None:
-        plugin.ledger.clear()
+    ledger.of(dask_worker).clear()  # the readers' and the shuffle's, plugin or not
 
 
 def clear_ledgers(client) -> None:
