@@ -82,14 +82,15 @@ def _registered(dask_scheduler: Scheduler) -> dict[str, list[str]]:
     return {"worker": list(workers), "scheduler": list(scheduler)}
 
 
-def ensure_plugins(client: Client, missing: list[str] | None = None) -> None:
+def ensure_plugins(client: Client, need_readers: list[str] | None = None) -> None:
     """Register the reader, shuffle, placement and dashboard plugins where they are missing, and
     say so. Where all are there (every call after the first): one round trip to the scheduler,
     which hands its worker plugins to every worker that joins; one more to the workers where
     the reader plugin came with them (``plugins=``) rather than through the scheduler, unless
-    the caller already knows which workers lack it (``missing``: the survey asks them; a
-    shuffle, which reads nothing, needs none and passes ``[]``)."""
+    the caller says which workers lack it and need it (``need_readers``: the survey learns
+    which lack it; a shuffle, which reads nothing, needs it on none)."""
     held = client.run_on_scheduler(_registered)
+    missing = need_readers
     if missing is None:
         missing = []
         if GPUDirectPlugin.name not in held["worker"]:

@@ -87,7 +87,7 @@ def exchange(
     reaches a scheduler in this process is unpickled as a new Future, which keeps the stage's
     results alive long after the user dropped the output.) ``progress`` shows a bar on stderr.
     """
-    ensure_plugins(client, missing=[])  # its own: a shuffle needs no reader plugin
+    ensure_plugins(client, need_readers=[])  # a shuffle reads nothing
     with ShuffleProgress(client, len(inputs), progress) as shown:
         shown.computed(inputs)
         return _exchange(client, inputs, splitter, keys, target, shown, engine)
