@@ -67,52 +67,39 @@ def group_order_int64(where, lengths: list[int], n: int):
     return cupy.argsort(values), counts.get().reshape(len(lengths), n)
 
 
-def split_like_stage(parts: list, n: int, meta, target):
-    from dask.dataframe.shuffle import partitioning_index
+def splitter(n: int, meta):
+    """The stage's own splitter on ``key`` into ``n`` outputs."""
+    from dask_gpudirect.shuffle.split import HashSplit
 
-    joined = target.concat_frames(parts, meta)
-    where = partitioning_index(joined[["key"]], n)
-    order, counts = target.group_order(where, [len(p) for p in parts], n)
-    return joined.take(order), counts
+    return HashSplit(["key"], n, "device", meta)
 
 
-def halves_by_output(joined, n: int, target) -> list:
-    """Two pieces as two senders send them: each half of ``joined`` ordered by output, with
-    its rows per output."""
-    from dask.dataframe.shuffle import partitioning_index
-
-    half = len(joined) // 2
-    pieces = []
-    for part in (joined.iloc[:half], joined.iloc[half:]):
-        part = part.copy()
-        order, counts = target.group_order(partitioning_index(part[["key"]], n), [len(part)], n)
-        pieces.append((part.take(order), counts[0]))
-    return pieces
-
-
-def assemble_by_take(pieces: list, n: int, meta, target):
+def received_halves(joined, n: int, meta) -> tuple[list, object, np.ndarray]:
+    """What a receiver holds when two senders each split half of ``joined``: their pieces,
+    the segments that list the outputs' rows, and the outputs' bounds."""
     from dask_gpudirect.shuffle.split import assembly_segments
 
-    joined = target.concat_frames([p for p, _ in pieces], meta)
-    segments, sizes = assembly_segments(
-        [((i,), 0, c.reshape(1, -1)) for i, (_, c) in enumerate(pieces)], range(n)
-    )
-    order = segments.positions("device")
-    return target.cut_frame(joined.take(order), np.concatenate([[0], np.cumsum(sizes)]))
+    half = len(joined) // 2
+    frames, pieces = [], []
+    for i, part in enumerate((joined.iloc[:half].copy(), joined.iloc[half:].copy())):
+        ordered, counts = splitter(n, meta).split([i], [part])
+        frames.append(ordered)
+        pieces.append(((i,), 0, counts))
+    segments, sizes = assembly_segments(pieces, range(n))
+    return frames, segments, np.concatenate([[0], np.cumsum(sizes)])
 
 
-def assemble_by_slices(pieces: list, n: int, meta, target):
-    import pylibcudf as plc
+def outputs_by(few: int, n: int, meta, received: tuple) -> list:
+    """The stage's outputs of ``received`` with ``split.FEW_SEGMENTS`` set to ``few``: 0 forces
+    the join and gather, a large number the slices."""
+    from dask_gpudirect.shuffle import split
 
-    views = []
-    for frame, counts in pieces:
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        cuts = [int(b) for pair in zip(bounds[:-1], bounds[1:], strict=True) for b in pair]
-        views.append(plc.copying.slice(target.to_table(frame), cuts))
-    ordered = [v for j in range(n) for v in (views[0][j], views[1][j])]
-    table = plc.concatenate.concatenate(ordered)
-    sizes = pieces[0][1] + pieces[1][1]
-    return target.cut_frame(target.from_table(table, meta), np.concatenate([[0], np.cumsum(sizes)]))
+    frames, segments, bounds = received
+    kept, split.FEW_SEGMENTS = split.FEW_SEGMENTS, few
+    try:
+        return splitter(n, meta).outputs(frames, segments, bounds, range(n))
+    finally:
+        split.FEW_SEGMENTS = kept
 
 
 _WORKER: list = []
@@ -246,7 +233,8 @@ def main() -> None:
             steps["concat_frames of the N inputs (the stage's join)"] = (
                 lambda parts=parts, meta=frame.iloc[:0]: target.concat_frames(parts, meta)
             )
-            pieces = halves_by_output(joined, n, target)
+            meta = frame.iloc[:0]
+            received = received_halves(joined, n, meta)
             steps["hash alone (partitioning_index)"] = lambda joined=joined, n=n: (
                 partitioning_index(joined[["key"]], n)
             )
@@ -254,13 +242,15 @@ def main() -> None:
                 group_order_int64(partitioning_index(joined[["key"]], n), lengths, n)
             )
             steps["split as the stage does (join, hash, group order, take)"] = (
-                lambda parts=parts, n=n: split_like_stage(parts, n, frame.iloc[:0], target)
+                lambda parts=parts, n=n, meta=meta: splitter(n, meta).split(
+                    list(range(len(parts))), parts
+                )
             )
-            steps["assembly of 2 pieces: join, take, cut (the stage's)"] = (
-                lambda pieces=pieces, n=n: assemble_by_take(pieces, n, frame.iloc[:0], target)
+            steps["outputs of 2 pieces: join, gather, cut (many segments)"] = (
+                lambda n=n, meta=meta, received=received: outputs_by(0, n, meta, received)
             )
-            steps["assembly of 2 pieces: one concatenate of slices, cut"] = (
-                lambda pieces=pieces, n=n: assemble_by_slices(pieces, n, frame.iloc[:0], target)
+            steps["outputs of 2 pieces: one concatenate of slices, cut (few segments)"] = (
+                lambda n=n, meta=meta, received=received: outputs_by(10**9, n, meta, received)
             )
             steps["group-by sum of each of the N partitions"] = lambda parts=parts: [
                 p.groupby("key").sum() for p in parts
