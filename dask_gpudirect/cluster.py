@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from distributed import Client, Scheduler, Worker, WorkerPlugin
@@ -28,6 +29,22 @@ NO_GPU = (
     + WITHOUT_GPU
 )
 
+#: How UCXX makes progress in the processes this package starts (workers, and the
+#: ``dask-gpudirect`` command's own): in a thread of its own, which sleeps on UCX's events and
+#: completes requests through Python futures. distributed-ucxx's default, ``blocking``, keeps a
+#: process's event loop spinning on UCX's event descriptor: a whole core per process even when
+#: idle, and the GIL taken from the process's other threads (a worker's tasks, a client's
+#: planning). Not in the user's own process: there the futures fail where two event loops use
+#: UCXX at once (a second synchronous ``Client``), see docs/troubleshooting.md.
+UCX_PROGRESS_ENV = {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
+
+
+def ucx_progress_env() -> dict[str, str]:
+    """:data:`UCX_PROGRESS_ENV` for a process to start, unless this process's environment, which
+    that process inherits, already picks a progress mode (the user's choice wins)."""
+    return {} if "UCXPY_PROGRESS_MODE" in os.environ else dict(UCX_PROGRESS_ENV)
+
+
 try:
     import dask_cuda
 except ImportError:  # the CPU install: dg.LocalCUDACluster needs the cuda13 extra
@@ -40,7 +57,8 @@ if dask_cuda is not None:
         """``dask_cuda.LocalCUDACluster`` that keeps the user's ``plugins``.
 
         dask-cuda's class replaces each worker's plugins with its own (CPU affinity, RMM, cuDF
-        spilling), silently dropping ``plugins=``; this one gives every worker both.
+        spilling), silently dropping ``plugins=``; this one gives every worker both. Its workers
+        make UCXX progress in a thread (:data:`UCX_PROGRESS_ENV`).
         """
 
         def __init__(self, *args: Any, plugins: set[WorkerPlugin] | None = None, **kwargs: Any):
@@ -52,9 +70,9 @@ if dask_cuda is not None:
         def new_worker_spec(self) -> dict:
             spec = super().new_worker_spec()
             for worker in spec.values():
-                worker["options"]["plugins"] = (
-                    set(worker["options"]["plugins"]) | self._user_plugins
-                )
+                options = worker["options"]
+                options["plugins"] = set(options["plugins"]) | self._user_plugins
+                options["env"] = {**ucx_progress_env(), **options.get("env", {})}
             return spec
 
 

@@ -43,6 +43,7 @@ def start_cluster(
     from distributed import Client, LocalCluster
 
     import dask_gpudirect as dg
+    from dask_gpudirect.cluster import ucx_progress_env
 
     cluster: SpecCluster
     if target == "device":
@@ -65,6 +66,7 @@ def start_cluster(
             protocol=protocol,
             processes=True,
             dashboard_address=None,
+            env=ucx_progress_env(),
         )
         client = Client(cluster)
         client.register_plugin(dg.GPUDirectPlugin())
@@ -94,6 +96,7 @@ def _shared_gpu_cluster(
     from distributed.worker_memory import parse_memory_limit
 
     import dask_gpudirect as dg
+    from dask_gpudirect.cluster import ucx_progress_env
 
     gpus = gpu_count()
     spec = {
@@ -107,7 +110,7 @@ def _shared_gpu_cluster(
                 "memory_limit": parse_memory_limit(
                     "auto", 1, total_cores=workers, logger=logging.getLogger(__name__)
                 ),
-                "env": {"CUDA_VISIBLE_DEVICES": str(i % gpus)},
+                "env": {**ucx_progress_env(), "CUDA_VISIBLE_DEVICES": str(i % gpus)},
                 # as dask-cuda starts its workers: a CUDA context before UCX starts, so that
                 # UCX sees GPU memory (without it device buffers cross by slow host staging)
                 "preload": ["dask_cuda.initialize"],

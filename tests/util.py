@@ -24,6 +24,7 @@ from distributed import LocalCluster, Nanny
 from pandas.testing import assert_frame_equal
 
 import dask_gpudirect as dg
+from dask_gpudirect import cluster as dg_cluster
 from dask_gpudirect import ledger
 from dask_gpudirect.placement import _shard_of
 from dask_gpudirect.shuffle.plugin import service as shuffle_service
@@ -121,9 +122,9 @@ def shards_of(collection) -> dict:
 #: UCX on this CPU-only machine, in every process of the tests: set in this one by
 #: :func:`ucx_environment`, inherited by the processes it starts.
 UCX_CPU_ENV = {"UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
-#: How UCXX makes progress in the processes the tests start (workers, schedulers, bench
-#: commands); see :func:`ucx_environment` for why, and why not in this process.
-UCX_PROGRESS_ENV = {"UCXPY_PROGRESS_MODE": "thread", "UCXPY_ENABLE_PYTHON_FUTURE": "1"}
+#: How UCXX makes progress in the processes the tests start (workers, schedulers), as in those
+#: the package starts; see :func:`ucx_environment` for why, and why not in this process.
+UCX_PROGRESS_ENV = dg_cluster.UCX_PROGRESS_ENV
 
 
 def ucx_environment() -> None:

@@ -1,4 +1,5 @@
+from ..cli import run
 from . import bench
 
 if __name__ == "__main__":
-    bench()
+    run(bench)

@@ -354,3 +354,15 @@ def finish(result: dict, target: str, print_result: Callable[[dict], None], outp
         if result.get("error"):
             why += f"; the run stopped: {result['error']}"
         raise SystemExit(f"{why}: see the table and the log")
+
+
+def ucx_environment() -> dict[str, str]:
+    """This process's UCX and UCXX settings (``UCX_*``, ``UCXPY_*``): which transports UCX
+    may use and how UCXX makes progress, for the record of a run over ucxx."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(("UCX_", "UCXPY_"))}
+
+
+def ucx_record(client: Client) -> dict[str, dict[str, str]]:
+    """:func:`ucx_environment` of this process and of the first worker."""
+    first = min(client.scheduler_info(n_workers=-1)["workers"])
+    return {"ucx_env": ucx_environment(), "worker_ucx_env": client.run(ucx_environment)[first]}

@@ -45,6 +45,7 @@ from .common import (
     resolve_run,
     result_head,
     stage_phases,
+    ucx_record,
     wait_released,
 )
 from .datasets import dataset
@@ -283,6 +284,8 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
             "protocol": opts["protocol"],
             "rmm_pool_size": opts["rmm_pool_size"],
         }
+        if opts["protocol"] == "ucxx":
+            result["cluster"].update(ucx_record(client))
         for query, key in QUERIES.items():
             seen = result["fingerprints"].setdefault(query, {})
             for method in _methods(opts["methods"], query, RUN_ORDER):

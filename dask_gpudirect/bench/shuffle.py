@@ -35,7 +35,6 @@ objects) but makes it only after the cluster has started, as dask-cuda asks.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from functools import partial
@@ -57,6 +56,7 @@ from .common import (
     resolve_run,
     result_head,
     stage_phases,
+    ucx_record,
     wait_released,
 )
 from .shuffle_report import DEVICE_ONLY, METHODS, checks_of, markdown, print_result
@@ -118,10 +118,6 @@ def _clear_ledger(dask_worker: Worker) -> None:
     from ..plugin import current_plugin
 
     current_plugin(dask_worker).ledger.clear()
-
-
-def _ucx_environment() -> dict[str, str]:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("UCX_")}
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -311,7 +307,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
             "start_seconds": round(time.perf_counter() - t0, 2),
         }
         if opts["protocol"] == "ucxx":
-            result["cluster"]["worker_ucx_env"] = client.run(_ucx_environment)[addresses[0]]
+            result["cluster"].update(ucx_record(client))
         frame = _Frame(client, target, opts["gib"], opts["partitions"], workers)
         for method in methods:
             if deadline is not None and deadline - time.monotonic() < MIN_BUDGET_S:

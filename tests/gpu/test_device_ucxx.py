@@ -24,6 +24,17 @@ def test_scheduler_speaks_ucxx(cuda_ucxx):
     assert all(w.startswith("ucxx://") for w in cuda_ucxx.scheduler_info()["workers"])
 
 
+def _ucxx_progress_mode() -> str:
+    import ucxx
+
+    return ucxx.core._get_ctx().progress_mode
+
+
+def test_workers_make_ucxx_progress_in_a_thread(cuda_ucxx):
+    """dg.LocalCUDACluster's workers: no event loop spinning on UCX's event descriptor."""
+    assert set(cuda_ucxx.run(_ucxx_progress_mode).values()) == {"thread"}
+
+
 def test_plugin_kept_with_dask_cuda_plugins(cuda_ucxx):
     h.check_cluster(cuda_ucxx, threads=h.PLUGIN_THREADS)
     assert set(cuda_ucxx.run(h.kvikio_threads).values()) == {h.PLUGIN_THREADS}
