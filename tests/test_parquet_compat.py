@@ -36,6 +36,31 @@ def test_columns_matched_by_name_in_any_order(tcp, tmp_path):
     pd.testing.assert_frame_equal(ids.reset_index(drop=True), frame(0, 100)[["x", "id"]])
 
 
+def test_files_laid_out_differently_are_never_decoded_in_one_call(tmp_path):
+    """The device target decodes a partition's files in one libcudf call per run of alike
+    shards; libcudf refuses files whose columns come in another order or are required where
+    the others' are optional ("All sources must have the same schema"), so those start a new
+    run. The planning here is the workers' own (footers only), on this CPU."""
+    from dask_gpudirect.formats import parquet
+
+    table = pa.Table.from_pandas(frame(0), preserve_index=False)
+    required = pa.schema([f.with_nullable(False) for f in table.schema])
+    files = [
+        write(tmp_path / "a.parquet", frame(0)),
+        write(tmp_path / "b.parquet", frame(50)),  # as a: one run with it
+        write(tmp_path / "c.parquet", frame(100)[["s", "x", "id"]]),
+        write(tmp_path / "d.parquet", frame(150)[["s", "x", "id"]]),
+        write(tmp_path / "e.parquet", frame(200)),
+    ]
+    shards = parquet.plan(files, None, None, 2**30, "device").shards
+    runs = parquet.runs(shards, together=True)
+    assert [[os.path.basename(s.path) for s in run] for run in runs] == [
+        ["a.parquet", "b.parquet"],
+        ["c.parquet", "d.parquet"],
+        ["e.parquet"],
+    ]
+
+
 def test_a_folder_takes_its_parquet_files(tcp, tmp_path):
     """As Dask: files ending in .parquet, .parq or .pq; not README.txt, _SUCCESS, .crc files."""
     write(tmp_path / "part-0.parquet", frame(0))

@@ -56,6 +56,7 @@ class ParquetPart:
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()
     backend: str | None = None  # Dask's dtype_backend, for pandas partitions
     rows: int = 0  # in these row groups, as the footer says: what a read of them must give
+    layout: tuple = ()  # the file's columns as its footer lays them out (:func:`_layout`)
 
     @property
     def indexed(self) -> bool:
@@ -75,11 +76,14 @@ RUN_FILES = 256
 
 
 def alike(a: ParquetPart, b: ParquetPart) -> bool:
-    """Whether the rows of ``a`` and ``b``, decoded end to end, may be finished as one: the
-    same filters and hive values, and both with or both without a stored RangeIndex."""
+    """Whether ``a`` and ``b`` may be decoded end to end in one libcudf call and finished as
+    one: files laid out alike (libcudf refuses others: "All sources must have the same
+    schema"), the same filters and hive values, and both with or both without a stored
+    RangeIndex."""
     return (
         a.empty is None
         and b.empty is None
+        and a.layout == b.layout
         and a.filters == b.filters
         and a.partition == b.partition
         and (a.range_index is None) == (b.range_index is None)
@@ -439,6 +443,23 @@ def plan(
     )
 
 
+def _layout(file: pq.ParquetFile) -> tuple:
+    """Each leaf column of ``file`` in the footer's order: path, physical and logical type,
+    nesting levels. Files read as one schema by name may still differ here (columns in
+    another order)."""
+    schema = file.schema
+    return tuple(
+        (
+            c.path,
+            c.physical_type,
+            str(c.logical_type),
+            c.max_definition_level,
+            c.max_repetition_level,
+        )
+        for c in map(schema.column, range(len(schema)))
+    )
+
+
 def _partition_field(name: str, partitioning: hive.Partitioning) -> pa.Field:
     """A hive partition column as Dask gives it: dictionary-encoded (a category)."""
     values = pa.int32() if partitioning.integer[name] else pa.string()
@@ -497,6 +518,7 @@ def _file_shards(
     ruled out) one shard that reads the footer alone, to check the file, and gives no rows of
     ``out``."""
     blocksize, per_shard, target, ranged, store = args
+    part = dict(part, layout=_layout(footer.file))
     expression = dnf.to_expression(part["filters"])
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     store = remote.store_of(path, store)
