@@ -314,4 +314,4 @@ def write_nested_parquet(directory) -> list[str]:
 
 
 #: The client's phases of a shuffle, in order, as the benchmarks report them ("client: plan", ...).
-CLIENT_PHASES = ("plan", "start", "stages", "publish", "end")
+CLIENT_PHASES = ("plan", "start", "stages", "publish")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -135,8 +136,10 @@ class _Frame:
 
     def make(self) -> dict:
         """Build, persist and measure the frame; returns its description."""
-        import dask.dataframe as dd
-        from distributed import futures_of, wait
+        from dask.dataframe.dask_expr._collection import new_collection
+        from distributed import wait
+
+        from ..shuffle.api import Computed
 
         client = self.client
         if self.target == "device":
@@ -146,6 +149,7 @@ class _Frame:
         client.wait_for_workers(self.workers)
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         base, extra = divmod(self.rows, self.partitions)
+        name = f"bench-frame-{uuid.uuid4().hex}"
         futures = [
             client.submit(
                 _partition,
@@ -155,27 +159,37 @@ class _Frame:
                 workers=[workers[i % len(workers)]],
                 allow_other_workers=False,
                 pure=False,
+                key=(name, i),
             )
             for i in range(self.partitions)
         ]
         meta = client.submit(_meta, self.target, pure=False).result()
-        df = dd.from_delayed(futures, meta=meta, divisions=None, verify_meta=False).persist()
-        wait(df)
-        # the persisted partitions stay where they were made; the makers' keys can go
-        del futures
-        parts = futures_of(df)
-        failed = [f for f in parts if f.status != "finished"]
+        wait(futures)
+        failed = [f for f in futures if f.status != "finished"]
         if failed:
             raise RuntimeError(f"{len(failed)} input partition(s) failed: {failed[0].exception()}")
-        self.df = df
-        self.nbytes = sum(client.nbytes([f.key for f in parts], summary=False).values())
-        rows, self.z_sum = _counts(client, df)
+        # the partitions themselves, where they were made: a collection of tasks that alias
+        # them (dd.from_delayed) lets the scheduler run some of those, and so move partitions,
+        # on the other worker (seen: 8 and 24 of 32)
+        keys = [f.key for f in futures]
+        self.df = new_collection(
+            Computed(
+                layer=dict(zip(keys, futures, strict=True)),
+                _meta=meta,
+                divisions=(None,) * (self.partitions + 1),
+                keys=keys,
+                name_prefix=name,
+                _determ_token=name,
+            )
+        )
+        self.nbytes = sum(client.nbytes(keys, summary=False).values())
+        rows, self.z_sum = _counts(client, self.df)
         if rows != self.rows:
             raise RuntimeError(f"the frame has {rows} rows, {self.rows} were made")
-        self.held = len(parts)
+        self.held = len(futures)
         wait_released(client, self.held)
         placed: dict[str, int] = {}
-        for holders in client.who_has(parts).values():
+        for holders in client.who_has(futures).values():
             for worker in holders:
                 placed[worker] = placed.get(worker, 0) + 1
         return {

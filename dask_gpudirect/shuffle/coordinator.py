@@ -19,11 +19,10 @@ import dataclasses
 import logging
 import uuid
 from collections import defaultdict
-from typing import Any
 
 from dask.typing import Key
 from dask.utils import format_bytes
-from distributed import Client, Future, Worker
+from distributed import Client, Future
 
 from ..cluster import ensure_plugins
 from ..connection import wait_a_while
@@ -42,8 +41,8 @@ WATCH_INTERVAL = 0.5
 #: Seconds the client gives aborted stages to stop before it cancels them and raises.
 ABORT_GRACE = 10
 
-#: The client's own phases of the last shuffle this process ran (plan, stages, publish, end),
-#: beside the stages' (``ShuffleService.last_phases``): where a benchmark's time went.
+#: The client's own phases of the last shuffle this process ran (plan, start, stages, publish;
+#: end where it failed), beside the stages' (``ShuffleService.last_phases``): where the time went.
 last_phases: dict[str, float] = {}
 
 
@@ -57,11 +56,6 @@ class _Inputs:
 
 def _stage(exchange: Exchange, inputs: _Inputs) -> int:
     return service().stage(exchange, inputs.by_index)
-
-
-def _limits(dask_worker: Worker, target: TargetName) -> dict[str, Any]:
-    worker = service(dask_worker)
-    return {"room": worker.limits(target), "chunk": worker.batches(target)["chunk"]}
 
 
 def _end(client: Client, plan: Exchange, abort: str | None = None) -> None:
@@ -113,11 +107,13 @@ def _exchange(
     try:
         with clock("stages"):
             _watch(client, plan, stages, shown)
-        with clock("publish"):
+        with clock("publish"):  # kept, the outputs end the shuffle on the scheduler
             return _publish_outputs(client, plan)
-    finally:  # forgotten by the scheduler (a no-op where an abort did it)
+    except BaseException:  # forgotten by the scheduler (a no-op where an abort did it)
         with clock("end"), contextlib.suppress(OSError):  # a lost scheduler must not hide
             _end(client, plan)  # the first error
+        raise
+    finally:
         last_phases.clear()
         last_phases.update(clock.seconds)
 
@@ -133,16 +129,17 @@ def _plan(
     """The shuffle's plan, checked against the workers' room; the inputs each worker holds (by
     input index) and their bytes."""
     npartitions = len(keys)
-    holders = client.who_has(inputs)
+    prepared = client.sync(
+        client.scheduler.gpudirect_shuffle_prepare, keys=[f.key for f in inputs], target=target
+    )
+    holders, nbytes, limits = prepared["who_has"], prepared["nbytes"], prepared["rooms"]
     on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
     for i, future in enumerate(inputs):
-        on_worker[sorted(holders[future.key])[0]][i] = future
+        on_worker[holders[future.key][0]][i] = future
     participants = tuple(sorted(on_worker))
     # Contiguous runs: the rows one worker sends another are then one slice of each input.
     owners = tuple(participants[j * len(participants) // npartitions] for j in range(npartitions))
-    nbytes = client.nbytes([f.key for f in inputs], summary=False)
     total = sum(nbytes.values())
-    limits = client.run(_limits, target=target, workers=list(participants))
     # Outputs built at once: about a chunk's bytes, so no worker holds more of them in hand.
     chunk = min(limit["chunk"] for limit in limits.values())
     group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))

@@ -10,8 +10,9 @@ cluster (``remove_worker``) it fails the shuffle at once: the survivors' runs en
 naming the lost worker, and the client's future of the lost worker's stage, which would
 otherwise wait in ``no-worker`` for a worker that never comes back, gets that error too. The
 client also asks it to abort a shuffle (messages on the scheduler's streams, which never wait
-on a worker that stopped answering), and to publish a finished shuffle's outputs: it gathers
-from every participant what it kept and registers them, in one round trip of the client's.
+on a worker that stopped answering), to gather what a shuffle is planned by (where the inputs
+are, the holders' room), and to publish a finished shuffle's outputs: it gathers from every
+participant what it kept and registers them. Each is one round trip of the client's.
 """
 
 from __future__ import annotations
@@ -94,6 +95,28 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers["gpudirect_shuffle_end"] = self.shuffle_ended
         scheduler.handlers["gpudirect_shuffle_op_id"] = self.reserve_op_id
         scheduler.handlers["gpudirect_shuffle_publish"] = self.publish
+        scheduler.handlers["gpudirect_shuffle_prepare"] = self.prepare
+
+    async def prepare(self, keys: list, target: str) -> dict[str, Any]:
+        """What the client plans a shuffle of the inputs ``keys`` by, in one round trip of
+        its own: where each input is and its bytes (the scheduler's) and the room of each
+        worker that holds one (the workers', asked at once)."""
+        who_has, nbytes = {}, {}
+        for key in keys:
+            ts = self.scheduler.tasks.get(key)
+            if ts is None or not ts.who_has:
+                raise ShuffleError(f"shuffle input {key!r} is no longer in memory: run it again")
+            who_has[key] = sorted(ws.address for ws in ts.who_has)
+            nbytes[key] = ts.nbytes
+        holders = sorted({workers[0] for workers in who_has.values()})
+        rooms = await asyncio.gather(
+            *(self.scheduler.rpc(w).gpudirect_shuffle_room(target=target) for w in holders)
+        )
+        return {
+            "who_has": who_has,
+            "nbytes": nbytes,
+            "rooms": dict(zip(holders, rooms, strict=True)),
+        }
 
     def shuffle_started(
         self, shuffle_id: str, client: str, participants: list[str], stages: dict[str, str]
@@ -156,6 +179,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         # ... and a span, as update_graph gives: a worker that runs a task of no span sends
         # metrics the scheduler rejects in the worker's heartbeat, and the worker then closes.
         scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
+        self.shuffle_ended(shuffle_id)  # its outputs are kept: the client need not end it
         return {"lost": [], "error": None, "outputs": count}
 
     def _free(self, built: dict[str, dict], shuffle_id: str) -> None:

@@ -327,6 +327,7 @@ class ShuffleService:
             "gpudirect_shuffle_receive": self.receive,
             "gpudirect_shuffle_finished": self.peer_finished,
             "gpudirect_shuffle_publish": self.publish,
+            "gpudirect_shuffle_room": self.room,
         }
 
     # --- handlers (event loop) ---------------------------------------------------------------
@@ -437,6 +438,11 @@ class ShuffleService:
             "chunk": _capped("chunk-size", memory // CHUNK_SHARE),
             "in-flight": _capped("max-in-flight", memory // IN_FLIGHT_SHARE),
         }
+
+    def room(self, target: TargetName) -> dict[str, Any]:
+        """What the client plans a shuffle by (asked through the scheduler): this worker's
+        :meth:`limits` and the bytes it builds at once."""
+        return {"room": self.limits(target), "chunk": self.batches(target)["chunk"]}
 
     def limits(self, target: TargetName) -> dict[str, int]:
         """Bytes of received pieces this worker keeps on the GPU, in host memory and on disk."""
