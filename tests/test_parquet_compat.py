@@ -38,13 +38,11 @@ def test_columns_matched_by_name_in_any_order(tcp, tmp_path):
 
 def test_files_laid_out_differently_are_never_decoded_in_one_call(tmp_path):
     """The device target decodes a partition's files in one libcudf call per run of alike
-    shards; libcudf refuses files whose columns come in another order or are required where
-    the others' are optional ("All sources must have the same schema"), so those start a new
-    run. The planning here is the workers' own (footers only), on this CPU."""
+    shards; libcudf refuses files whose columns come in another order ("All sources must have
+    the same schema"), so those start a new run. The planning here is the workers' own
+    (footers only), on this CPU."""
     from dask_gpudirect.formats import parquet
 
-    table = pa.Table.from_pandas(frame(0), preserve_index=False)
-    required = pa.schema([f.with_nullable(False) for f in table.schema])
     files = [
         write(tmp_path / "a.parquet", frame(0)),
         write(tmp_path / "b.parquet", frame(50)),  # as a: one run with it
