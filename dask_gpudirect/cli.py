@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 
 from .bench import bench
-from .cluster import ucx_progress_env
+from .cluster import progress_ucx_in_a_thread
 from .demo import demo
 from .errors import GPUDirectError
 from .probe import probe
@@ -36,12 +35,10 @@ main.add_command(bench)
 main.add_command(probe)
 
 
-def run(command: click.Group = main) -> None:
-    """The ``dask-gpudirect`` command (or ``command``) in this process, its UCXX progressed in a
-    thread (:data:`.cluster.UCX_PROGRESS_ENV`): a command runs one cluster at a time, from one
-    event loop, so the futures that mode completes requests by are safe here."""
-    os.environ.update(ucx_progress_env())
-    command()
+def run() -> None:
+    """The ``dask-gpudirect`` command, its UCXX progressed in a thread."""
+    progress_ucx_in_a_thread()
+    main()
 
 
 if __name__ == "__main__":

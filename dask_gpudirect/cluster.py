@@ -45,6 +45,13 @@ def ucx_progress_env() -> dict[str, str]:
     return {} if "UCXPY_PROGRESS_MODE" in os.environ else dict(UCX_PROGRESS_ENV)
 
 
+def progress_ucx_in_a_thread() -> None:
+    """:func:`ucx_progress_env` for this process and those it starts: for a process that runs
+    one cluster at a time, from one event loop, as the ``dask-gpudirect`` command does (the
+    futures that mode completes requests by belong to one loop)."""
+    os.environ.update(ucx_progress_env())
+
+
 try:
     import dask_cuda
 except ImportError:  # the CPU install: dg.LocalCUDACluster needs the cuda13 extra
@@ -107,7 +114,13 @@ def ensure_plugins(client: Client, need_readers: list[str] | None = None) -> Non
     the reader plugin came with them (``plugins=``) rather than through the scheduler, unless
     the caller says which workers lack it and need it (``need_readers``: the survey learns
     which lack it; a shuffle, which reads nothing, needs it on none)."""
-    held = client.run_on_scheduler(_registered)
+    _register_missing(client, client.run_on_scheduler(_registered), need_readers)
+
+
+def _register_missing(
+    client: Client, held: dict[str, list[str]], need_readers: list[str] | None
+) -> None:
+    """:func:`ensure_plugins`, the scheduler's plugins (``held``) known."""
     missing = need_readers
     if missing is None:
         missing = []
@@ -139,11 +152,19 @@ def survey(
     client: Client, entries: list[str], listing: discovery.Listing = discovery.FLAT
 ) -> dict[str, dict]:
     """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``
-    (directories listed as ``listing`` says). The plugins are checked by the same round trip
-    to the workers, and the workers asked again only where one lacked the reader plugin."""
-    workers = client.run(_describe, entries=entries, listing=listing)
+    (directories listed as ``listing`` says). The workers' plugins are checked by the same
+    round trip to the workers, the scheduler's asked at the same time, and the workers asked
+    again only where one lacked the reader plugin."""
+
+    async def ask() -> tuple[Any, Any]:
+        return await asyncio.gather(
+            client.run(_describe, entries=entries, listing=listing, asynchronous=True),
+            client.run_on_scheduler(_registered, asynchronous=True),
+        )
+
+    workers, held = client.sync(ask)
     missing = [w for w, info in workers.items() if info is None]
-    ensure_plugins(client, missing)
+    _register_missing(client, held, missing)
     if missing:
         workers = client.run(_describe, entries=entries, listing=listing)
     if not workers:

@@ -1,5 +1,6 @@
-from ..cli import run
+from ..cluster import progress_ucx_in_a_thread
 from . import bench
 
 if __name__ == "__main__":
-    run(bench)
+    progress_ucx_in_a_thread()  # as the dask-gpudirect command does
+    bench()
