@@ -56,10 +56,13 @@ def test_bench_etl_host(tmp_path):
     for query in QUERIES:  # where dg's time went: each phase waited for, inside the total
         rec = by[query, "gpudirect"]
         for seconds, phases in zip(rec["runs"], rec["phases"], strict=True):
-            inside = ("shuffle: ", "client: ", "plan: ")
+            inside = ("shuffle: ", "client: ", "plan: ", "read: ", "group-by: ")
             pipeline = {k: s for k, s in phases.items() if not k.startswith(inside)}
             assert list(pipeline) == ["plan", "read", "shuffle", "group-by"], rec
             assert 0 < sum(pipeline.values()) <= seconds, rec
+            # the longest task of the read and of the group-by, inside its phase
+            for phase in ("read", "group-by"):
+                assert 0 < phases[f"{phase}: longest task"] <= pipeline[phase], rec
             # the read's planning, phase by phase, inside its time
             planning = {k: s for k, s in phases.items() if k.startswith("plan: ")}
             assert list(planning) == [f"plan: {p}" for p in READ_PHASES], rec
@@ -74,7 +77,12 @@ def test_bench_etl_host(tmp_path):
             assert sum(client.values()) <= pipeline["shuffle"], rec
         assert by[query, "tasks"]["phases"] == [{}, {}]  # Dask's pipeline is one graph
     for phases in by["scan", "gpudirect"]["phases"]:  # the read alone, no shuffle
-        assert [k for k in phases if not k.startswith("plan: ")] == ["plan", "read"], phases
+        assert [k for k in phases if not k.startswith("plan: ")] == [
+            "plan",
+            "read",
+            "read: longest task",
+        ], phases
+        assert 0 < phases["read: longest task"] <= phases["read"], phases
     for query, groups in [("many-keys", 256), ("unique-key", data["rows"]), ("scan", data["rows"])]:
         fingerprints = result["fingerprints"][query]
         assert sorted(fingerprints) == sorted(SCAN_METHODS if query == "scan" else METHODS)

@@ -64,7 +64,7 @@ from .timing import _Interrupted, _measure, _record
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
-    from distributed import Client
+    from distributed import Client, Future, Worker
 
     from ..targets import Frame
 
@@ -104,11 +104,12 @@ def _fingerprint(part: Frame, key: str) -> dict:
 
 def _pipeline(
     client: Client, method: str, paths: list[str], key: str, query: str
-) -> tuple[int, dd.DataFrame, dict]:
+) -> tuple[int, dd.DataFrame, dict, dict]:
     """The read's partition count, the query's collection, persisted, and for dg the seconds
     of each phase (planning, reading, shuffling, grouping: each waited for, so that a missed
-    target says where the time went). Each library cuts the files into partitions its own way."""
-    from distributed import wait
+    target says where the time went) and the read's and the group-by's partitions (futures).
+    Each library cuts the files into partitions its own way."""
+    from distributed import futures_of, wait
 
     import dask_gpudirect as dg
     from dask_gpudirect.collections import last_phases as read_phases
@@ -123,22 +124,48 @@ def _pipeline(
         df = df.persist()
         wait(df)
         clock("read")
+        tasks = {"read": futures_of(df)}  # held until asked how long each took
         if query == SCAN:
-            return df.npartitions, df, clock.seconds
+            return df.npartitions, df, clock.seconds, tasks
         shuffled = dg.shuffle(df, key, client=client, engine=engine)
         clock("shuffle")
         meta = _sum_by(shuffled._meta, key)
         out = shuffled.map_partitions(_sum_by, key, meta=meta).persist()
         wait(out)
         clock("group-by")
-        return df.npartitions, out, clock.seconds
+        tasks["group-by"] = futures_of(out)
+        return df.npartitions, out, clock.seconds, tasks
     import dask.dataframe as dd
 
     df = dd.read_parquet(paths, columns=columns)
     if query == SCAN:
-        return df.npartitions, df.persist(), {}
+        return df.npartitions, df.persist(), {}, {}
     out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=method)
-    return df.npartitions, out.persist(), {}
+    return df.npartitions, out.persist(), {}, {}
+
+
+def _longest_task(dask_worker: Worker, keys: list) -> float:
+    """The longest this worker took to compute one of ``keys`` (its task's own time, without
+    the scheduling around it), 0 where it ran none."""
+    spans = [
+        span["stop"] - span["start"]
+        for key in keys
+        if (ts := dask_worker.state.tasks.get(key)) is not None
+        for span in ts.startstops
+        if span["action"] == "compute"
+    ]
+    return max(spans, default=0.0)
+
+
+def _task_phases(client: Client, tasks: dict[str, list[Future]]) -> dict[str, float]:
+    """Per phase of ``tasks``, its longest task on any worker, as ``"<phase>: longest task"``:
+    what of the phase was the work itself. Asked after the clock stopped."""
+    return {
+        f"{phase}: longest task": max(
+            client.run(_longest_task, keys=[f.key for f in futures]).values(), default=0.0
+        )
+        for phase, futures in tasks.items()
+    }
 
 
 class _Clock:
@@ -174,10 +201,13 @@ def _etl_run(
 
     def run() -> dict:
         start = time.perf_counter()
-        inputs, out, phases = _pipeline(client, method, paths, key, query)
+        inputs, out, phases, tasks = _pipeline(client, method, paths, key, query)
         wait(out)
         seconds = time.perf_counter() - start
-        if phases and query != SCAN:  # dg's: where its shuffle stage spent the time
+        if phases:  # dg's: the work itself in the read and the group-by, ...
+            phases = {**phases, **_task_phases(client, tasks)}
+        del tasks
+        if phases and query != SCAN:  # ... and where its shuffle stage spent the time
             phases = {**phases, **stage_phases(client)}
         failed = [f for f in futures_of(out) if f.status != "finished"]
         if failed:

@@ -146,8 +146,13 @@ CHECK_HEADER = ("check", "ratio", "target", "result")
 
 #: dg's pipeline phase -> the prefixes of its own phases, shown in brackets after it: the
 #: read's planning (survey, footers, meta, partitions), the shuffle's stage (the slowest
-#: worker's) and client side.
-INSIDE = {"plan": ("plan: ",), "shuffle": ("shuffle: ", "client: ")}
+#: worker's) and client side, and the longest task of the read and of the group-by.
+INSIDE = {
+    "plan": ("plan: ",),
+    "read": ("read: ",),
+    "shuffle": ("shuffle: ", "client: "),
+    "group-by": ("group-by: ",),
+}
 
 
 def _phases(rec: dict) -> str:
@@ -162,7 +167,7 @@ def _phases(rec: dict) -> str:
         if name.startswith(prefixes):
             continue
         inside = ", ".join(
-            f"{k.removeprefix('shuffle: ').removeprefix('plan: ')} {s:.2f}"
+            f"{k.removeprefix(f'{name}: ')} {s:.2f}"
             for k, s in last.items()
             if k.startswith(INSIDE.get(name, ()))
         )
