@@ -61,6 +61,7 @@ GDS = {
 COMMS = {
     "protocol": str,
     "ucxx": (str, NONE),
+    "ucx_progress": (str, NONE),
     "ucx_tls": (str, NONE),
     "ucx_available": (list, NONE),
 }
@@ -223,6 +224,7 @@ def assert_negotiated(doc: dict, protocol: str) -> None:
             assert w["comms"] == {
                 "protocol": "tcp",
                 "ucxx": None,
+                "ucx_progress": None,
                 "ucx_tls": None,
                 "ucx_available": None,
             }
@@ -233,6 +235,7 @@ def assert_negotiated(doc: dict, protocol: str) -> None:
     assert pair["reason"].endswith("UCX negotiated tcp")
     for w in doc["workers"]:
         assert w["comms"]["ucx_tls"] == "tcp" and w["comms"]["ucx_available"] == ["tcp"]
+        assert w["comms"]["ucx_progress"] == "thread"  # the workers the tests start
 
 
 def test_probe_quick(client):

@@ -83,7 +83,8 @@ def _comms_cell(w: dict) -> str:
     if comms["protocol"] != "ucxx":
         return comms["protocol"]
     return (
-        f"ucxx {comms['ucxx']}; configured UCX_TLS={comms['ucx_tls']}; "
+        f"ucxx {comms['ucxx']}; progress {comms['ucx_progress']}; "
+        f"configured UCX_TLS={comms['ucx_tls']}; "
         f"available: {', '.join(comms['ucx_available'])}"
     )
 

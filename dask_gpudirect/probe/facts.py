@@ -187,6 +187,7 @@ def _comms(address: str) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "protocol": protocol,
         "ucxx": None,
+        "ucx_progress": None,
         "ucx_tls": None,
         "ucx_available": None,
     }
@@ -194,6 +195,8 @@ def _comms(address: str) -> dict[str, Any]:
         import ucxx
 
         facts["ucxx"] = ucxx.__version__
+        # as distributed-ucxx picks it: "blocking" spins the event loop (docs/troubleshooting.md)
+        facts["ucx_progress"] = os.environ.get("UCXPY_PROGRESS_MODE", "blocking")
         facts["ucx_tls"] = ucxx.get_config().get("TLS")
         facts["ucx_available"] = sorted(ucxx.get_active_transports())
     return facts

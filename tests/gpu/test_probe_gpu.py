@@ -78,6 +78,7 @@ def test_probe_ucxx_matches_the_machine():
     assert "cuda_ipc" in transports["transports"] + transports["device_transports"], transports
     assert in_node["gbps"] > 1, in_node
     assert all("cuda_ipc" in w["comms"]["ucx_available"] for w in workers)
+    assert all(w["comms"]["ucx_progress"] == "thread" for w in workers)  # the probe's cluster
     peers = doc["peer_access"]
     assert len(peers) == gpus * (gpus - 1) and all(p["access"] for p in peers), peers
 
