@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import multiprocessing as mp
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -69,8 +69,7 @@ def _variants(paths: list[str], calls: list[int]) -> dict:
     pool = ThreadPoolExecutor(max(calls))
 
     def k_calls(k: int, given: bool) -> None:
-        runs = [list(range(len(paths)))[i::k] for i in range(k)]
-        runs = [sorted(r) for r in runs]
+        runs = [list(range(i, len(paths), k)) for i in range(k)]  # file i to call i % k
 
         def one(run: list[int]):
             stream = Stream()
