@@ -32,7 +32,7 @@ from .formats import binary, hive, parquet
 from .loading import load, load_partition
 from .phases import Phases
 from .placement import assign, join_small, planners
-from .shards import P, combine
+from .shards import P, combine, shared
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -173,7 +173,7 @@ def _plan_on_workers(
         else dataclasses.replace(s, stamp=s.stamp.seen_as(found.mtimes[s.path]))
         for s in plan.shards
     ]
-    return dataclasses.replace(plan, shards=shards)
+    return dataclasses.replace(plan, shards=shared(shards))
 
 
 def read_parquet(

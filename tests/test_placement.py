@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -185,3 +186,21 @@ def test_a_partition_joins_only_files_one_worker_can_read():
     chain = [shard("/x", 1), shard("/y", 1), shard("/z", 1)]
     overlap = {"w1": {"/x", "/y"}, "w2": {"/x", "/z"}}
     assert [len(p) for p in assign(join_small(chain, 100, overlap), overlap)] == [2, 1]
+
+
+def test_a_partition_of_small_files_carries_their_common_parts_once(tcp, tmp_path):
+    """Each worker plans its files apart, so their columns and layout arrive as copies: the
+    read's graph, which the client pickles for the scheduler and the scheduler for each worker,
+    carries them once a partition, not once a file."""
+    for k in range(64):
+        table = pa.table({"id": np.arange(10) + 10 * k, "v": np.ones(10)})
+        pq.write_table(table, tmp_path / f"f{k:02}.parquet")
+    df = dg.read_parquet(tmp_path, client=tcp)
+    graph = dict(df.__dask_graph__())
+    partitions = [task.args[0] for task in graph.values()]
+    shards = [shard for partition in partitions for shard in partition]
+    assert len(shards) == 64 and 1 < len(partitions) < 64  # small files joined
+    assert len({id(shard.part.layout) for shard in shards}) == 1
+    assert len(pickle.dumps(graph)) < 0.7 * sum(len(pickle.dumps(s)) for s in shards)
+    files = sorted(tmp_path.iterdir())
+    assert_same_frame(compute(tcp, df), expected_parquet(files))
