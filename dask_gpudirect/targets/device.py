@@ -8,6 +8,7 @@ pinned bounce buffers, then host-to-device: two copies) elsewhere; the ledger re
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -312,7 +313,14 @@ def _segment_of(rows: cupy.ndarray, lengths: np.ndarray) -> cupy.ndarray:
 
 def memory_bytes(worker: Worker) -> int:
     """The memory that received shuffle pieces may use a fraction of: this GPU's."""
-    return cupy.cuda.Device().mem_info[1]
+    return _total_memory(cupy.cuda.runtime.getDevice())
+
+
+@functools.cache
+def _total_memory(device: int) -> int:
+    """A GPU's memory, asked of the driver once: it never changes, and every read's survey and
+    every shuffle's plan ask for it (``cudaMemGetInfo``, a driver call, each time before)."""
+    return cupy.cuda.Device(device).mem_info[1]
 
 
 def _native(data: cupy.ndarray, dtype: np.dtype) -> cupy.ndarray:
