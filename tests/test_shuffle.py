@@ -8,6 +8,8 @@ the memory pre-check, bad options) are in test_shuffle_faults.py.
 
 from __future__ import annotations
 
+import time
+
 import dask
 import dask.array as da
 import dask.dataframe as dd
@@ -15,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask.sizeof import sizeof
-from distributed import futures_of
+from distributed import futures_of, wait
 from pandas.testing import assert_frame_equal, assert_series_equal
 from util import (
     assert_hash_partitions,
@@ -374,6 +376,30 @@ def test_persisting_the_result_runs_no_task(tcp):
     assert outputs <= set(graph)  # the outputs are inputs of the new tasks, not renamed
     assert len(graph) == 2 * len(outputs)
     assert compute(client, out.map_partitions(len)).sum() == len(pdf)
+
+
+def test_the_stages_leave_the_client_in_one_message(tcp, tmp_path):
+    """Every worker's stage task goes to the scheduler in one message of the client's batched
+    stream: sent apart, each would wait until 10 ms after the one before it, and the exchange
+    waits for the last stage. (The stream's own log of what it sent says which went together.)"""
+    for k in range(4):  # read back as partitions on both workers
+        frame = pd.DataFrame({"k": np.arange(100) % 7 + k, "v": np.ones(100)})
+        frame.to_parquet(tmp_path / f"{k}.parquet")
+    df = dg.read_parquet(tmp_path, blocksize=1, client=tcp).persist()
+    wait(df)
+    # the stream idle, as after a read: stages sent one by one from this thread then leave
+    # apart (the first at once, the next 10 ms later), so this fails where they are
+    time.sleep(0.05)
+    out = dg.shuffle(df, "k", client=tcp)
+    sent = list(tcp.scheduler_comm.recent_message_log)
+    batches = [
+        {key for m in batch if m.get("op") == "update-graph" for key in m["keys"]}
+        for batch in sent
+        if isinstance(batch, list)
+    ]
+    stages = [b for b in batches if any(str(key).startswith("gpudirect-shuffle-") for key in b)]
+    assert len(stages[-1]) == 2  # the last shuffle's two stages, in one batch
+    assert compute(tcp, out.map_partitions(len)).sum() == 400
 
 
 def test_publishing_names_a_worker_that_is_gone(tcp):
