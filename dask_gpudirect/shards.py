@@ -110,11 +110,12 @@ def combine(plans: Sequence[P | InputError]) -> P:
 
 
 def shared(shards: list[Shard]) -> list[Shard]:
-    """``shards`` with their equal parts made one object: the columns, the file layout, the
-    target of every ``ParquetPart`` planned apart by the workers arrive as copies. Pickle
-    writes an object once however often it appears, so the shards of a partition of 128 small
-    files pickle to about half the bytes and load three times as fast: on the client that sends
-    the graph, the scheduler that takes it in, and the worker that runs the read."""
+    """``shards`` with their equal parts made one object: the columns and file layout of
+    every ``ParquetPart``, the target of every shard, planned apart by the workers, arrive as
+    copies. Pickle writes an object once however often it appears, so the shards of a
+    partition of 128 small files pickle to about half the bytes and load three times as fast:
+    on the client that sends the graph, the scheduler that takes it in, and the worker that
+    runs the read."""
     seen: dict[Any, Any] = {}
 
     def one(value: Any) -> Any:

@@ -26,6 +26,8 @@ import os
 import statistics
 import time
 
+from etl_arguments import add_cluster_and_data
+
 
 def _noop(**_: object) -> None:
     return None
@@ -80,12 +82,7 @@ def _timed_persist(client, make) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="thread")
-    parser.add_argument("--target", default="device")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--protocol", default="ucxx")
-    parser.add_argument("--dir", default="/var/tmp/dask-gpudirect-bench/etl")
-    parser.add_argument("--gib", type=float, default=2)
-    parser.add_argument("--files", type=int, default=256)
+    add_cluster_and_data(parser)
     parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--json")
     args = parser.parse_args()

@@ -20,6 +20,8 @@ import pstats
 import statistics
 import time
 
+from etl_arguments import add_cluster_and_data
+
 
 def _scheduler_story(dask_scheduler, keys: list, since: float) -> list:
     """The transitions of ``keys`` and of the shuffle's stage tasks (named by the shuffle)."""
@@ -75,12 +77,7 @@ def _pipeline(client, paths: list[str], columns: list[str], key: str, marks: lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="device")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--protocol", default="ucxx")
-    parser.add_argument("--dir", default="/var/tmp/dask-gpudirect-bench/etl")
-    parser.add_argument("--gib", type=float, default=2)
-    parser.add_argument("--files", type=int, default=256)
+    add_cluster_and_data(parser)
     parser.add_argument("--key", default="many")
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--profile", action="store_true", help="profile one more run's client")
