@@ -44,22 +44,13 @@ def _tiny(i: int, target: str):
     return pandas.DataFrame({"a": [i]})
 
 
-def _spans(dask_worker, keys: list) -> list[tuple[float, float]]:
-    return [
-        (span["start"], span["stop"])
-        for key in keys
-        if (ts := dask_worker.state.tasks.get(key)) is not None
-        for span in ts.startstops
-        if span["action"] == "compute"
-    ]
-
-
 def _timed_persist(client, make) -> dict[str, float]:
     """Seconds of one persist-and-wait, and how much of it came before the first task started,
     inside the tasks, and after the last one stopped."""
     from distributed import futures_of, wait
 
     from dask_gpudirect.bench.common import wait_released
+    from dask_gpudirect.bench.etl import compute_spans
 
     frame = make()
     start = time.time()
@@ -67,7 +58,7 @@ def _timed_persist(client, make) -> dict[str, float]:
     wait(frame)
     end = time.time()
     keys = [f.key for f in futures_of(frame)]
-    spans = [s for found in client.run(_spans, keys=keys).values() for s in found]
+    spans = [s for found in client.run(compute_spans, keys=keys).values() for s in found]
     first, last = min(s[0] for s in spans), max(s[1] for s in spans)
     del frame
     wait_released(client)  # the next persist of the same keys computes them again

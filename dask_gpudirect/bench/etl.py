@@ -144,17 +144,21 @@ def _pipeline(
     return df.npartitions, out.persist(), {}, {}
 
 
-def _longest_task(dask_worker: Worker, keys: list) -> float:
-    """The longest this worker took to compute one of ``keys`` (its task's own time, without
-    the scheduling around it), 0 where it ran none."""
-    spans = [
-        span["stop"] - span["start"]
+def compute_spans(dask_worker: Worker, keys: list) -> list[tuple[float, float]]:
+    """When this worker computed each of ``keys`` it holds, as ``(start, stop)`` on its clock:
+    the task's own time, without the scheduling around it."""
+    return [
+        (span["start"], span["stop"])
         for key in keys
         if (ts := dask_worker.state.tasks.get(key)) is not None
         for span in ts.startstops
         if span["action"] == "compute"
     ]
-    return max(spans, default=0.0)
+
+
+def _longest_task(dask_worker: Worker, keys: list) -> float:
+    """The longest this worker took to compute one of ``keys``, 0 where it ran none."""
+    return max((stop - start for start, stop in compute_spans(dask_worker, keys)), default=0.0)
 
 
 def _task_phases(client: Client, tasks: dict[str, list[Future]]) -> dict[str, float]:
