@@ -8,6 +8,7 @@ time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -18,12 +19,27 @@ from .cuda import gpu_count
 
 if TYPE_CHECKING:
     from distributed import Client, SpecCluster, Worker
+    from tornado.ioloop import IOLoop
 
 #: Seconds a tool's cluster gets to close before its processes are killed.
 CLOSE_TIMEOUT = 60
 
 
 # --- a local cluster ------------------------------------------------------------------------------
+
+
+@functools.cache
+def tool_loop() -> IOLoop:
+    """The one event loop every cluster a tool starts runs on (a synchronous cluster otherwise
+    starts a loop of its own). A tool makes UCXX progress in a thread, which completes requests
+    through futures of the loop its first comm ran on, until every UCXX comm of the process is
+    gone: a comm of the last cluster not yet collected when the next one starts on a new loop
+    failed that start ("got Future attached to a different loop", bench shuffle on an H200)."""
+    from distributed.utils import LoopRunner
+
+    runner = LoopRunner()
+    runner.start()
+    return runner.loop
 
 
 def start_cluster(
@@ -56,6 +72,7 @@ def start_cluster(
             rmm_pool_size=rmm_pool_size,
             dashboard_address=None,
             plugins={dg.GPUDirectPlugin()},
+            loop=tool_loop(),
             **cuda_options,
         )
         client = Client(cluster)
@@ -67,6 +84,7 @@ def start_cluster(
             processes=True,
             dashboard_address=None,
             env=ucx_progress_env(),
+            loop=tool_loop(),
         )
         client = Client(cluster)
         client.register_plugin(dg.GPUDirectPlugin())
@@ -120,7 +138,9 @@ def _shared_gpu_cluster(
         for i in range(workers)
     }
     scheduler = {"cls": Scheduler, "options": {"protocol": protocol, "dashboard_address": None}}
-    cluster = SpecCluster(workers=spec, scheduler=scheduler, silence_logs=logging.WARNING)
+    cluster = SpecCluster(
+        workers=spec, scheduler=scheduler, silence_logs=logging.WARNING, loop=tool_loop()
+    )
     client = Client(cluster)
     client.run(_use_rmm, rmm_pool_size)
     client.register_plugin(dg.GPUDirectPlugin())
