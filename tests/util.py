@@ -313,5 +313,7 @@ def write_nested_parquet(directory) -> list[str]:
     return paths
 
 
-#: The client's phases of a shuffle, in order, as the benchmarks report them ("client: plan", ...).
+#: The client's phases of a shuffle, in order, as the benchmarks report them ("client: plan", ...),
+#: then the garbage collector's time inside them.
 CLIENT_PHASES = ("plan", "start", "stages", "publish")
+GC = "garbage collection"

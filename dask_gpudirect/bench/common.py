@@ -295,8 +295,9 @@ def _last_stage(dask_worker: Worker) -> dict[str, float]:
 def stage_phases(client: Client) -> dict[str, float]:
     """The phases of the last shuffle stage (split, send, wait for peers, take pieces, order,
     combine, keep), each the longest over the workers, named ``"shuffle: <phase>"``, then the
-    client's own (plan, start, stages, publish) as ``"client: <phase>"``; asked after the
-    clock stopped."""
+    client's own (plan, start, stages, publish) as ``"client: <phase>"``; each side's
+    ``garbage collection`` is the collector's time inside its phases. Asked after the clock
+    stopped."""
     from ..shuffle import coordinator
 
     out: dict[str, float] = {}

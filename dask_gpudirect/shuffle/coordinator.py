@@ -118,6 +118,7 @@ def _exchange(
             _end(client, plan)  # the first error
         raise
     finally:
+        clock.count_collections()
         last_phases.clear()
         last_phases.update(clock.seconds)
 

@@ -491,6 +491,7 @@ class ShuffleService:
             return self._exchange(exchange, inputs, run, clock)
         finally:
             self.on_loop(self.close, exchange.id, "finished")
+            clock.count_collections()
             self.last_phases = dict(clock.seconds)
             logger.info("shuffle %s on %s: %s", exchange.id, self.worker.address, clock)
 
