@@ -156,6 +156,8 @@ def test_bench_shuffle_sweeps_partition_counts(tmp_path):
     markdown = out["md"].read_text()
     assert "| partitions | dg.shuffle(df, 'key') |" in markdown
     assert markdown.count("\n| 2 | ") == 1 and markdown.count("\n| 16 | ") == 1
+    # no run pays for the garbage of the runs before it, and the report says so
+    assert "garbage collected in the client and the workers" in markdown
     assert out["png"].stat().st_size > 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib.metadata
 import json
 import os
@@ -275,7 +276,10 @@ def held_keys(dask_worker: Worker) -> int:
 
 def wait_released(client: Client, baseline: int = 0) -> None:
     """Until the workers hold no more keys than ``baseline`` (the input); an error after 30 s:
-    the next run would find the last one's partitions in memory and time nothing."""
+    the next run would find the last one's partitions in memory and time nothing. Then the
+    run's garbage is collected, here and on the workers, so that no later run pays for it: a
+    full collection took 120-240 ms in a worker or a client that holds cuDF (H200), and landed
+    in whichever run came next (the shuffle's phases count the collector's time)."""
     deadline = time.monotonic() + 30
     while (held := sum(client.run(held_keys).values())) > baseline:
         if time.monotonic() > deadline:
@@ -284,6 +288,8 @@ def wait_released(client: Client, baseline: int = 0) -> None:
                 "a result was not let go of"
             )
         time.sleep(0.05)
+    gc.collect()
+    client.run(gc.collect)
 
 
 def _last_stage(dask_worker: Worker) -> dict[str, float]:
@@ -327,6 +333,10 @@ def write_outputs(
         draw(result, plot_path)
 
 
+#: What happens between two timed runs of a method (:func:`wait_released`), as results say.
+BETWEEN_RUNS = "the run's keys released and its garbage collected in the client and the workers"
+
+
 def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
     """What every benchmark's result starts with: what ran, when, where, with which options."""
     return {
@@ -338,6 +348,7 @@ def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
         "host": {"cpu": cpu_name(), "cpus": os.cpu_count(), "hostname": platform.node()},
         "options": opts,
         "versions": versions(),
+        "between_runs": BETWEEN_RUNS,
     }
 
 

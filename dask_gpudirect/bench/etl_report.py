@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .tables import footnote, judge, markdown_table, print_table
+from .tables import between_runs_note, footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
 METHODS = ("gpudirect", "rapidsmpf", "polars", "tasks", "p2p")
@@ -224,6 +224,7 @@ def _data_line(result: dict) -> str:
         f"({d.get('compression', '?')}), {d.get('rows', '?')} rows: {d.get('columns', '?')}; "
         f"keys={o.get('keys', '?')}; {o.get('workers', '?')} worker(s), "
         f"protocol {o.get('protocol', '?')}. GB/s: Parquet file bytes over the pipeline's time."
+        + between_runs_note(result)
     )
 
 

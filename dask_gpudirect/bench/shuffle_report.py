@@ -6,7 +6,7 @@ judged and rendered again without a cluster.
 
 from __future__ import annotations
 
-from .tables import footnote, judge, markdown_table, print_table
+from .tables import between_runs_note, footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
 METHODS = ("gpudirect", "rapidsmpf", "tasks", "p2p", "raw")
@@ -303,7 +303,7 @@ def _sweep_markdown(result: dict) -> str:
         "",
         *markdown_table(SWEEP_CHECK_HEADER, _check_rows(result)),
         "",
-        SCALING_NOTE,
+        SCALING_NOTE + between_runs_note(result),
     ]
     return "\n".join(lines) + "\n"
 
@@ -352,7 +352,9 @@ def print_result(result: dict) -> None:
     if is_sweep(result["records"]):
         header, rows = _scaling_rows(result)
         title = f"bench shuffle by partition count: {_device_line(result)}, {_setup_line(result)}"
-        print_table(title, header, rows, [SCALING_NOTE], right=header[1:])
+        print_table(
+            title, header, rows, [SCALING_NOTE + between_runs_note(result)], right=header[1:]
+        )
         print_table("targets", SWEEP_CHECK_HEADER, _check_rows(result), [], right=("ratio",))
         return
     rows, notes = _rows(result)

@@ -58,3 +58,9 @@ def judge(ratio: float | None, want: float | None, at_most: bool = False) -> str
     if ratio is None:
         return "not run"
     return "pass" if (ratio <= want if at_most else ratio >= want) else "miss"
+
+
+def between_runs_note(result: dict) -> str:
+    """The report's sentence on what came between two timed runs, for results that say."""
+    between = result.get("between_runs")
+    return f" Between runs: {between}." if between else ""
