@@ -102,21 +102,33 @@ def assign(
     return [placed[i] for i in range(len(partitions))]
 
 
-def _shard_of(node: Any) -> Shard | None:
-    """The (first) shard a task loads, looking inside fused tasks; None for other tasks."""
+def _shards_of(node: Any) -> tuple[Shard, ...]:
+    """The shards a task loads, looking inside fused tasks; none for other tasks."""
     if not isinstance(node, Task):
-        return None
+        return ()
     if node.func in (load, load_partition) and node.args:
         arg = node.args[0]
         arg = arg.value if isinstance(arg, DataNode) else arg
-        arg = arg[0] if isinstance(arg, tuple) and arg else arg
-        return arg if isinstance(arg, Shard) else None
+        return tuple(s for s in (arg if isinstance(arg, tuple) else (arg,)) if isinstance(s, Shard))
     if node.has_subgraph():
-        for inner in node.args[0].values():
-            shard = _shard_of(inner)
-            if shard is not None:
-                return shard
-    return None
+        return tuple(shard for inner in node.args[0].values() for shard in _shards_of(inner))
+    return ()
+
+
+def _shard_of(node: Any) -> Shard | None:
+    """The (first) shard a task loads, looking inside fused tasks; None for other tasks."""
+    shards = _shards_of(node)
+    return shards[0] if shards else None
+
+
+def placed_read(node: Any) -> tuple[str, int] | None:
+    """The worker a read task will run on and the bytes it reads, where every shard it loads
+    was placed on one worker (:class:`PlacementPlugin` pins the task there); None for any other
+    task. A shuffle of a read plans on this before the read has run."""
+    shards = _shards_of(node)
+    workers = {shard.worker for shard in shards}
+    worker = workers.pop() if len(workers) == 1 else None
+    return None if worker is None else (worker, sum(shard.nbytes for shard in shards))
 
 
 class PlacementPlugin(SchedulerPlugin):

@@ -314,6 +314,8 @@ def write_nested_parquet(directory) -> list[str]:
 
 
 #: The client's phases of a shuffle, in order, as the benchmarks report them ("client: plan", ...),
-#: then the garbage collector's time inside them.
-CLIENT_PHASES = ("plan", "start", "stages", "publish")
+#: then the garbage collector's time inside them: waiting for the inputs first, except where they
+#: are reads placed on their workers, which the stages take as they are read.
+CLIENT_PHASES = ("inputs", "plan", "start", "stages", "publish")
+PLACED_PHASES = CLIENT_PHASES[1:]
 GC = "garbage collection"

@@ -299,11 +299,11 @@ def _last_stage(dask_worker: Worker) -> dict[str, float]:
 
 
 def stage_phases(client: Client) -> dict[str, float]:
-    """The phases of the last shuffle stage (split, send, wait for peers, take pieces, order,
-    combine, keep), each the longest over the workers, named ``"shuffle: <phase>"``, then the
-    client's own (plan, start, stages, publish) as ``"client: <phase>"``; each side's
-    ``garbage collection`` is the collector's time inside its phases. Asked after the clock
-    stopped."""
+    """The phases of the last shuffle stage (wait for inputs where they were read as it ran,
+    split, send, wait for peers, take pieces, order, combine, keep), each the longest over the
+    workers, named ``"shuffle: <phase>"``, then the client's own (inputs where it waited for
+    them, plan, start, stages, publish) as ``"client: <phase>"``; each side's ``garbage
+    collection`` is the collector's time inside its phases. Asked after the clock stopped."""
     from ..shuffle import coordinator
 
     out: dict[str, float] = {}

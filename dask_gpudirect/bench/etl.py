@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -53,6 +53,7 @@ from .etl_report import (
     DEVICE_ONLY,
     METHODS,
     QUERIES,
+    READ_AND_SHUFFLE,
     SCAN,
     SCAN_METHODS,
     checks_of,
@@ -106,9 +107,11 @@ def _pipeline(
     client: Client, method: str, paths: list[str], key: str, query: str
 ) -> tuple[int, dd.DataFrame, dict, dict]:
     """The read's partition count, the query's collection, persisted, and for dg the seconds
-    of each phase (planning, reading, shuffling, grouping: each waited for, so that a missed
-    target says where the time went) and the read's and the group-by's partitions (futures).
-    Each library cuts the files into partitions its own way."""
+    of each phase (planning; then reading and shuffling, one step: the shuffle of an
+    unpersisted read starts while the reads run, as a user's ``dg.shuffle(dg.read_parquet(...))``
+    does; then grouping, waited for, so that a missed target says where the time went) and the
+    read's (the scan) or the group-by's partitions (futures). Each library cuts the files into
+    partitions its own way."""
     from distributed import futures_of, wait
 
     import dask_gpudirect as dg
@@ -118,23 +121,21 @@ def _pipeline(
     if method in ("gpudirect", "rapidsmpf"):
         clock = _Clock()
         engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
-        df = dg.read_parquet(paths, columns=columns, client=client)
+        df = cast("dd.DataFrame", dg.read_parquet(paths, columns=columns, client=client))
         clock("plan")
         clock.seconds.update({f"plan: {k}": s for k, s in read_phases.items()})
-        df = df.persist()
-        wait(df)
-        clock("read")
-        tasks = {"read": futures_of(df)}  # held until asked how long each took
         if query == SCAN:
-            return df.npartitions, df, clock.seconds, tasks
+            df = df.persist()
+            wait(df)
+            clock("read")
+            return df.npartitions, df, clock.seconds, {"read": futures_of(df)}
         shuffled = dg.shuffle(df, key, client=client, engine=engine)
-        clock("shuffle")
+        clock(READ_AND_SHUFFLE)
         meta = _sum_by(shuffled._meta, key)
         out = shuffled.map_partitions(_sum_by, key, meta=meta).persist()
         wait(out)
         clock("group-by")
-        tasks["group-by"] = futures_of(out)
-        return df.npartitions, out, clock.seconds, tasks
+        return df.npartitions, out, clock.seconds, {"group-by": futures_of(out)}
     import dask.dataframe as dd
 
     df = dd.read_parquet(paths, columns=columns)

@@ -144,13 +144,16 @@ HEADER = ("query", "method", "partitions", "seconds", "best", "first run", "GB/s
 CHECK_HEADER = ("check", "ratio", "target", "result")
 
 
+#: dg's phase that reads the files and shuffles their rows: one step (``etl._pipeline``).
+READ_AND_SHUFFLE = "read + shuffle"
 #: dg's pipeline phase -> the prefixes of its own phases, shown in brackets after it: the
 #: read's planning (survey, footers, meta, partitions), the shuffle's stage (the slowest
-#: worker's) and client side, and the longest task of the read and of the group-by.
+#: worker's; its inputs read as it runs) and client side, and the longest task of the read
+#: (the scan) and of the group-by.
 INSIDE = {
     "plan": ("plan: ",),
     "read": ("read: ",),
-    "shuffle": ("shuffle: ", "client: "),
+    READ_AND_SHUFFLE: ("shuffle: ", "client: "),
     "group-by": ("group-by: ",),
 }
 

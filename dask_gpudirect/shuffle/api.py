@@ -23,6 +23,7 @@ from distributed import Client, Future
 from .. import targets
 from ..connection import connected
 from ..errors import InputError
+from ..placement import placed_read
 from . import engines
 from .coordinator import exchange
 from .split import HashSplit, PermutationSplit, contingency
@@ -40,7 +41,8 @@ def shuffle(
 
     The all-to-all runs now, worker to worker (cuDF pieces stay on the GPU and travel over UCX
     with ``protocol="ucxx"``), and the result is a Dask DataFrame of the computed partitions,
-    ready for joins and group-bys. Rows go to the partition that Dask's own hash
+    ready for joins and group-bys. An unpersisted ``dg.read_parquet`` or ``dg.read_binary``
+    frame is shuffled as it is read: each worker takes its partitions as it finishes them. Rows go to the partition that Dask's own hash
     (``dask.dataframe.shuffle.partitioning_index``) picks, so every key lands in exactly one
     partition.
 
@@ -84,12 +86,12 @@ def shuffle(
     meta = df._meta
     target = targets.holding(meta)
     engine = engines.choose(engine, target)
-    inputs = _partitions(client, df)
+    inputs, placed = _partitions(client, df)
     splitter = HashSplit(on, npartitions, target, meta)
     token = uuid.uuid4().hex  # each call is a new result
     name = f"gpudirect-shuffle-{token}"
     keys: list[Key] = [(name, j) for j in range(npartitions)]
-    outputs = exchange(client, inputs, splitter, keys, target, progress, engine)
+    outputs = exchange(client, inputs, splitter, keys, target, progress, engine, placed)
     with dask.config.set({"dataframe.convert-string": False}):
         # named by the call's own token: tokenizing a thousand futures for a name that is
         # unique anyway costs about 0.1 s
@@ -165,16 +167,24 @@ def shuffle_array(
     return da.Array(graph, name, (tuple(sizes), *((n,) for n in record)), meta=meta)
 
 
-def _partitions(client: Client, df: dd.DataFrame) -> list[Future]:
+def _partitions(
+    client: Client, df: dd.DataFrame
+) -> tuple[list[Future], list[tuple[str, int]] | None]:
     """``df``'s partitions as futures, in order: a persisted frame's own futures (no task to
-    run per partition, which at a thousand partitions costs seconds), else computed now."""
-    expr = df.optimize().expr
+    run per partition, which at a thousand partitions costs seconds), else computed now. And
+    where each partition is a read placed on a worker (``dg.read_parquet``, ``dg.read_binary``),
+    that worker and the bytes it reads: the shuffle then starts while the reads run."""
+    frame = df.optimize()
+    expr = frame.expr
     if isinstance(expr, FromGraph):
         layer = expr.operand("layer")
         futures = [layer.get(key) for key in expr.operand("keys")]
         if all(isinstance(f, Future) and f.client is client for f in futures):
-            return futures
-    return client.compute(df.to_delayed())
+            return futures, None
+    parts = frame.to_delayed(optimize_graph=False)
+    placed = [placed_read(part.dask[part.key]) for part in parts]
+    inputs = client.compute(parts)
+    return inputs, (None if None in placed else placed)  # type: ignore[return-value]
 
 
 def _integer(value: Any, name: str, minimum: int, what: str) -> int:

@@ -3,7 +3,10 @@ publish the outputs.
 
 One stage task per worker that holds input, pinned to that worker, so the inputs never move
 before they are split. It gets its inputs' keys, not the inputs: a task's dependencies stay in
-memory until it ends, and a stage takes its inputs a chunk at a time. The stages meet through
+memory until it ends, and a stage takes its inputs a chunk at a time. Inputs that are reads
+pinned to their workers need not be computed first: the plan is their placement, the stages
+start at once and each waits for its own inputs as its worker computes them (an input that
+fails is raised as its own error). The stages meet through
 the shuffle plugin's comm handlers, not through the scheduler. The scheduler plugin watches the
 participants: a worker that leaves fails the shuffle at once (its stage's future gets the
 error). When a stage fails, the client has the others aborted through the scheduler and
@@ -19,6 +22,7 @@ import dataclasses
 import logging
 import uuid
 from collections import defaultdict
+from typing import Any
 
 from dask.typing import Key
 from dask.utils import format_bytes
@@ -72,9 +76,12 @@ def exchange(
     target: TargetName,
     progress: bool = False,
     engine: str = "distributed",
+    placed: list[tuple[str, int]] | None = None,
 ) -> list[Future]:
-    """Run the all-to-all of ``inputs`` (computed partitions, in order) through ``splitter``,
-    moved by ``engine`` (see :mod:`.engines`).
+    """Run the all-to-all of ``inputs`` (partitions, in order) through ``splitter``, moved by
+    ``engine`` (see :mod:`.engines`). Where ``placed`` says which worker computes each input
+    and about how many bytes it makes (reads pinned to their workers), the stages start at once
+    and each takes its inputs as they are computed; otherwise the inputs are waited for first.
 
     Returns one future per output partition, under ``keys``: what a persisted collection is
     made of. (Not tasks that take the stage futures as arguments: a Future inside a graph that
@@ -83,8 +90,7 @@ def exchange(
     """
     ensure_plugins(client, need_readers=[])  # a shuffle reads nothing
     with ShuffleProgress(client, len(inputs), progress) as shown:
-        shown.computed(inputs)
-        return _exchange(client, inputs, splitter, keys, target, shown, engine)
+        return _exchange(client, inputs, splitter, keys, target, shown, engine, placed)
 
 
 def _exchange(
@@ -95,18 +101,28 @@ def _exchange(
     target: TargetName,
     shown: ShuffleProgress,
     engine: str,
+    placed: list[tuple[str, int]] | None,
 ) -> list[Future]:
-    failed = [f for f in inputs if f.status != "finished"]
-    if failed:
-        failed[0].result()  # the input's own error, in the user's process
     clock = Phases()
+    prepared: dict[str, Any] = {"unplaced": True}
+    if placed is not None:
+        with clock("plan"):
+            prepared = _prepare(client, inputs, target, placed)
+    if prepared.get("unplaced"):  # not placed, or a placed worker left: wait for the inputs
+        with clock("inputs"):
+            shown.computed(inputs)
+            failed = [f for f in inputs if f.status != "finished"]
+            if failed:
+                failed[0].result()  # the input's own error, in the user's process
+        with clock("plan"):
+            prepared = _prepare(client, inputs, target)
     with clock("plan"):
-        plan, on_worker, nbytes = _plan(client, inputs, splitter, keys, target, engine)
+        plan, on_worker, nbytes = _plan(client, inputs, splitter, keys, target, engine, prepared)
     with clock("start"):
         stages = _start(client, plan, on_worker, nbytes)
     try:
         with clock("stages"):
-            _watch(client, plan, stages, shown)
+            _watch(client, plan, stages, shown, inputs)
         # Let go of the stages now: their release is a message on the client's batched stream,
         # and sent as this returns it would hold back the caller's next graph (the group-by of
         # the outputs, persisted right after) by up to 10 ms.
@@ -123,6 +139,23 @@ def _exchange(
         last_phases.update(clock.seconds)
 
 
+def _prepare(
+    client: Client,
+    inputs: list[Future],
+    target: TargetName,
+    placed: list[tuple[str, int]] | None = None,
+) -> dict[str, Any]:
+    """Where each input is (or, ``placed``, will be computed) and its bytes, and the room of
+    each worker that holds one: one round trip to the scheduler. ``unplaced`` where a placed
+    worker is no longer in the cluster (its reads may then run anywhere)."""
+    return client.sync(
+        client.scheduler.gpudirect_shuffle_prepare,
+        keys=[f.key for f in inputs],
+        target=target,
+        placed=placed,
+    )
+
+
 def _plan(
     client: Client,
     inputs: list[Future],
@@ -130,13 +163,11 @@ def _plan(
     keys: list[Key],
     target: TargetName,
     engine: str,
+    prepared: dict[str, Any],
 ) -> tuple[Exchange, dict[str, dict[int, Future]], dict[Key, int]]:
     """The shuffle's plan, checked against the workers' room; the inputs each worker holds (by
     input index) and their bytes."""
     npartitions = len(keys)
-    prepared = client.sync(
-        client.scheduler.gpudirect_shuffle_prepare, keys=[f.key for f in inputs], target=target
-    )
     holders, nbytes, limits = prepared["who_has"], prepared["nbytes"], prepared["rooms"]
     on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
     for i, future in enumerate(inputs):
@@ -149,7 +180,15 @@ def _plan(
     chunk = min(limit["chunk"] for limit in limits.values())
     group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
     plan = Exchange(
-        uuid.uuid4().hex[:12], participants, owners, splitter, target, tuple(keys), group, engine
+        uuid.uuid4().hex[:12],
+        participants,
+        owners,
+        splitter,
+        target,
+        tuple(keys),
+        group,
+        engine,
+        placed=bool(prepared["placed"]),
     )
     _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
     if engine == "rapidsmpf":
@@ -264,10 +303,15 @@ def _check_memory(plan: Exchange, total: int, limits: dict[str, dict[str, int]])
 
 
 def _watch(
-    client: Client, plan: Exchange, stages: dict[str, Future], shown: ShuffleProgress
+    client: Client,
+    plan: Exchange,
+    stages: dict[str, Future],
+    shown: ShuffleProgress,
+    inputs: list[Future],
 ) -> None:
     """Wait for every stage; when one fails (a lost worker's stage fails when it leaves), abort
-    the rest and raise the first cause."""
+    the rest and raise the first cause: an input's own error where one failed (its stage
+    waited for it), else the first stage's."""
     pending = set(stages.values())
     while pending:
         wait_a_while(client, pending, WATCH_INTERVAL)
@@ -280,6 +324,9 @@ def _watch(
         wait_a_while(client, pending, ABORT_GRACE, "ALL_COMPLETED")  # the others stop, clean up
         cause = _first_cause(stages)
         client.cancel(list(stages.values()))
+        failed = [f for f in inputs if f.status == "error"]
+        if failed:
+            failed[0].result()  # the input's own error, in the user's process
         raise ShuffleError(
             f"shuffle {plan.id} failed: {cause}; no output was returned. The "
             "cluster is still usable: run the shuffle again (it will use the workers that "

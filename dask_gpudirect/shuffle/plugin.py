@@ -23,6 +23,7 @@ import logging
 from typing import Any, NoReturn
 
 from dask._task_spec import Task
+from dask.typing import Key
 from distributed import Scheduler, SchedulerPlugin, Worker, WorkerPlugin
 from distributed.protocol import deserialize
 from distributed.protocol.pickle import dumps
@@ -48,6 +49,9 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         self.service = ShuffleService(worker, ledger.of(worker))
         worker.handlers.update(self.service.handlers())
         worker.stream_handlers[FAIL] = self.service.abort
+
+    def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
+        self.service.transition(key, finish)
 
     def teardown(self, worker: Worker) -> None:
         self.service.teardown()
@@ -97,25 +101,46 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers["gpudirect_shuffle_publish"] = self.publish
         scheduler.handlers["gpudirect_shuffle_prepare"] = self.prepare
 
-    async def prepare(self, keys: list, target: str) -> dict[str, Any]:
+    async def prepare(
+        self, keys: list, target: str, placed: list[tuple[str, int]] | None = None
+    ) -> dict[str, Any]:
         """What the client plans a shuffle of the inputs ``keys`` by, in one round trip of
         its own: where each input is and its bytes (the scheduler's) and the room of each
-        worker that holds one (the workers', asked at once)."""
+        worker that holds one (the workers', asked at once). With ``placed`` (the worker
+        that computes each input, and its bytes read) the inputs need not be computed yet:
+        ``unplaced`` where one of those workers has left, so its input may run elsewhere."""
         who_has, nbytes = {}, {}
-        for key in keys:
+        for i, key in enumerate(keys):
             ts = self.scheduler.tasks.get(key)
-            if ts is None or not ts.who_has:
+            if ts is not None and ts.who_has:
+                who_has[key] = sorted(ws.address for ws in ts.who_has)
+                nbytes[key] = ts.nbytes
+            elif placed is not None:
+                worker, nbytes[key] = placed[i]
+                if worker not in self.scheduler.workers:
+                    return {"unplaced": True}
+                who_has[key] = [worker]
+            else:
                 raise ShuffleError(f"shuffle input {key!r} is no longer in memory: run it again")
-            who_has[key] = sorted(ws.address for ws in ts.who_has)
-            nbytes[key] = ts.nbytes
         holders = sorted({workers[0] for workers in who_has.values()})
         rooms = await asyncio.gather(
-            *(self.scheduler.rpc(w).gpudirect_shuffle_room(target=target) for w in holders)
+            *(self.scheduler.rpc(w).gpudirect_shuffle_room(target=target) for w in holders),
+            return_exceptions=True,
         )
+        lost = [(w, e) for w, e in zip(holders, rooms, strict=True) if isinstance(e, Exception)]
+        if lost and placed is not None:  # its reads will run elsewhere
+            return {"unplaced": True}
+        if lost:
+            (worker, error), *_ = lost
+            raise ShuffleError(
+                f"worker {worker}, which holds shuffle inputs, did not answer ({error!r}): "
+                "run the shuffle again"
+            )
         return {
             "who_has": who_has,
             "nbytes": nbytes,
             "rooms": dict(zip(holders, rooms, strict=True)),
+            "placed": placed is not None,
         }
 
     def shuffle_started(

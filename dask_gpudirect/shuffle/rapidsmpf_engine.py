@@ -152,7 +152,7 @@ def exchange_on_rapidsmpf(
     try:
         mine = np.zeros(npartitions, dtype=bool)
         mine[list(shuffler.local_partitions())] = True
-        for _, ordered, counts, offsets in service.split_chunks(exchange, inputs, clock):
+        for _, ordered, counts, offsets in service.split_chunks(exchange, inputs, run, clock):
             with clock("pack and insert"):
                 rows = counts.sum(axis=0)
                 table = device.to_table(ordered)

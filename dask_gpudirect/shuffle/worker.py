@@ -82,6 +82,7 @@ class Exchange:
     group: int  # outputs a worker builds at once; each piece sent is cut at their edges
     engine: str = "distributed"  # who moves the pieces (see .engines)
     op_id: int = 0  # the rapidsmpf engine's Shuffler op id, unique among shuffles in flight
+    placed: bool = False  # inputs computed on their workers as the stages run: each waits
 
     def outputs_of(self, worker: str) -> range:
         """The output partitions ``worker`` builds: one contiguous run."""
@@ -180,7 +181,7 @@ class ShuffleRun:
         if self.error is not None:
             raise self.error
 
-    async def _unless_failed(self, awaitable: Awaitable[T]) -> T:
+    async def unless_failed(self, awaitable: Awaitable[T]) -> T:
         """Await ``awaitable``, or raise the run's error as soon as it fails (an abort from the
         client, a failed send), so no stage keeps waiting on a peer that is gone."""
         task = asyncio.ensure_future(awaitable)
@@ -199,7 +200,7 @@ class ShuffleRun:
         many bytes are in flight."""
         self.raise_if_failed()
         nbytes = _nbytes(message)
-        await self._unless_failed(self.limiter.wait_for_available())
+        await self.unless_failed(self.limiter.wait_for_available())
         self.limiter.increase(nbytes)
         task = asyncio.create_task(self._send(exchange, dest, message, nbytes))
         self.sends.add(task)
@@ -261,7 +262,7 @@ class ShuffleRun:
     async def finish(self, exchange: Exchange) -> None:
         """Wait for our sends, tell every peer we are done, and wait until every peer is."""
         while self.sends:
-            await self._unless_failed(asyncio.wait(set(self.sends)))
+            await self.unless_failed(asyncio.wait(set(self.sends)))
         self.raise_if_failed()
         me = self.service.worker.address
         tells = {
@@ -274,7 +275,7 @@ class ShuffleRun:
             if p != me
         }
         if tells:
-            _, pending = await self._unless_failed(
+            _, pending = await self.unless_failed(
                 asyncio.wait(tells.values(), timeout=self.timeout)
             )
             for task in pending:
@@ -320,6 +321,10 @@ class ShuffleService:
         self.closed: collections.OrderedDict[str, str] = collections.OrderedDict()
         # the seconds of each phase of the last stage that ran here (split, send, wait, combine)
         self.last_phases: dict[str, float] = {}
+        # inputs that stages wait to be computed here (how many stages wait for each), and
+        # an event set when one of them changes state (then replaced by a fresh one)
+        self.awaited: collections.Counter[Key] = collections.Counter()
+        self.input_changed = asyncio.Event()
 
     def handlers(self) -> dict[str, Any]:
         """The comm handlers peers call."""
@@ -400,6 +405,34 @@ class ShuffleService:
             self.close(shuffle_id, "the plugin was removed")
         for shuffle_id in list(self.built):
             self._drop_built(shuffle_id)
+
+    def transition(self, key: Key, finish: str) -> None:
+        """A task of this worker changed state (the plugin's hook): wake the stages waiting for
+        it where it is one of their inputs."""
+        if key in self.awaited:
+            self.input_changed.set()
+            self.input_changed = asyncio.Event()
+
+    async def computed_here(self, run: ShuffleRun, keys: list[Key]) -> None:
+        """Wait until each of ``keys`` (inputs placed on this worker) is in its memory; an
+        input that failed fails the run (the client raises the input's own error)."""
+        self.awaited.update(keys)
+        try:
+            while True:
+                tasks = [self.worker.state.tasks.get(key) for key in keys]
+                failed = [ts for ts in tasks if ts is not None and ts.state == "error"]
+                if failed:
+                    raise ShuffleError(
+                        f"shuffle {run.id}: input {failed[0].key!r} failed on "
+                        f"{self.worker.address}: {failed[0].exception_text}",
+                        secondary=True,
+                    )
+                if all(ts is not None and ts.state == "memory" for ts in tasks):
+                    return
+                await run.unless_failed(self.input_changed.wait())
+        finally:
+            self.awaited.subtract(keys)
+            self.awaited += collections.Counter()  # drop the keys no stage waits for
 
     # --- run lifecycle (event loop) ----------------------------------------------------------
     def run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
@@ -505,7 +538,7 @@ class ShuffleService:
         """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
         me = self.worker.address
         groups = {w: exchange.groups_of(w) for w in exchange.participants}
-        for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, clock):
+        for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, run, clock):
             with clock("send"):  # waits while max-in-flight bytes are on the wire
                 for dest, runs in groups.items():
                     pieces = [
@@ -535,15 +568,24 @@ class ShuffleService:
         return len(outputs)
 
     def split_chunks(
-        self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], clock: Phases
+        self,
+        exchange: Exchange,
+        inputs: dict[int, tuple[Key, int]],
+        run: ShuffleRun,
+        clock: Phases,
     ) -> Iterator[tuple[tuple[int, ...], Any, np.ndarray, np.ndarray]]:
         """This worker's inputs a chunk at a time, split: ``(indices, ordered, counts,
         offsets)``, the rows of output ``j`` being ``ordered[offsets[j]:offsets[j + 1]]``.
-        Each chunk's inputs are let go once split, so the worker may spill them."""
+        Each chunk's inputs are let go once split, so the worker may spill them; placed inputs
+        are waited for, a chunk at a time, as this worker computes them."""
         sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
         for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
+            keys = [inputs[i][0] for i in indices]
+            if exchange.placed:
+                with clock("wait for inputs"):
+                    self.on_loop(self.computed_here, run, keys)
             with clock("split"):
-                parts = self.take_inputs([inputs[i][0] for i in indices])
+                parts = self.take_inputs(keys)
                 ordered, counts = exchange.splitter.split(list(indices), parts)
                 offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
                 parts = []

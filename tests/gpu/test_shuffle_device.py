@@ -159,6 +159,33 @@ def test_rapidsmpf_engine_keeps_decimals_lists_and_the_index(client):
     assert got.to_arrow().equals(frame.to_arrow())
 
 
+@pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
+def test_a_read_shuffled_as_it_is_read_matches_pandas(client, engine, tmp_path):
+    """An unpersisted ``dg.read_parquet``: its partitions are pinned to their workers, so the
+    stages start before the files are read and take each partition as it is decoded on the
+    GPU; the client never waits for the read."""
+    from dask_gpudirect.shuffle import coordinator
+
+    if engine == "rapidsmpf":
+        _rapidsmpf()
+    paths = []
+    for k in range(6):
+        frame = _frame(ROWS // 6, 500, seed=10 + k)
+        frame["i"] += k * ROWS  # unique across the files
+        paths.append(str(tmp_path / f"part-{k}.parquet"))
+        frame.to_parquet(paths[-1], index=False)
+    df = dg.read_parquet(paths, blocksize=1, client=client)
+    out = dg.shuffle(df, "k", npartitions=4, client=client, engine=engine)
+    assert "inputs" not in coordinator.last_phases, coordinator.last_phases
+    parts = client.gather(client.compute([out.get_partition(j) for j in range(4)]))
+    for j, part in enumerate(parts):
+        assert type(part).__module__.startswith("cudf")
+        assert (partitioning_index(part[["k"]], 4) == j).all()
+    got = pd.concat([p.to_pandas() for p in parts]).sort_values("i").reset_index(drop=True)
+    expected = pd.concat([pd.read_parquet(p) for p in paths]).sort_values("i")
+    pd.testing.assert_frame_equal(got, expected.reset_index(drop=True))
+
+
 def test_hash_shuffle_matches_pandas(client):
     pdf = _frame(ROWS, 1000)
     out = _check_hash_shuffle(client, pdf, 8, 6)

@@ -1,0 +1,135 @@
+"""``dg.shuffle`` of a read that was not persisted: the shuffle starts while the files are read.
+
+A ``dg.read_parquet`` partition is pinned to the worker placement chose, so the shuffle plans on
+those workers before any file is read, starts its stages at once, and each stage takes its
+inputs as its worker finishes reading them: no round trip to the client between the read and
+the shuffle, and a worker that finished reading splits while the others still read. What a user
+relies on stays: the same partitions as a shuffle of the persisted read, a file that changed
+named in the user's process, a worker that dies while reading failing the shuffle by name, and
+the same collection shuffled again once that worker is gone.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from distributed import Client, WorkerPlugin
+from util import (
+    HANG_GUARD,
+    assert_hash_partitions,
+    partitions,
+    start_cluster,
+)
+
+import dask_gpudirect as dg
+from dask_gpudirect.shuffle import coordinator
+from dask_gpudirect.shuffle.plugin import service
+
+
+def write_files(directory, count: int = 6, rows: int = 2000) -> list[str]:
+    """``count`` Parquet files of a key with repeats across files and two value columns."""
+    paths = []
+    for k in range(count):
+        frame = pd.DataFrame(
+            {"k": (np.arange(rows) * 7 + k) % 501, "v": np.arange(rows) + k * rows}
+        )
+        frame["w"] = frame["v"] * 0.5
+        paths.append(str(directory / f"part-{k}.parquet"))
+        frame.to_parquet(paths[-1], index=False)
+    return paths
+
+
+def per_file(paths: list[str]) -> pd.DataFrame:
+    """The files end to end, each with its own index from 0: a partition per file, as read."""
+    return pd.concat([pd.read_parquet(path) for path in paths])
+
+
+def _stage_phases(dask_worker) -> dict[str, float]:
+    return service(dask_worker).last_phases
+
+
+def test_a_shuffle_of_a_read_takes_its_inputs_as_they_are_read(tcp, tmp_path):
+    paths = write_files(tmp_path)
+    df = dg.read_parquet(paths, blocksize=1, client=tcp)  # a partition per file, both workers
+    out = dg.shuffle(df, "k", npartitions=5, client=tcp)
+    # the client never waited for the reads: the stages did, each for its own worker's
+    assert "inputs" not in coordinator.last_phases, coordinator.last_phases
+    stages = tcp.run(_stage_phases)
+    assert len(stages) == 2 and all("wait for inputs" in p for p in stages.values()), stages
+    expected = per_file(paths)
+    assert_hash_partitions(partitions(tcp, out), expected, "k", 5)
+
+    # a read persisted first gives the very same partitions, the inputs waited for first
+    again = dg.shuffle(df.persist(), "k", npartitions=5, client=tcp)
+    assert "inputs" in coordinator.last_phases, coordinator.last_phases
+    assert_hash_partitions(partitions(tcp, again), expected, "k", 5)
+
+
+def test_a_frame_that_is_not_a_read_is_computed_before_its_shuffle(tcp, tmp_path):
+    """A partition Dask may compute anywhere (here: two reads' partitions joined) cannot be
+    planned on before it exists: the inputs are computed, then shuffled."""
+    paths = write_files(tmp_path, count=4)
+    df = dg.read_parquet(paths, blocksize=1, client=tcp).repartition(npartitions=2)
+    out = dg.shuffle(df, "k", npartitions=3, client=tcp)
+    assert "inputs" in coordinator.last_phases, coordinator.last_phases
+    assert_hash_partitions(partitions(tcp, out), per_file(paths), "k", 3)
+
+
+def test_a_file_changed_after_planning_is_named_in_the_users_process(tcp, tmp_path):
+    """The read fails on its worker while that worker's stage waits for it: the user gets the
+    read's own error, naming the file, not a shuffle error; the cluster shuffles on."""
+    paths = write_files(tmp_path)
+    df = dg.read_parquet(paths, blocksize=1, client=tcp)
+    changed = paths[3]
+    pd.DataFrame({"k": [1, 2], "v": [3, 4], "w": [0.5, 1.0]}).to_parquet(changed, index=False)
+    info = os.stat(changed)  # a later write, even on a coarse clock
+    os.utime(changed, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(dg.InputError, match=f"{changed}: changed since it was planned"):
+        dg.shuffle(df, "k", client=tcp)
+    fresh = dg.read_parquet(paths, blocksize=1, client=tcp)
+    out = dg.shuffle(fresh, "k", npartitions=4, client=tcp)
+    assert_hash_partitions(partitions(tcp, out), per_file(paths), "k", 4)
+
+
+class DieWhenReading(WorkerPlugin):
+    """Ends this worker's process when it starts a read task: a real death mid-read."""
+
+    name = "die-when-reading"
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "executing" and "gpudirect-read" in str(key):
+            os._exit(1)
+
+
+async def _add_plugin(dask_worker) -> None:
+    await dask_worker.plugin_add(DieWhenReading())
+
+
+@pytest.mark.timeout(HANG_GUARD)
+def test_a_worker_that_dies_reading_fails_the_shuffle_by_name_and_it_runs_again(tmp_path):
+    """The victim dies as it starts its first read: before the shuffle's plan asked it for its
+    room (its reads then run on the other worker and the shuffle completes) or after its stage
+    started (the shuffle fails, naming it). Either way nothing partial comes back, and the same
+    collection shuffles again once the worker is gone."""
+    paths = write_files(tmp_path)
+    expected = per_file(paths)
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        df = dg.read_parquet(paths, blocksize=1, client=client)
+        victim = sorted(client.scheduler_info()["workers"])[0]
+        client.run(_add_plugin, workers=[victim])  # on the victim only
+        try:
+            out = dg.shuffle(df, "k", npartitions=4, client=client)
+        except dg.ShuffleError as exc:
+            assert f"worker {victim} left the cluster" in str(exc), exc
+        else:
+            assert_hash_partitions(partitions(client, out), expected, "k", 4)
+        assert victim not in client.scheduler_info()["workers"]  # it did die
+        client.wait_for_workers(2, timeout=300)  # the nanny's restart, at a new address
+        # the same collection: its reads were placed on a worker that is gone, so they are
+        # computed wherever the scheduler puts them, then shuffled
+        out = dg.shuffle(df, "k", npartitions=4, client=client)
+        assert "inputs" in coordinator.last_phases, coordinator.last_phases
+        assert_hash_partitions(partitions(client, out), expected, "k", 4)
