@@ -42,7 +42,8 @@ def shuffle(
     The all-to-all runs now, worker to worker (cuDF pieces stay on the GPU and travel over UCX
     with ``protocol="ucxx"``), and the result is a Dask DataFrame of the computed partitions,
     ready for joins and group-bys. An unpersisted ``dg.read_parquet`` or ``dg.read_binary``
-    frame is shuffled as it is read: each worker takes its partitions as it finishes them. Rows go to the partition that Dask's own hash
+    frame is shuffled as it is read: each worker takes its partitions as it finishes them.
+    Rows go to the partition that Dask's own hash
     (``dask.dataframe.shuffle.partitioning_index``) picks, so every key lands in exactly one
     partition.
 
