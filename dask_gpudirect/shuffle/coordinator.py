@@ -82,6 +82,7 @@ def exchange(
     ``engine`` (see :mod:`.engines`). Where ``placed`` says which worker computes each input
     and about how many bytes it makes (reads pinned to their workers), the stages start at once
     and each takes its inputs as they are computed; otherwise the inputs are waited for first.
+    ``inputs`` is emptied once the stages end, so that this function holds none of them.
 
     Returns one future per output partition, under ``keys``: what a persisted collection is
     made of. (Not tasks that take the stage futures as arguments: a Future inside a graph that
@@ -123,10 +124,12 @@ def _exchange(
     try:
         with clock("stages"):
             _watch(client, plan, stages, shown, inputs)
-        # Let go of the stages now: their release is a message on the client's batched stream,
-        # and sent as this returns it would hold back the caller's next graph (the group-by of
-        # the outputs, persisted right after) by up to 10 ms.
+        # Let go of the stages and the inputs now (``inputs`` is emptied: the caller's list):
+        # their release is a message on the client's batched stream, and sent as this returns
+        # it would hold back the caller's next graph (the group-by of the outputs, persisted
+        # right after) by up to 10 ms. Inputs the user holds (a persisted frame) stay.
         stages.clear()
+        inputs.clear()
         with clock("publish"):  # kept, the outputs end the shuffle on the scheduler
             return _publish_outputs(client, plan)
     except BaseException:  # forgotten by the scheduler (a no-op where an abort did it)
