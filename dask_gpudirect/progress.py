@@ -120,14 +120,18 @@ def _notebook(console: Console) -> bool:
 
 
 def wait(client: Client, futures: list[Future], bar: Bar | None = None) -> None:
-    """``distributed.wait(futures)`` on ``client``, counting on ``bar`` those that finished."""
+    """``distributed.wait(futures)`` on ``client``, counting on ``bar`` those that finished.
+    Those done already are not waited for: ``distributed.wait`` of a thousand finished futures
+    costs 12-20 ms (a persisted frame's partitions, shuffled)."""
     from distributed import wait as wait_all
 
+    pending = {f for f in futures if not f.done()}
     with client.as_current():  # distributed.wait uses the current client; ours may not be it
         if bar is None:
-            wait_all(futures)
+            if pending:
+                wait_all(pending)
             return
-        pending = set(futures)
+        bar.update(len(futures) - len(pending))
         while pending:
             wait_a_while(client, pending, POLL_INTERVAL)
             pending = {f for f in pending if not f.done()}
