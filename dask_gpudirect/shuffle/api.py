@@ -183,9 +183,9 @@ def _partitions(
         if all(isinstance(f, Future) and f.client is client for f in futures):
             return futures, None
     parts = frame.to_delayed(optimize_graph=False)
-    placed = [placed_read(part.dask[part.key]) for part in parts]
-    inputs = client.compute(parts)
-    return inputs, (None if None in placed else placed)  # type: ignore[return-value]
+    found = [placed_read(part.dask[part.key]) for part in parts]
+    placed = [p for p in found if p is not None]
+    return client.compute(parts), (placed if len(placed) == len(parts) else None)
 
 
 def _integer(value: Any, name: str, minimum: int, what: str) -> int:

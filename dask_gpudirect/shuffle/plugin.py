@@ -51,7 +51,7 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         worker.stream_handlers[FAIL] = self.service.abort
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
-        self.service.transition(key, finish)
+        self.service.task_changed(key)
 
     def teardown(self, worker: Worker) -> None:
         self.service.teardown()

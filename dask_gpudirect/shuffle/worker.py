@@ -406,7 +406,7 @@ class ShuffleService:
         for shuffle_id in list(self.built):
             self._drop_built(shuffle_id)
 
-    def transition(self, key: Key, finish: str) -> None:
+    def task_changed(self, key: Key) -> None:
         """A task of this worker changed state (the plugin's hook): wake the stages waiting for
         it where it is one of their inputs."""
         if key in self.awaited:
@@ -414,8 +414,8 @@ class ShuffleService:
             self.input_changed = asyncio.Event()
 
     async def computed_here(self, run: ShuffleRun, keys: list[Key]) -> None:
-        """Wait until each of ``keys`` (inputs placed on this worker) is in its memory; an
-        input that failed fails the run (the client raises the input's own error)."""
+        """Wait until each of ``keys`` (inputs placed on this worker) is in its memory; raise
+        where one failed (the client then raises the input's own error)."""
         self.awaited.update(keys)
         try:
             while True:
