@@ -29,7 +29,7 @@ from .cluster import survey
 from .connection import connected
 from .errors import InputError
 from .formats import binary, hive, parquet
-from .loading import load, load_partition
+from .loading import load_chunk, load_partition
 from .phases import Phases
 from .placement import assign, join_small, planners
 from .shards import P, combine, shared
@@ -302,6 +302,7 @@ def read_binary(
     client: Client | None = None,
     blocksize: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
+    join_files: bool = True,
 ) -> da.Array:
     """Binary files as a Dask Array of CuPy (device) or NumPy (host) chunks, records on axis 0.
 
@@ -318,9 +319,15 @@ def read_binary(
     client
         The Dask client (default: the current one).
     blocksize
-        Target bytes per chunk; default ``gpudirect.binary.blocksize``.
+        Target bytes per chunk; default ``gpudirect.binary.blocksize``. Large files are cut
+        into chunks of whole records; small C-order local files are joined, in order, into
+        chunks of about this size (at least one per worker where there are files enough), each
+        read with all of its files in flight at once.
     storage_options
         For ``s3://`` URLs, as in :func:`read_parquet`.
+    join_files
+        False: no chunk holds records of two files (files smaller than ``blocksize`` are a
+        chunk each), for work that must not cross a file's end within a chunk.
     """
     setting = _prepare(client, paths, target, storage_options=storage_options)
     client, found, target = setting.client, setting.found, setting.target
@@ -330,11 +337,17 @@ def read_binary(
     problem = module.unsupported(plan.dtype)
     if problem:
         raise InputError(plan.first, f"cannot load to target={target!r}: {problem}")
-    shards = [shard for (shard,) in assign([(s,) for s in plan.shards], found.readable)]
-    name = "gpudirect-read-binary-" + tokenize(shards)
+    # small files joined, at least one chunk a worker where there are files enough
+    joins = binary.joins if join_files else lambda shard: False
+    joined = join_small(plan.shards, blocksize, found.readable, len(setting.workers), joins)
+    chunks = assign(joined, found.readable)
+    name = "gpudirect-read-binary-" + tokenize(chunks)
     trailing = (0,) * len(plan.record_shape)
     graph: dict[Key, Task] = {
-        (name, i, *trailing): Task((name, i, *trailing), load, s) for i, s in enumerate(shards)
+        (name, i, *trailing): Task((name, i, *trailing), load_chunk, chunk)
+        for i, chunk in enumerate(chunks)
     }
     meta = module.empty_array(plan.dtype, 1 + len(plan.record_shape))
-    return da.Array(HighLevelGraph.from_collections(name, graph), name, plan.chunks, meta=meta)
+    records = tuple(sum(s.part.shape[0] for s in chunk) for chunk in chunks)
+    sizes: tuple[tuple[int, ...], ...] = (records, *((n,) for n in plan.record_shape))
+    return da.Array(HighLevelGraph.from_collections(name, graph), name, sizes, meta=meta)

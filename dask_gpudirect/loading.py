@@ -1,4 +1,4 @@
-"""The task bodies that load shards on a worker: a binary shard, a Parquet partition.
+"""The task bodies that load shards on a worker: a binary chunk, a Parquet partition.
 
 Each reads through the worker's :class:`~dask_gpudirect.plugin.GPUDirectPlugin` (its targets,
 roots and ledger) and raises an :class:`~dask_gpudirect.errors.InputError` that names the file,
@@ -12,22 +12,24 @@ from typing import Any
 from dask.dataframe.dispatch import concat
 
 from .errors import InputError
-from .formats import parquet
+from .formats import binary, parquet
 from .plugin import current_plugin
 from .shards import Shard, decoding
 from .targets import module
 
 
-def load(shard: Shard) -> Any:
-    """Task body: read ``shard`` on this worker's target and decode it."""
+def load_chunk(shards: tuple[Shard, ...]) -> Any:
+    """Task body of one chunk of a binary read: its shards' records end to end (small files
+    joined: ``binary.joins``), read into one buffer on this worker's target, as one array."""
     plugin = current_plugin()
-    target = plugin.target(shard.target)
-    try:  # the read checks the worker's own roots and the stamp: the planning is not trusted
-        buffer = target.read(shard)
+    target = plugin.target(shards[0].target)
+    try:  # the read checks the worker's own roots and the stamps: the planning is not trusted
+        buffer = target.read_run(shards)
     except InputError as exc:
+        shard = next((s for s in shards if s.path == exc.path), shards[0])
         raise elsewhere(shard, plugin.address, exc) from None
-    with decoding(shard):
-        return shard.part.decode(target, buffer)
+    with decoding(*shards):
+        return binary.joined([shard.part for shard in shards]).decode(target, buffer)
 
 
 def load_partition(shards: tuple[Shard, ...]) -> Any:

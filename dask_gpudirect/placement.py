@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from time import time
 from typing import Any
 
@@ -23,7 +24,7 @@ from distributed import Scheduler, SchedulerPlugin
 from distributed.scheduler import TaskStateState
 
 from .errors import InputError
-from .loading import load, load_partition
+from .loading import load_chunk, load_partition
 from .shards import Shard
 
 
@@ -53,7 +54,11 @@ def planners(files: list[str], readable: dict[str, set[str]]) -> dict[str, list[
 
 
 def join_small(
-    shards: list[Shard], blocksize: int, readable: dict[str, set[str]], at_least: int = 1
+    shards: list[Shard],
+    blocksize: int,
+    readable: dict[str, set[str]],
+    at_least: int = 1,
+    joins: Callable[[Shard], bool] = lambda shard: True,
 ) -> list[tuple[Shard, ...]]:
     """Consecutive shards joined into partitions of about ``blocksize`` bytes, as Dask's and
     dask_cudf's ``read_parquet`` join small files and row groups: fewer, larger partitions, in
@@ -63,7 +68,7 @@ def join_small(
     ``at_least`` where there are shards enough, and each shard goes with the span its middle
     falls in: files of about one size make partitions of about one size, and a partition passes
     ``blocksize`` by less than a shard. A shard joins the one before it only where some worker
-    can read both files.
+    can read both files and ``joins`` allows both.
     """
     total = sum(shard.nbytes for shard in shards)
     count = min(len(shards), max(at_least, math.ceil(total / blocksize)))
@@ -77,7 +82,7 @@ def join_small(
         index = min(int((start + shard.nbytes / 2) // span), count - 1)
         start += shard.nbytes
         readers = {w for w, seen in readable.items() if shard.path in seen}
-        if partitions and index == previous and able & readers:
+        if index == previous and able & readers and joins(partitions[-1][-1]) and joins(shard):
             partitions[-1].append(shard)
             able &= readers
         else:
@@ -106,7 +111,7 @@ def _shards_of(node: Any) -> tuple[Shard, ...]:
     """The shards a task loads, looking inside fused tasks; none for other tasks."""
     if not isinstance(node, Task):
         return ()
-    if node.func in (load, load_partition) and node.args:
+    if node.func in (load_chunk, load_partition) and node.args:
         arg = node.args[0]
         arg = arg.value if isinstance(arg, DataNode) else arg
         return tuple(s for s in (arg if isinstance(arg, tuple) else (arg,)) if isinstance(s, Shard))

@@ -24,7 +24,7 @@ from util import compute, dask_command, shards_of, spawn, start_cluster
 import dask_gpudirect as dg
 from dask_gpudirect import access
 from dask_gpudirect.errors import ConfigError
-from dask_gpudirect.loading import load
+from dask_gpudirect.loading import load_chunk
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_a_read_outside_the_roots_is_refused_by_the_worker(client, roots):
     (shard,) = shards_of(planned).values()
     elsewhere = dataclasses.replace(shard, path=str(data / "link" / "out.npy"), stamp=None)
     with pytest.raises(dg.InputError) as info:
-        client.submit(load, elsewhere, workers=[shard.worker]).result()
+        client.submit(load_chunk, (elsewhere,), workers=[shard.worker]).result()
     assert str(info.value) == refused(data / "link" / "out.npy")  # the target is not named
     # the cluster keeps working
     np.testing.assert_array_equal(client.compute(planned).result(), np.arange(100))
@@ -129,7 +129,7 @@ def test_a_symlink_flipped_during_reads_never_leads_outside(client, roots):
         deadline = time.monotonic() + 30
         while sum(outcomes.values()) < 400 and time.monotonic() < deadline:
             futures = [
-                client.submit(load, unstamped, pure=False, workers=[shard.worker])
+                client.submit(load_chunk, (unstamped,), pure=False, workers=[shard.worker])
                 for _ in range(40)
             ]
             wait(futures)

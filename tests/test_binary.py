@@ -6,9 +6,11 @@ import os
 
 import numpy as np
 import pytest
-from util import compute
+from util import clear_ledgers, compute
 
 import dask_gpudirect as dg
+from dask_gpudirect import ledger_report
+from dask_gpudirect.placement import _shards_of
 
 STRUCT = np.dtype([("id", "<i4"), ("pos", "<f8", (3,)), ("tag", "S2"), ("ok", "?")])
 
@@ -160,7 +162,8 @@ def test_blocksize_splits_into_records(client, tmp_path):
 
 
 def test_several_files(client, tmp_path):
-    """A list, a directory and a glob: chunks follow files, never span two."""
+    """A list, a directory and a glob: files larger than ``blocksize`` cut into chunks of whole
+    records, in file order."""
     parts = [sample("<f4", (n, 2), seed=n) for n in (10, 25, 7)]
     root = tmp_path / "arrays"
     root.mkdir()
@@ -175,6 +178,77 @@ def test_several_files(client, tmp_path):
         assert_same_array(compute(client, x), expected)
     reversed_ = dg.read_binary(files[::-1], client=client)
     assert_same_array(compute(client, reversed_), np.concatenate(parts[::-1]))
+
+
+def small_files(root, counts=(50, 20, 30, 40, 10, 50)) -> tuple[list[str], list[np.ndarray]]:
+    """``.npy`` files of 24-byte records, as many records in each as ``counts`` says."""
+    root.mkdir(exist_ok=True)
+    parts = [sample("<i8", (n, 3), seed=k) for k, n in enumerate(counts)]
+    paths = [os.fspath(root / f"s{k}.npy") for k in range(len(parts))]
+    for path, part in zip(paths, parts, strict=True):
+        np.save(path, part)
+    return paths, parts
+
+
+def files_of_chunks(x) -> list[list[str]]:
+    """The files each chunk's task reads, in order along axis 0."""
+    graph = dict(x.__dask_graph__())
+    return [[s.path for s in _shards_of(graph[key])] for key in sorted(graph, key=lambda k: k[1])]
+
+
+def test_small_files_are_joined_into_chunks(client, tmp_path):
+    """Small files are read as chunks of about ``blocksize`` (one task and one buffer each,
+    every file of it in flight at once), their records in file order, and never fewer chunks
+    than workers."""
+    paths, parts = small_files(tmp_path / "small")  # 200 records, 4800 bytes
+    expected = np.concatenate(parts)
+    for blocksize, chunks, files in [
+        (2400, (100, 100), [paths[:3], paths[3:]]),
+        (1200, (50, 50, 50, 50), [paths[:1], paths[1:3], paths[3:5], paths[5:]]),
+        ("256MiB", (100, 100), [paths[:3], paths[3:]]),  # one chunk a worker
+    ]:
+        x = dg.read_binary(paths, client=client, blocksize=blocksize)
+        assert x.chunks == (chunks, (3,))
+        assert files_of_chunks(x) == files
+        assert chunk_shapes(client, x) == [(n, 3) for n in chunks]
+        assert_same_array(compute(client, x), expected)
+        assert_same_array(compute(client, x[45:155]), expected[45:155])
+
+
+def test_each_file_of_a_joined_chunk_is_in_the_ledger(tcp, tmp_path):
+    paths, parts = small_files(tmp_path / "small")
+    x = dg.read_binary(paths, client=tcp, blocksize=2400)
+    clear_ledgers(tcp)
+    compute(tcp, x)
+    records = ledger_report.records(tcp)
+    assert sorted(records["file"]) == sorted(paths)
+    assert set(records["path"]) == {"posix-host"}
+    assert records["bytes"].sum() == sum(part.nbytes for part in parts)
+
+
+def test_fortran_files_are_never_joined(tcp, tmp_path):
+    """A Fortran-order file's records are not contiguous: it stays a chunk of its own, its
+    C-order neighbours joined only around it."""
+    parts = [sample("<f8", (10, 3), seed=k) for k in range(4)]
+    parts[1] = np.asfortranarray(parts[1])
+    paths = []
+    for k, part in enumerate(parts):
+        paths.append(os.fspath(tmp_path / f"m{k}.npy"))
+        np.save(paths[-1], part)
+    x = dg.read_binary(paths, client=tcp, blocksize=720)  # 30 records a chunk
+    assert files_of_chunks(x) == [paths[:1], paths[1:2], paths[2:]]
+    assert_same_array(compute(tcp, x), np.concatenate(parts))
+
+
+def test_a_file_truncated_in_a_joined_chunk_is_named(tcp, tmp_path):
+    """The error names the file at fault, not its chunk's first; the other chunk still reads."""
+    paths, parts = small_files(tmp_path / "small")
+    x = dg.read_binary(paths, client=tcp, blocksize=2400)
+    with open(paths[4], "r+b") as f:
+        f.truncate(os.path.getsize(paths[4]) - 24)
+    with pytest.raises(dg.InputError, match=f"^{paths[4]}: .*changed since it was planned"):
+        compute(tcp, x)
+    assert_same_array(compute(tcp, x.blocks[0]), np.concatenate(parts[:3]))
 
 
 def test_npy_dtype_and_shape_may_be_given(tcp, tmp_path):

@@ -2,7 +2,8 @@
 
 Raw files need ``dtype`` and a per-record ``shape``; ``.npy`` files carry both in their header.
 C-order data is cut into runs of whole records of about ``blocksize`` bytes; a Fortran-order
-``.npy`` file is one shard, since its records are not contiguous.
+``.npy`` file is one shard, since its records are not contiguous. Small local C-order files are
+joined into chunks of about ``blocksize`` (:func:`joins`), read into one buffer.
 """
 
 from __future__ import annotations
@@ -43,17 +44,26 @@ class BinaryPart:
         return target.as_array(buffer, self.dtype, self.shape, self.order)
 
 
+def joins(shard: Shard) -> bool:
+    """Whether ``shard`` may share a chunk with its neighbours: its records read end to end
+    with theirs into one buffer are one C-order array. A Fortran-order file's records are not
+    contiguous; a remote object is read alone, by its own range requests."""
+    return shard.part.order == "C" and not remote.is_remote(shard.path)
+
+
+def joined(parts: Sequence[BinaryPart]) -> BinaryPart:
+    """The part of a chunk of C-order shards (:func:`joins`): their records, end to end."""
+    first = parts[0]
+    records = sum(part.shape[0] for part in parts)
+    return BinaryPart(first.dtype, (records, *first.shape[1:]), first.order)
+
+
 @dataclasses.dataclass(frozen=True)
 class BinaryPlan:
     shards: list[Shard]
     dtype: np.dtype
     record_shape: tuple[int, ...]
     first: str  # the file the others were checked against
-
-    @property
-    def chunks(self) -> tuple[tuple[int, ...], ...]:
-        records = tuple(s.part.shape[0] for s in self.shards)
-        return (records, *((n,) for n in self.record_shape))
 
     def check_against(self, head: BinaryPlan) -> None:
         _check_records(

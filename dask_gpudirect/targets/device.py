@@ -32,7 +32,7 @@ from . import Order, Target
 cudf_compat.patch_struct_serialization()
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import cudf
     from distributed import Worker
@@ -397,19 +397,23 @@ class DeviceTarget(Target):
         configure_remote(remote.Settings.current())
         self._pool: ThreadPoolExecutor | None = None
 
-    def _read(self, shard: Shard, file: Opened) -> tuple[rmm.DeviceBuffer, int]:
-        buffer = rmm.DeviceBuffer(size=shard.size)
-        view = cupy.asarray(buffer)
+    def _allocate(self, size: int) -> tuple[rmm.DeviceBuffer, cupy.ndarray]:
+        buffer = rmm.DeviceBuffer(size=size)
+        return buffer, cupy.asarray(buffer)
+
+    def _start_read(
+        self, shard: Shard, file: Opened, view: cupy.ndarray, stack: contextlib.ExitStack
+    ) -> list[Callable[[], int]]:
+        """``kvikio.CuFile.pread`` of each range: kvikio cuts it into tasks of its task size on
+        its threads."""
         # kvikio opens by name: the descriptor's own name opens the very file we checked
-        with kvikio.CuFile(file.same_file_path, "r") as f:
-            _check_same_file(file, f.fileno())
-            futures = [
-                f.pread(view[offset - shard.base : offset - shard.base + length], length, offset)
-                for offset, length in shard.ranges
-                if length
-            ]
-            nread = sum(fut.get() for fut in futures)
-        return buffer, nread
+        f = stack.enter_context(kvikio.CuFile(file.same_file_path, "r"))
+        _check_same_file(file, f.fileno())
+        return [
+            f.pread(view[offset - shard.base : offset - shard.base + length], length, offset).get
+            for offset, length in shard.ranges
+            if length
+        ]
 
     def _read_object(self, shard: Shard, obj: remote.Object) -> tuple[rmm.DeviceBuffer, int]:
         """``shard``'s ranges straight into GPU memory by ``kvikio.RemoteFile``: parallel range

@@ -19,6 +19,9 @@ from .. import remote
 from . import Order, Target
 
 if TYPE_CHECKING:
+    import contextlib
+    from collections.abc import Callable
+
     from distributed import Worker
 
     from ..access import Opened
@@ -197,20 +200,24 @@ class HostTarget(Target):
             nread += len(data)
         return buffer, nread
 
-    def _read(self, shard: Shard, file: Opened) -> tuple[np.ndarray, int]:
-        buffer = np.empty(shard.size, dtype=np.uint8)
-        view = buffer.data
-        futures = [
+    def _allocate(self, size: int) -> tuple[np.ndarray, memoryview]:
+        buffer = np.empty(size, dtype=np.uint8)
+        return buffer, buffer.data
+
+    def _start_read(
+        self, shard: Shard, file: Opened, view: memoryview, stack: contextlib.ExitStack
+    ) -> list[Callable[[], int]]:
+        """Reads of ``task_size`` bytes on this target's threads."""
+        return [
             self.pool.submit(
                 _pread_into,
                 file.fd,
                 view[o - shard.base : o - shard.base + min(self.task_size, offset + length - o)],
                 o,
-            )
+            ).result
             for offset, length in shard.ranges
             for o in range(offset, offset + length, self.task_size)
         ]
-        return buffer, sum(f.result() for f in futures)
 
     def decode_parquet(
         self, buffer: Any, row_groups: list[int], columns: list[str], backend: str | None = None

@@ -147,7 +147,8 @@ def detect_and_cut(x, shard: int, patient: int, first_record):
     if x.shape[0] == 0 or not np.array_equal(head, np.asarray(first_record, dtype=head.dtype)):
         raise ValueError(
             f"chunk of {x.shape[0]} records does not start with shard {shard}'s first record: "
-            "one chunk per file is required (blocksize >= file size), in file order"
+            "one chunk per file is required (blocksize >= file size, join_files=False), in "
+            "file order"
         )
     return cut(x, r_peaks(x), shard, patient)
 

@@ -144,10 +144,13 @@ def empty_meta(target: str, ndim_shape: tuple[int, ...]):
 
 def load(loader: str, files: list[str], target: str, client: Client) -> da.Array:
     if loader == "direct":
-        # One chunk per file (blocksize >= every file's data): R peaks and beat windows never
-        # straddle a chunk boundary, so no beat is lost or cut twice. detect_and_cut checks it.
+        # One chunk per file (blocksize >= every file's data, files not joined): R peaks and
+        # beat windows never straddle a chunk boundary, so no beat is lost or cut twice.
+        # detect_and_cut checks it.
         blocksize = max(os.path.getsize(f) for f in files)
-        return dg.read_binary(files, target=target, blocksize=blocksize, client=client)
+        return dg.read_binary(
+            files, target=target, blocksize=blocksize, join_files=False, client=client
+        )
     meta = empty_meta(target, (0, len(gen.LEADS)))
     parts = []
     for path in files:
