@@ -309,7 +309,8 @@ def test_device_reads_through_the_checked_descriptor(cuda_tcp, tmp_path):
     after planning fails the read, on the device target as on the host."""
     import dataclasses
 
-    from dask_gpudirect.loading import load
+    from dask_gpudirect.loading import load_chunk
+    from dask_gpudirect.placement import _shards_of
 
     data, outside = tmp_path / "data", tmp_path / "outside"
     data.mkdir()
@@ -321,12 +322,12 @@ def test_device_reads_through_the_checked_descriptor(cuda_tcp, tmp_path):
     try:
         arr = dg.read_binary(str(data / "link.npy"), target="device", client=cuda_tcp)
         h.assert_same_array(compute(cuda_tcp, arr), np.arange(1000, dtype="i8"))
-        (shard,) = [t.args[0] for t in arr.__dask_graph__().values() if hasattr(t, "args")]
+        (shard,) = [s for t in arr.__dask_graph__().values() for s in _shards_of(t)]
         os.replace(data / "link.npy", data / "old-link.npy")
         os.symlink(outside / "out.npy", data / "link.npy")
         unstamped = dataclasses.replace(shard, stamp=None)
         with pytest.raises(dg.InputError, match="outside gpudirect.allowed-roots"):
-            cuda_tcp.submit(load, unstamped, pure=False).result()
+            cuda_tcp.submit(load_chunk, (unstamped,), pure=False).result()
         os.remove(data / "link.npy")
         os.symlink(data / "in.npy", data / "link.npy")
         np.save(data / "in.npy", np.arange(2000, dtype="i8"))
