@@ -162,16 +162,25 @@ class ShuffleProgress:
         self.client, self.inputs = client, inputs
         self.bar = Bar("dg.shuffle: input partitions", inputs) if enabled else None
         self.seen: dict[str, int] = {}
+        self.computing = True  # the bar still counts the inputs computed
 
     def computed(self, futures: list[Future]) -> None:
         """Wait for the input partitions, counting them."""
         wait(self.client, futures, self.bar)
 
-    def exchange(self, plan: Any, stages: dict[str, Future], pending: set[Future]) -> None:
+    def exchange(
+        self, plan: Any, stages: dict[str, Future], pending: set[Future], inputs: list[Future]
+    ) -> None:
         """One poll of the pieces each owner of ``plan`` has received; ``pending``: the stages
-        still running."""
+        still running. The shuffle of a read starts while the files are read: until every input
+        is computed, the bar counts those computed."""
         if self.bar is None:
             return
+        if self.computing:
+            self.bar.update(sum(f.done() for f in inputs))
+            if self.bar.done < self.inputs:
+                return
+            self.computing = False
         got = self.client.run(
             _received, shuffle_id=plan.id, workers=list(plan.participants), on_error="ignore"
         )

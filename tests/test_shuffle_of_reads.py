@@ -12,6 +12,7 @@ the same collection shuffled again once that worker is gone.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pandas as pd
@@ -66,6 +67,19 @@ def test_a_shuffle_of_a_read_takes_its_inputs_as_they_are_read(tcp, tmp_path):
     again = dg.shuffle(df.persist(), "k", npartitions=5, client=tcp)
     assert "inputs" in coordinator.last_phases, coordinator.last_phases
     assert_hash_partitions(partitions(tcp, again), expected, "k", 5)
+
+
+def test_progress_counts_the_inputs_as_they_are_read(tcp, tmp_path, capsys):
+    """``progress=True`` on a shuffle of a read: the inputs counted as the workers read them,
+    then the pieces received."""
+    paths = write_files(tmp_path)
+    df = dg.read_parquet(paths, blocksize=1, client=tcp)
+    out = dg.shuffle(df, "k", npartitions=5, client=tcp, progress=True)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "dg.shuffle" in line]
+    read = [line for line in lines if "input partitions" in line]
+    assert read and read[-1].startswith("dg.shuffle: input partitions: 6/6 (100%)"), lines
+    assert re.match(r"dg.shuffle \w+: pieces received: (\d+)/\1 \(100%\)", lines[-1]), lines
+    assert_hash_partitions(partitions(tcp, out), per_file(paths), "k", 5)
 
 
 def test_a_frame_that_is_not_a_read_is_computed_before_its_shuffle(tcp, tmp_path):

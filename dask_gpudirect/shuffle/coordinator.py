@@ -321,7 +321,7 @@ def _watch(
         done = {f for f in pending if f.done()}
         pending -= done
         if all(f.status == "finished" for f in done):
-            shown.exchange(plan, stages, pending)
+            shown.exchange(plan, stages, pending, inputs)
             continue
         _end(client, plan, abort=f"shuffle {plan.id} failed on a peer")
         wait_a_while(client, pending, ABORT_GRACE, "ALL_COMPLETED")  # the others stop, clean up
