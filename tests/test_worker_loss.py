@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 from distributed import Client, Event, WorkerPlugin, wait
-from util import clear_ledgers, start_cluster
+from util import clear_ledgers, shards_of, start_cluster
 
 import dask_gpudirect as dg
 
@@ -51,15 +51,8 @@ async def _add_plugin(dask_worker) -> None:
 
 
 def _shards(arr) -> list:
-    """The Shard of each loading task in ``arr``'s graph."""
-    from dask_gpudirect.shards import Shard
-
-    return [
-        arg
-        for task in arr.__dask_graph__().values()
-        for arg in getattr(task, "args", ())
-        if isinstance(arg, Shard)
-    ]
+    """The Shards the loading tasks of ``arr`` read."""
+    return list(shards_of(arr).values())
 
 
 def test_a_busy_worker_keeps_its_shards_while_it_lives(tcp, tmp_path):
