@@ -27,6 +27,7 @@ from dask.typing import Key
 from distributed import Scheduler, SchedulerPlugin, Worker, WorkerPlugin
 from distributed.protocol import deserialize
 from distributed.protocol.pickle import dumps
+from distributed.scheduler import ClientState, TaskState
 from distributed.worker import get_worker
 
 from .. import ledger
@@ -58,6 +59,32 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         for name in self.service.handlers():
             worker.handlers.pop(name, None)
         worker.stream_handlers.pop(FAIL, None)
+
+
+def _keep(scheduler: Scheduler, built: dict[str, dict], client: str) -> list[tuple[TaskState, str]]:
+    """The outputs each worker of ``built`` keeps (key -> bytes), in memory there, wanted by
+    ``client``, each with its worker: what ``Scheduler.update_data`` does, less two things these
+    need not. The workers' addresses are the scheduler's own, not to be made canonical again;
+    and the client finishes the futures itself (:func:`.coordinator._publish_outputs`), so no
+    ``key-in-memory`` message goes to it for each. 1024 outputs on the 2-core CPU: the
+    scheduler's publish 36-54 ms, against 43-80 with ``update_data``."""
+    wants = scheduler.clients.get(client)
+    if wants is None:
+        scheduler.clients[client] = wants = ClientState(client)
+    kept = []
+    for worker, by_key in built.items():
+        holder = scheduler.workers[worker]
+        for key, nbytes in by_key.items():
+            ts = scheduler.tasks.get(key) or scheduler.new_task(key, None, "memory")
+            ts.state = "memory"
+            ts.set_nbytes(nbytes)
+            scheduler.add_replica(ts, holder)
+            if ts.who_wants is None:
+                ts.who_wants = set()
+            ts.who_wants.add(wants)
+            wants.wants_what.add(ts)
+            kept.append((ts, worker))
+    return kept
 
 
 def _lost_output(shuffle_id: str, worker: str) -> NoReturn:
@@ -193,14 +220,12 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             gone = sorted(set(errors) - set(self.scheduler.workers)) or sorted(errors)
             error = next((f"{type(e).__name__}: {e}" for e in errors.values()), None)
             return {"lost": gone, "error": error, "outputs": count}
-        who_has = {key: [w] for w, by_key in built.items() for key in by_key}
-        nbytes = {key: n for by_key in built.values() for key, n in by_key.items()}
         scheduler = self.scheduler
-        scheduler.update_data(who_has=who_has, nbytes=nbytes, client=client)
-        tasks = [scheduler.tasks[key] for key in who_has]
-        for order, (ts, (worker,)) in enumerate(zip(tasks, who_has.values(), strict=True)):
+        kept = _keep(scheduler, built, client)
+        for order, (ts, worker) in enumerate(kept):
             ts.run_spec = Task(ts.key, _lost_output, shuffle_id, worker)
             ts.priority = (0, scheduler.generation, order)  # as update_graph gives a task
+        tasks = [ts for ts, _ in kept]
         # ... and a span, as update_graph gives: a worker that runs a task of no span sends
         # metrics the scheduler rejects in the worker's heartbeat, and the worker then closes.
         scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
