@@ -127,13 +127,14 @@ def _shard_of(node: Any) -> Shard | None:
 
 
 def placed_read(node: Any) -> tuple[str, int] | None:
-    """The worker a read task will run on and the bytes it reads, where every shard it loads
-    was placed on one worker (:class:`PlacementPlugin` pins the task there); None for any other
-    task. A shuffle of a read plans on this before the read has run."""
+    """The worker a read task will run on and about the bytes it makes (decoded, not as
+    stored), where every shard it loads was placed on one worker (:class:`PlacementPlugin` pins
+    the task there); None for any other task. A shuffle of a read plans on this before the
+    read has run: its memory check and how many outputs it builds at once."""
     shards = _shards_of(node)
     workers = {shard.worker for shard in shards}
     worker = workers.pop() if len(workers) == 1 else None
-    return None if worker is None else (worker, sum(shard.nbytes for shard in shards))
+    return None if worker is None else (worker, sum(shard.decoded_bytes for shard in shards))
 
 
 class PlacementPlugin(SchedulerPlugin):

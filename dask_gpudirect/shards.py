@@ -54,6 +54,12 @@ class Shard:
         return sum(length for _, length in self.ranges)
 
     @property
+    def decoded_bytes(self) -> int:
+        """About this shard's bytes in memory once decoded: what its part says (a Parquet
+        part: its column chunks uncompressed), else the bytes it reads."""
+        return getattr(self.part, "decoded", 0) or self.nbytes
+
+    @property
     def name(self) -> str:
         """Short label for logs and the ledger."""
         where = self.part.label() or (self.ranges[0][0] if self.ranges else 0)

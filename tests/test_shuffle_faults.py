@@ -259,6 +259,23 @@ def test_memory_precheck_refuses_before_moving_data(cluster):
     assert_hash_partitions(partitions(cluster, out), small, "k", 2)
 
 
+def test_a_read_is_sized_decoded_before_it_is_shuffled(cluster, tmp_path):
+    """A shuffle of a read plans before the files are read, on the bytes they will decode to:
+    a file that compresses a hundredfold, small on disk but over the host + disk limits once
+    decoded, is refused with "cannot fit" before a piece moves (on its compressed bytes the
+    check passed it, and the exchange failed part way)."""
+    path = tmp_path / "zeros.parquet"
+    n = 40_000  # 640 KB decoded: about 320 KB a worker, over 1 KiB + 64 KiB
+    pd.DataFrame({"k": np.arange(n) % 50, "v": np.zeros(n)}).to_parquet(path, index=False)
+    assert os.path.getsize(path) < 16 * 1024  # what the plan saw before
+    df = dg.read_parquet(path, blocksize=1, client=cluster)
+    before = cluster.run(shuffle_state)
+    with pytest.raises(dg.ShuffleError, match="cannot fit"):
+        dg.shuffle(df, "k", npartitions=4, client=cluster)
+    assert shuffle_records(cluster).empty  # no piece was sent, kept or spilled
+    assert cluster.run(shuffle_state) == before
+
+
 def test_disk_limit_reached_mid_shuffle(cluster):
     """The pre-check expects an even split; one key sends everything to one worker's disk."""
     pdf = frame(4000, keys=1)  # 96 KB: 48 KB a worker expected, 96 KB on one in fact

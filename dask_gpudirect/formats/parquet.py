@@ -56,6 +56,9 @@ class ParquetPart:
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()
     backend: str | None = None  # Dask's dtype_backend, for pandas partitions
     rows: int = 0  # in these row groups, as the footer says: what a read of them must give
+    # about the read columns' bytes in memory, from the footer (:func:`_decoded_size`): the
+    # bytes read are compressed and encoded
+    decoded: int = 0
     layout: tuple = ()  # the file's columns as its footer lays them out (:func:`_layout`)
 
     @property
@@ -510,6 +513,27 @@ def _range_at(
     return (own["start"] + own["step"] * before, own["step"], ranged.get("name"))
 
 
+#: Bytes a value of each Parquet physical type takes at least once decoded (a string: its
+#: offset); the footer says nothing closer of fixed-length byte arrays.
+_WIDTHS = {
+    "BOOLEAN": 1,
+    "INT32": 4,
+    "INT64": 8,
+    "INT96": 12,
+    "FLOAT": 4,
+    "DOUBLE": 8,
+    "BYTE_ARRAY": 4,
+}
+
+
+def _decoded_size(column: pq.ColumnChunkMetaData) -> int:
+    """About a column chunk's bytes in memory: its values at their width, or its size
+    uncompressed where that is more. A dictionary-encoded chunk is far smaller than its values
+    even uncompressed: 40,000 zeros take 8 bytes of dictionary and a few of run lengths."""
+    width = _WIDTHS.get(column.physical_type, 0)
+    return max(column.total_uncompressed_size, column.num_values * width)
+
+
 def _file_shards(
     footer: _Footer, part: dict[str, Any], out: pa.Schema, possible: bool, *args: Any
 ) -> list[Shard]:
@@ -528,19 +552,23 @@ def _file_shards(
     wanted = set(part["read_columns"])
     groups: list[list[int]] = []
     ranges: list[list[tuple[int, int]]] = []
+    decoded: list[int] = []
     group_bytes = blocksize
     previous = None
     for i in _kept_row_groups(footer, expression) if possible else []:
         rg = meta.row_group(i)
-        chunks = [_chunk_range(rg.column(j)) for j in range(rg.num_columns) if leaves[j] in wanted]
+        columns = [rg.column(j) for j in range(rg.num_columns) if leaves[j] in wanted]
+        chunks = [_chunk_range(column) for column in columns]
         nbytes = sum(n for _, n in chunks)
         full = groups and (len(groups[-1]) >= per_shard if per_shard else group_bytes >= blocksize)
         if not groups or full or previous != i - 1:
             groups.append([])
             ranges.append([])
+            decoded.append(0)
             group_bytes = 0
         groups[-1].append(i)
         ranges[-1].extend(chunks)
+        decoded[-1] += sum(map(_decoded_size, columns))
         group_bytes += nbytes
         previous = i
     nulls = _null_columns(footer, [i for g in groups for i in g], part["columns"])
@@ -560,6 +588,7 @@ def _file_shards(
             part=ParquetPart(
                 row_groups=tuple(g),
                 rows=sum(meta.row_group(i).num_rows for i in g),
+                decoded=n,
                 nulls=nulls,
                 range_index=_range_at(footer, ranged, g[0]),
                 **part,
@@ -568,5 +597,5 @@ def _file_shards(
             stamp=footer.stamp,
             store=store,
         )
-        for g, rs in zip(groups, ranges, strict=True)
+        for g, rs, n in zip(groups, ranges, decoded, strict=True)
     ]
