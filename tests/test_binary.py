@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import resource
 
 import numpy as np
 import pytest
-from util import clear_ledgers, compute
+from distributed import Client
+from util import clear_ledgers, compute, start_cluster
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report
@@ -249,6 +251,25 @@ def test_a_file_truncated_in_a_joined_chunk_is_named(tcp, tmp_path):
     with pytest.raises(dg.InputError, match=f"^{paths[4]}: .*changed since it was planned"):
         compute(tcp, x)
     assert_same_array(compute(tcp, x.blocks[0]), np.concatenate(parts[:3]))
+
+
+def test_a_chunk_of_many_files_keeps_few_open(tmp_path):
+    """A chunk may join thousands of small files; the worker keeps only so many open at once
+    (``FILES_AT_ONCE``): here its descriptor limit allows 100 more than it holds, and one chunk
+    joins 300 files."""
+    paths, parts = small_files(tmp_path / "many", counts=(3,) * 300)
+    with start_cluster("tcp", n_workers=1, threads=1) as cluster, Client(cluster) as client:
+        x = dg.read_binary(paths, client=client)
+        assert files_of_chunks(x) == [paths]
+        client.run(_allow_descriptors, 100)
+        assert_same_array(client.compute(x).result(), np.concatenate(parts))
+
+
+def _allow_descriptors(more: int) -> None:
+    """Lower this process's descriptor limit to ``more`` past the highest one open."""
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + more, hard))
 
 
 def test_npy_dtype_and_shape_may_be_given(tcp, tmp_path):

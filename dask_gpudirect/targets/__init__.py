@@ -48,6 +48,10 @@ def module(name: str) -> ModuleType:
         ) from exc
 
 
+#: Files a read keeps open at once (each with its reads in flight): a worker's descriptors
+#: are few, and a chunk of small files may join thousands.
+FILES_AT_ONCE = 64
+
 #: target name -> the ledger path of its ``s3://`` and ``http(s)://`` reads.
 REMOTE_ROUTES = {"host": "host-remote", "device": "kvikio-remote"}
 
@@ -86,8 +90,8 @@ class Target:
 
     def read_run(self, shards: Sequence[Shard]) -> Any:
         """``shards``' ranges end to end in one buffer of their summed sizes (small files
-        joined into one chunk: ``formats.binary.joins``), the reads of every file in flight at
-        once, so that many small files read about as fast as one large one.
+        joined into one chunk: ``formats.binary.joins``), the reads of :data:`FILES_AT_ONCE`
+        files in flight at once, so that many small files read about as fast as one large one.
 
         Each file is opened once and checked (allowed roots, then the shard's stamp) on that
         descriptor, read through it, and its stamp checked again after the read. A remote
@@ -102,7 +106,13 @@ class Target:
             self.record(shard, time.perf_counter() - start, REMOTE_ROUTES[self.name])
             return buffer
         buffer, view = self._allocate(sum(shard.size for shard in shards))
-        counts = self._read_files(shards, view)
+        counts: list[int] = []
+        at = 0
+        for first in range(0, len(shards), FILES_AT_ONCE):
+            batch = shards[first : first + FILES_AT_ONCE]
+            size = sum(shard.size for shard in batch)
+            counts += self._read_files(batch, view[at : at + size])
+            at += size
         seconds = time.perf_counter() - start
         total = sum(shard.nbytes for shard in shards) or 1
         for shard, nread in zip(shards, counts, strict=True):
