@@ -56,7 +56,7 @@ class Shard:
     @property
     def decoded_bytes(self) -> int:
         """About this shard's bytes in memory once decoded: what its part says (a Parquet
-        part: its column chunks uncompressed), else the bytes it reads."""
+        part: from its footer), else the bytes it reads."""
         return getattr(self.part, "decoded", 0) or self.nbytes
 
     @property
