@@ -96,7 +96,7 @@ class Target:
         Each file is opened once and checked (allowed roots, then the shard's stamp) on that
         descriptor, read through it, and its stamp checked again after the read. A remote
         object, never joined, is read by :meth:`_read_remote`, its stamp checked by the same
-        rules. The ledger gives each shard its share of the time by bytes.
+        rules. The ledger gives each shard its share of the time (:meth:`record_shares`).
         """
         start = time.perf_counter()
         if remote.is_remote(shards[0].path):
@@ -113,11 +113,9 @@ class Target:
             size = sum(shard.size for shard in batch)
             counts += self._read_files(batch, view[at : at + size])
             at += size
-        seconds = time.perf_counter() - start
-        total = sum(shard.nbytes for shard in shards) or 1
         for shard, nread in zip(shards, counts, strict=True):
             _check_count(shard, nread)
-            self.record(shard, seconds * shard.nbytes / total)
+        self.record_shares(shards, time.perf_counter() - start)
         return buffer
 
     def _read_files(self, shards: Sequence[Shard], view: Any) -> list[int]:
@@ -173,6 +171,13 @@ class Target:
             file=shard.path,
             shard=shard.name,
         )
+
+    def record_shares(self, shards: Sequence[Shard], seconds: float) -> None:
+        """``shards``, read by one call of ``seconds``, in the ledger: each its share of the
+        time by bytes."""
+        total = sum(shard.nbytes for shard in shards) or 1
+        for shard in shards:
+            self.record(shard, seconds * shard.nbytes / total)
 
     def read_parquet(self, runs: Sequence[Sequence[Shard]]) -> list[Any]:
         """Each run of Parquet shards (``formats.parquet.runs``) decoded end to end: their row

@@ -454,10 +454,7 @@ class DeviceTarget(Target):
         with contextlib.ExitStack() as stack:
             files = [stack.enter_context(self.checked(shard)) for shard in shards]
             frame = _decode_run(shards, [file.same_file_path for file in files])
-        seconds = time.perf_counter() - start
-        total = sum(shard.nbytes for shard in shards) or 1
-        for shard in shards:
-            self.record(shard, seconds * shard.nbytes / total)
+        self.record_shares(shards, time.perf_counter() - start)
         return frame
 
     def _read_remote_parquet(self, shards: Sequence[Shard]) -> cudf.DataFrame:
