@@ -263,8 +263,8 @@ def _on_rapidsmpf(client: Client, plan: Exchange) -> Exchange:
 
 def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
     """The outputs, kept by the workers that built them under the plan's keys, as futures: the
-    scheduler asks the workers for them and learns where each is, as after ``client.scatter``,
-    with no task per output (one round trip: :meth:`.ShuffleSchedulerPlugin.publish`)."""
+    scheduler learns where each is from the stages' reports, as after ``client.scatter``, with
+    no task per output (one round trip: :meth:`.ShuffleSchedulerPlugin.publish`)."""
     keys = list(plan.keys)
     kept = client.sync(
         client.scheduler.gpudirect_shuffle_publish,
@@ -277,8 +277,7 @@ def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
         _end(client, plan, abort="lost")
         raise ShuffleError(
             f"worker(s) {kept['lost']} left the cluster before shuffle {plan.id}'s outputs were "
-            f"kept ({kept['error']}); no output was returned. The cluster is still usable: run "
-            "the shuffle again."
+            "kept; no output was returned. The cluster is still usable: run the shuffle again."
         )
     if kept["outputs"] != len(keys):
         raise ShuffleError(

@@ -11,13 +11,15 @@ naming the lost worker, and the client's future of the lost worker's stage, whic
 otherwise wait in ``no-worker`` for a worker that never comes back, gets that error too. The
 client also asks it to abort a shuffle (messages on the scheduler's streams, which never wait
 on a worker that stopped answering), to gather what a shuffle is planned by (where the inputs
-are, the holders' room), and to publish a finished shuffle's outputs: it gathers from every
-participant what it kept and registers them. Each is one round trip of the client's.
+are, the holders' room), and to publish a finished shuffle's outputs: each stage reports what
+its worker kept on the worker's stream as it ends, and the scheduler registers them. Each is
+one round trip of the client's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from typing import Any, NoReturn
@@ -25,19 +27,21 @@ from typing import Any, NoReturn
 from dask._task_spec import Task
 from dask.typing import Key
 from distributed import Scheduler, SchedulerPlugin, Worker, WorkerPlugin
-from distributed.protocol import deserialize
 from distributed.protocol.pickle import dumps
 from distributed.scheduler import ClientState, TaskState
 from distributed.worker import get_worker
 
 from .. import ledger
 from ..errors import ShuffleError
-from .worker import ShuffleService
+from .worker import BUILT, MAX_CLOSED, ShuffleService
 
 logger = logging.getLogger(__name__)
 
 #: The worker's stream op that ends a run: ``shuffle_id``, ``reason``, ``secondary``.
 FAIL = "gpudirect-shuffle-fail"
+#: The worker's stream op that says whether the scheduler kept the outputs it reported:
+#: ``shuffle_id``, ``kept``.
+PUBLISHED = "gpudirect-shuffle-published"
 
 
 class ShuffleWorkerPlugin(WorkerPlugin):
@@ -50,6 +54,7 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         self.service = ShuffleService(worker, ledger.of(worker))
         worker.handlers.update(self.service.handlers())
         worker.stream_handlers[FAIL] = self.service.abort
+        worker.stream_handlers[PUBLISHED] = self.service.published
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         self.service.task_changed(key)
@@ -59,6 +64,7 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         for name in self.service.handlers():
             worker.handlers.pop(name, None)
         worker.stream_handlers.pop(FAIL, None)
+        worker.stream_handlers.pop(PUBLISHED, None)
 
 
 def _keep(scheduler: Scheduler, built: dict[str, dict], client: str) -> list[tuple[TaskState, str]]:
@@ -119,6 +125,10 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
     def __init__(self) -> None:
         self.active: dict[str, _Active] = {}
         self.op_ids: dict[str, int] = {}  # shuffle id -> its RapidsMPF op id, while it runs
+        # shuffle id -> worker -> the outputs its finished stage reported (key -> bytes), until
+        # they are published; and the shuffles that ended, whose late reports are not kept
+        self.reports: dict[str, dict[str, dict[Key, int]]] = {}
+        self.ended: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -127,6 +137,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         scheduler.handlers["gpudirect_shuffle_op_id"] = self.reserve_op_id
         scheduler.handlers["gpudirect_shuffle_publish"] = self.publish
         scheduler.handlers["gpudirect_shuffle_prepare"] = self.prepare
+        scheduler.stream_handlers[BUILT] = self.built
 
     async def prepare(
         self, keys: list, target: str, placed: list[tuple[str, int]] | None = None
@@ -190,38 +201,30 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         self.op_ids[shuffle_id] = free
         return free
 
-    async def publish(
+    def built(self, worker: str, shuffle_id: str, keys: list[Key], nbytes: list[int]) -> None:
+        """A stage's report of the outputs its worker keeps (:meth:`.ShuffleService.report_built`),
+        which may come before the client's start of the shuffle: it is on another comm."""
+        if shuffle_id not in self.ended:
+            self.reports.setdefault(shuffle_id, {})[worker] = dict(zip(keys, nbytes, strict=True))
+
+    def publish(
         self, shuffle_id: str, client: str, workers: list[str], expected: int
     ) -> dict[str, Any]:
-        """Ask ``workers`` for the outputs they built and keep for ``shuffle_id`` and learn
-        where each is, as after ``client.scatter``, for ``client``; each gets a task that raises
+        """Learn where each output of ``shuffle_id`` is, from what the stages of ``workers``
+        reported, as after ``client.scatter``, for ``client``; each gets a task that raises
         a ShuffleError naming its worker. Data without a task is forgotten when its worker
         dies, and what needs it is cancelled with no word of why; with one, the scheduler
         "recomputes" it, and whatever needed the output fails with that error, at once. Where a
-        worker is gone or fewer than ``expected`` outputs came back, none is kept (the workers
-        let go of theirs) and the reply says why."""
-        replies = await asyncio.gather(
-            *(
-                self.scheduler.rpc(w).gpudirect_shuffle_publish(shuffle_id=shuffle_id)
-                for w in workers
-            ),
-            return_exceptions=True,
-        )
-        errors: dict[str, BaseException] = {}
-        built: dict[str, dict] = {}
-        for worker, reply in zip(workers, replies, strict=True):
-            if isinstance(reply, BaseException):
-                errors[worker] = reply
-            else:  # the scheduler's comms leave a worker's pickled reply as it came
-                built[worker] = deserialize(reply.header, reply.frames)
-        count = sum(len(by_key) for by_key in built.values())
-        if errors or count != expected:
-            self._free(built, shuffle_id)
-            gone = sorted(set(errors) - set(self.scheduler.workers)) or sorted(errors)
-            error = next((f"{type(e).__name__}: {e}" for e in errors.values()), None)
-            return {"lost": gone, "error": error, "outputs": count}
+        worker is gone or fewer than ``expected`` outputs were reported, none is kept (the
+        workers let go of theirs) and the reply says why."""
+        reports = self.reports.pop(shuffle_id, {})
         scheduler = self.scheduler
-        kept = _keep(scheduler, built, client)
+        gone = sorted(set(workers) - set(scheduler.workers))
+        count = sum(len(by_key) for by_key in reports.values())
+        if gone or count != expected:
+            self._tell_kept(reports, shuffle_id, kept=False)
+            return {"lost": gone, "outputs": count}
+        kept = _keep(scheduler, reports, client)
         for order, (ts, worker) in enumerate(kept):
             ts.run_spec = Task(ts.key, _lost_output, shuffle_id, worker)
             ts.priority = (0, scheduler.generation, order)  # as update_graph gives a task
@@ -229,22 +232,19 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         # ... and a span, as update_graph gives: a worker that runs a task of no span sends
         # metrics the scheduler rejects in the worker's heartbeat, and the worker then closes.
         scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
+        self._tell_kept(reports, shuffle_id, kept=True)
         self.shuffle_ended(shuffle_id)  # its outputs are kept: the client need not end it
-        return {"lost": [], "error": None, "outputs": count}
+        return {"lost": [], "outputs": count}
 
-    def _free(self, built: dict[str, dict], shuffle_id: str) -> None:
-        """Have workers let go of outputs they handed over that no one will keep."""
-        stimulus = f"gpudirect-shuffle-{shuffle_id}-unpublished"
-        messages = {
-            w: [{"op": "free-keys", "keys": list(by_key), "stimulus_id": stimulus}]
-            for w, by_key in built.items()
-            if by_key and w in self.scheduler.workers
-        }
-        self.scheduler.send_all({}, messages)
+    def _tell_kept(self, reports: dict[str, dict], shuffle_id: str, kept: bool) -> None:
+        """Tell the workers that reported outputs whether they were kept (else they let go)."""
+        message = {"op": PUBLISHED, "shuffle_id": shuffle_id, "kept": kept}
+        alive = set(reports) & set(self.scheduler.workers)
+        self.scheduler.send_all({}, {worker: [message] for worker in alive})
 
     def shuffle_ended(self, shuffle_id: str, reason: str | None = None) -> None:
         """Forget a shuffle; with a ``reason``, first end its run on every participant."""
-        self.op_ids.pop(shuffle_id, None)
+        self._forget(shuffle_id)
         shuffle = self.active.pop(shuffle_id, None)
         if shuffle is not None and reason is not None:
             self._tell(shuffle, shuffle_id, reason, secondary=True)
@@ -256,12 +256,20 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
 
     def _lost(self, shuffle_id: str, worker: str) -> None:
         shuffle = self.active.pop(shuffle_id)
-        self.op_ids.pop(shuffle_id, None)
+        self._forget(shuffle_id)
         error = ShuffleError(f"worker {worker} left the cluster during shuffle {shuffle_id}")
         logger.warning("%s", error)
         self._tell(shuffle, shuffle_id, str(error), secondary=False)
         message = {"op": "task-erred", "key": shuffle.stages[worker], "exception": dumps(error)}
         self.scheduler.send_all({shuffle.client: [message]}, {})
+
+    def _forget(self, shuffle_id: str) -> None:
+        """Let go of what the scheduler holds for a shuffle that ended, and remember it ended."""
+        self.op_ids.pop(shuffle_id, None)
+        self.reports.pop(shuffle_id, None)
+        self.ended[shuffle_id] = None
+        if len(self.ended) > MAX_CLOSED:
+            self.ended.popitem(last=False)
 
     def _tell(self, shuffle: _Active, shuffle_id: str, reason: str, secondary: bool) -> None:
         message = {"op": FAIL, "shuffle_id": shuffle_id, "reason": reason, "secondary": secondary}

@@ -58,6 +58,9 @@ logger = logging.getLogger(__name__)
 
 #: Ended shuffles a worker remembers, so that a late piece of one is refused, not kept.
 MAX_CLOSED = 1000
+#: The scheduler's stream op by which a finished stage reports the outputs its worker keeps:
+#: ``shuffle_id``, ``keys`` and their ``nbytes``.
+BUILT = "gpudirect-shuffle-built"
 #: A chunk (and a group of outputs) is at most this share of the target's memory: a split holds
 #: about three copies of it, and the worker its inputs and outputs besides.
 CHUNK_SHARE = 16
@@ -331,7 +334,6 @@ class ShuffleService:
         return {
             "gpudirect_shuffle_receive": self.receive,
             "gpudirect_shuffle_finished": self.peer_finished,
-            "gpudirect_shuffle_publish": self.publish,
             "gpudirect_shuffle_room": self.room,
         }
 
@@ -370,7 +372,7 @@ class ShuffleService:
     def keep(self, shuffle_id: str, outputs: dict[Key, Any]) -> None:
         """Put outputs this worker built into its memory under their keys, as
         ``client.scatter`` does (no task per output partition), where the worker spills them
-        like any result; the scheduler learns of them at :meth:`publish`. (``update_data``'s
+        like any result; the scheduler learns of them from :meth:`report_built`. (``update_data``'s
         own stimulus: ``Worker.update_data`` sizes each value again for its reply, and Dask's
         sizeof of a pandas frame costs about 0.15 ms; the task states hold the sizes.)"""
         stimulus_id = f"gpudirect-shuffle-{shuffle_id}-keep-{time.time()}"
@@ -386,10 +388,23 @@ class ShuffleService:
             raise ShuffleError(f"worker {self.worker.address} could not keep output {lost[0]}")
         self.built.setdefault(shuffle_id, {}).update(sizes)
 
-    def publish(self, shuffle_id: str) -> Any:
-        """The outputs this worker keeps for ``shuffle_id`` and their sizes (pickled: keys are
-        tuples), now the scheduler's to know of."""
-        return to_serialize(self.built.pop(shuffle_id, {}))
+    def report_built(self, shuffle_id: str) -> None:
+        """Tell the scheduler which outputs this worker keeps for ``shuffle_id`` and their
+        bytes, on the worker's stream, before the stage's own end goes the same way: the
+        scheduler knows them by the time the client sees the stage finish, and publishing
+        asks no worker (a round trip that took 17-21 ms of the 30 ms publish of 1024 outputs
+        on the 2-core CPU, while the workers were let go of the inputs)."""
+        sizes = self.built.get(shuffle_id, {})
+        message = {"op": BUILT, "shuffle_id": shuffle_id, "keys": list(sizes)}
+        self.worker.batched_stream.send({**message, "nbytes": list(sizes.values())})
+
+    def published(self, shuffle_id: str, kept: bool) -> None:
+        """The scheduler kept the outputs reported for ``shuffle_id`` (they are the cluster's
+        now) or refused them (a participant left, or outputs were missing: let go of them)."""
+        if kept:
+            self.built.pop(shuffle_id, None)
+        else:
+            self._drop_built(shuffle_id)
 
     def _drop_built(self, shuffle_id: str) -> None:
         """Let go of the outputs kept for a shuffle that failed: the scheduler never knew them."""
@@ -506,7 +521,7 @@ class ShuffleService:
     # --- the stage task (worker thread) -------------------------------------------------------
     def stage(self, exchange: Exchange, inputs: dict[int, tuple[Key, int]]) -> int:
         """Split and send this worker's inputs (input ``i``: its key and bytes), then build the
-        output partitions it owns and keep them for :meth:`publish`; the number of outputs
+        output partitions it owns and keep them (:meth:`report_built`); the number of outputs
         built. The inputs are not the task's dependencies, which the worker would hold in
         memory until the task ends: each chunk's are taken from the worker's memory (or its
         spill) when it is split, and let go after. ``exchange.engine`` says who moves the
@@ -520,8 +535,11 @@ class ShuffleService:
             if exchange.engine == "rapidsmpf":
                 from .rapidsmpf_engine import exchange_on_rapidsmpf
 
-                return exchange_on_rapidsmpf(self, exchange, inputs, run, clock)
-            return self._exchange(exchange, inputs, run, clock)
+                built = exchange_on_rapidsmpf(self, exchange, inputs, run, clock)
+            else:
+                built = self._exchange(exchange, inputs, run, clock)
+            self.on_loop(self.report_built, exchange.id)
+            return built
         finally:
             self.on_loop(self.close, exchange.id, "finished")
             clock.count_collections()
