@@ -150,10 +150,11 @@ def view(entry: str, listing: Listing = FLAT) -> View:
                 files.append((path, f.stat.st_size, f.stat.st_mtime_ns))
         except access.Refused:
             refused.append(path)
-        except InputError:
-            if kind == FILE:  # planning says what is wrong with it (unreadable, a FIFO...)
+        except InputError:  # planning says what is wrong with it (unreadable, a FIFO...),
+            # unless a listing found it and it is not a file: a subdirectory a pattern matched,
+            # a dangling link or a file gone meanwhile
+            if kind == FILE or (os.path.exists(path) and not os.path.isdir(path)):
                 files.append((path, *_size_and_mtime(path)))
-            # in a listing: a subdirectory, a dangling link or a file gone meanwhile
     if kind == FILE and not files and not refused:
         return View(MISSING)
     return View(kind, tuple(files), tuple(refused))

@@ -140,6 +140,23 @@ def test_permission_denied_while_planning(tcp, tmp_path, good):
     assert len(dg.read_parquet(locked, client=tcp).compute()) > 0  # the workers read it again
 
 
+def test_unreadable_file_in_a_directory(tcp, tmp_path):
+    """A file the workers may not open, found by listing a directory or a pattern, fails the
+    read naming it: it is not left out of the result."""
+    write(tmp_path / "good.parquet")
+    locked = write(tmp_path / "locked.parquet")
+    np.arange(10.0).tofile(tmp_path / "good.raw")
+    np.arange(10.0).tofile(raw := tmp_path / "locked.raw")
+    tcp.run(refuse_opens, True)
+    try:
+        with raises_naming(locked, "permission denied"):
+            dg.read_parquet(tmp_path, client=tcp)
+        with raises_naming(raw, "permission denied"):
+            dg.read_binary(os.fspath(tmp_path / "*.raw"), dtype="f8", client=tcp)
+    finally:
+        tcp.run(refuse_opens, False)
+
+
 # --- Parquet files that are not whole -----------------------------------------------------
 
 
