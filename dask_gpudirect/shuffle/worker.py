@@ -164,7 +164,8 @@ class ShuffleRun:
             with clock("take pieces"):  # back from host or disk where spilled
                 pieces = [self.buffer.pop(f"{group}-{i}") for i in firsts]
             with clock("order"):
-                segments, sizes = assembly_segments([received[i] for i in firsts], outputs)
+                pieces_of = [received[i] for i in firsts]
+                segments, sizes = assembly_segments(pieces_of, outputs, exchange.target)
                 bounds = np.concatenate([[0], np.cumsum(sizes)])
             with clock("combine"):
                 built = splitter.outputs(pieces, segments, bounds, outputs)

@@ -294,21 +294,24 @@ def group_order(where: cudf.Series, lengths: list[int], n: int) -> tuple[cupy.nd
     return order, counts.get().reshape(len(lengths), n)
 
 
-def positions(starts: np.ndarray, lengths: np.ndarray) -> cupy.ndarray:
-    """The row positions of the segments ``starts[s] .. starts[s] + lengths[s]``, one after
-    another, made on the GPU: only the segments (a few per partition) cross from the host."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    placed = np.cumsum(lengths) - lengths  # where each segment starts in the result
+#: This target's arrays: what the shuffle's bookkeeping per row and per segment runs on.
+arrays = cupy
+
+
+def positions(starts: Any, lengths: Any) -> cupy.ndarray:
+    """The row positions of the segments ``starts[s] .. starts[s] + lengths[s]`` (NumPy or
+    CuPy arrays), one after another, made on the GPU."""
+    lengths = cupy.asarray(lengths, dtype=cupy.int64)
+    placed = cupy.cumsum(lengths) - lengths  # where each segment starts in the result
     rows = cupy.arange(int(lengths.sum()), dtype=cupy.int64)
-    return (
-        rows + cupy.asarray(np.asarray(starts, dtype=np.int64) - placed)[_segment_of(rows, lengths)]
-    )
+    return rows + (cupy.asarray(starts, dtype=cupy.int64) - placed)[_segment_of(rows, lengths)]
 
 
-def _segment_of(rows: cupy.ndarray, lengths: np.ndarray) -> cupy.ndarray:
-    """Which of the segments of ``lengths`` rows, laid end to end, each of ``rows`` falls in
-    (one search on the GPU; ``cupy.repeat`` with per-segment counts loops in Python)."""
-    return cupy.searchsorted(cupy.asarray(np.cumsum(lengths)), rows, side="right")
+def _segment_of(rows: cupy.ndarray, lengths: Any) -> cupy.ndarray:
+    """Which of the segments of ``lengths`` rows (NumPy or CuPy), laid end to end, each of
+    ``rows`` falls in (one search on the GPU; ``cupy.repeat`` with per-segment counts loops in
+    Python)."""
+    return cupy.searchsorted(cupy.cumsum(cupy.asarray(lengths)), rows, side="right")
 
 
 def memory_bytes(worker: Worker) -> int:

@@ -143,6 +143,10 @@ def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.
     return np.argsort(keys, kind="stable"), counts.reshape(len(lengths), n)
 
 
+#: This target's arrays: what the shuffle's bookkeeping per row and per segment runs on.
+arrays = np
+
+
 def positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The row positions of the segments ``starts[s] .. starts[s] + lengths[s]``, one after
     another: one vectorised pass, however many segments."""
