@@ -20,6 +20,7 @@ running workers. Bad options, which need no cluster of their own, close the modu
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -185,6 +186,15 @@ def wait_until_clean(client, timeout: float = 20) -> dict:
         if time.monotonic() > deadline:
             raise AssertionError(f"shuffle state left behind: {state}")
         time.sleep(0.1)
+
+
+def wait_until_clean_on(client, worker: str, timeout: float) -> dict:
+    """Poll until ``worker`` has no live run; its state then (fails after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while (state := client.run(shuffle_state, workers=[worker])[worker])["runs"]:
+        assert time.monotonic() < deadline, f"{worker} still runs {state['runs']}"
+        time.sleep(0.1)
+    return state
 
 
 def shuffle_records(client) -> pd.DataFrame:
@@ -458,6 +468,45 @@ def test_stopped_peer_fails_the_shuffle_within_the_timeout(cluster):
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
+def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
+    """A client closed while its shuffle waits on a stopped peer ends that shuffle on every
+    worker at once, not after gpudirect.shuffle.timeout (here far longer than the test's
+    wait): the worker still running ends its stage and keeps nothing; the stopped one, once it
+    goes on, too; and the cluster shuffles again."""
+    victim, survivor = sorted(cluster.nthreads())
+    pid = cluster.run(os.getpid, workers=[victim])[victim]
+    pdf = frame(2000, keys=97, seed=13)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    wait(df)
+    leaving = Client(cluster.scheduler.address, set_as_default=False)
+
+    def shuffle():
+        with contextlib.suppress(Exception):  # its client closes under it: any error will do
+            dg.shuffle(leaving.persist(dd.from_pandas(pdf, npartitions=4)), "k", client=leaving)
+
+    with worker_config(cluster, {"gpudirect.shuffle.timeout": f"{HANG_GUARD}s"}):
+        with ThreadPoolExecutor(1) as pool:
+            cluster.run(delay_receive, seconds=1, workers=[victim])  # still busy when stopped
+            running = pool.submit(shuffle)
+            deadline = time.monotonic() + HANG_GUARD
+            while not all(s["runs"] for s in cluster.run(shuffle_state).values()):
+                assert not running.done(), running.exception()
+                assert time.monotonic() < deadline, "the shuffle never started on both workers"
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                leaving.close()
+                state = wait_until_clean_on(cluster, survivor, timeout=HANG_GUARD / 10)
+                assert not state["runs"]
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            running.result(timeout=HANG_GUARD)
+    cluster.run(restore_receive)
+    wait_until_clean(cluster, timeout=HANG_GUARD)
+    assert not any(cluster.run(lambda dask_worker: shuffle_service(dask_worker).built).values())
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+
+
 def test_a_run_whose_stage_never_started_is_freed_when_the_shuffle_fails(cluster, tmp_path):
     """A worker gets a peer's pieces while its one thread is busy, so its stage has not started
     when the shuffle fails (the peer's wait runs out): the abort frees the run those pieces
@@ -538,7 +587,7 @@ def test_worker_killed_mid_shuffle(cluster):
 
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(shuffle)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + HANG_GUARD
         while not cluster.run(shuffle_state, workers=[victim])[victim]["runs"]:
             assert not running.done(), running.exception()
             assert time.monotonic() < deadline, "the shuffle never started on the victim"
@@ -546,11 +595,11 @@ def test_worker_killed_mid_shuffle(cluster):
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         with pytest.raises(dg.ShuffleError, match="no output was returned") as info:
-            running.result(timeout=60)
-    assert time.monotonic() - killed < 30
+            running.result(timeout=HANG_GUARD)
+    assert time.monotonic() - killed < 30  # the loss is found, not waited out
     assert victim in str(info.value)
 
-    state = wait_until_clean(cluster)
+    state = wait_until_clean(cluster, timeout=HANG_GUARD)
     assert victim not in state
     # the same shuffle again, on whatever now holds the inputs (the survivor recomputed the lost)
     out = dg.shuffle(df, "k", client=cluster)

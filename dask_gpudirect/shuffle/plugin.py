@@ -117,7 +117,8 @@ class _Active:
 
 
 class ShuffleSchedulerPlugin(SchedulerPlugin):
-    """The shuffles in flight, failed at once when a participant leaves the cluster."""
+    """The shuffles in flight, failed at once when a participant or their client leaves the
+    cluster."""
 
     name = "gpudirect-shuffle"
     idempotent = True
@@ -248,6 +249,16 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         shuffle = self.active.pop(shuffle_id, None)
         if shuffle is not None and reason is not None:
             self._tell(shuffle, shuffle_id, reason, secondary=True)
+
+    def remove_client(self, scheduler: Scheduler, client: str) -> None:
+        """A client that leaves mid-shuffle (closed, or its process gone) takes its shuffles
+        with it: every participant ends its run and lets go of what it built, where its stage
+        would wait on its peers up to ``gpudirect.shuffle.timeout`` and keep outputs that no
+        one will publish."""
+        for shuffle_id, shuffle in list(self.active.items()):
+            if shuffle.client == client:
+                reason = f"client {client} left the cluster during shuffle {shuffle_id}"
+                self.shuffle_ended(shuffle_id, reason)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         for shuffle_id, shuffle in list(self.active.items()):
