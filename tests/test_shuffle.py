@@ -25,6 +25,7 @@ from util import (
     compute,
     owner_of_rows,
     partitions,
+    received_pieces,
     worker_config,
 )
 
@@ -463,17 +464,8 @@ def test_assembly_segments_list_each_output_in_input_order(interleaved):
     worker holds the even partitions) or not; empty segments and empty outputs included."""
     from dask_gpudirect.shuffle.split import assembly_segments
 
-    rng = np.random.default_rng(3)
     outputs = range(10, 16)
-    senders = [tuple(range(w, 12, 2)) if interleaved else tuple(range(6 * w, 6 * w + 6))
-               for w in range(2)]  # fmt: skip
-    pieces = []
-    for inputs in senders:
-        for chunk in (inputs[:3], inputs[3:]):
-            counts = rng.integers(0, 3, (len(chunk), len(outputs)))
-            counts[:, 2] = 0  # an output no row of this chunk goes to
-            pieces.append((chunk, outputs.start, counts))
-    pieces.sort(key=lambda piece: piece[0][0])
+    pieces = received_pieces(outputs, inputs=12, interleaved=interleaved, seed=3)
     # (output, input) of each row as the receiver joins them: piece after piece, in order
     joined = []
     for chunk, _, counts in pieces:

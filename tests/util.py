@@ -103,6 +103,24 @@ def assert_hash_partitions(parts: list, pdf: pd.DataFrame, on, npartitions: int)
         assert_frame_equal(part, pdf[where == j])
 
 
+def received_pieces(outputs: range, inputs: int, interleaved: bool, seed: int) -> list:
+    """What a receiver of ``outputs`` gets from two senders of ``inputs`` partitions between
+    them (the even and the odd ones, or each a half), each sending two chunks: pieces
+    ``(chunk's inputs, first output, counts)`` in input order, with random counts and an output
+    that no row of a chunk goes to (as ``assembly_segments`` takes them)."""
+    rng = np.random.default_rng(seed)
+    half = inputs // 2
+    senders = [tuple(range(w, inputs, 2)) if interleaved else tuple(range(half * w, half * (w + 1)))
+               for w in range(2)]  # fmt: skip
+    pieces = []
+    for sent in senders:
+        for chunk in (sent[: half // 2], sent[half // 2 :]):
+            counts = rng.integers(0, 3, (len(chunk), len(outputs)))
+            counts[:, 2] = 0
+            pieces.append((chunk, outputs.start, counts))
+    return sorted(pieces, key=lambda piece: piece[0][0])
+
+
 def load_good(client, path) -> None:
     """The cluster still loads a good dataset after a failure."""
     got = compute(client, dg.read_parquet(path, client=client))

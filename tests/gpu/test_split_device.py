@@ -4,8 +4,8 @@ NumPy's against the rows)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from util import received_pieces
 
 from dask_gpudirect.shuffle import split
 
@@ -14,17 +14,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
 def test_device_segments_equal_host_segments(monkeypatch, interleaved):
-    rng = np.random.default_rng(5)
     outputs = range(3, 40)
-    senders = [tuple(range(w, 60, 2)) if interleaved else tuple(range(30 * w, 30 * w + 30))
-               for w in range(2)]  # fmt: skip
-    pieces = []
-    for inputs in senders:
-        for chunk in (inputs[:10], inputs[10:]):
-            counts = rng.integers(0, 4, (len(chunk), len(outputs)))
-            counts[:, 5] = 0  # an output no row of this chunk goes to
-            pieces.append((chunk, outputs.start, counts))
-    pieces.sort(key=lambda piece: piece[0][0])
+    pieces = received_pieces(outputs, inputs=60, interleaved=interleaved, seed=5)
     host, host_sizes = split.assembly_segments(pieces, outputs, "host")
     monkeypatch.setattr(split, "DEVICE_SEGMENTS", 0)  # this table is small: made on the GPU
     device, device_sizes = split.assembly_segments(pieces, outputs, "device")
