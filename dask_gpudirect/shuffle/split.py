@@ -172,10 +172,10 @@ class Segments:
         return out
 
 
-#: Slots of a group's table of segments (outputs x inputs) from which a device shuffle makes
-#: them with CuPy, not NumPy. Measured on an H200 shared by two workers: at 1024 interleaved
-#: partitions (half a million slots) 14-17 ms against 46-51; at 8, 10 ms against 1 (each CuPy
-#: call waits its turn on the shared GPU).
+#: Slots of a group's table of segments (outputs x inputs) from which they are made with the
+#: target's arrays (CuPy on the device), not NumPy. Measured on an H200 shared by two workers:
+#: at 1024 interleaved partitions (half a million slots) 14-17 ms against 46-51; at 8, 10 ms
+#: against 1 (each CuPy call waits its turn on the shared GPU).
 DEVICE_SEGMENTS = 1 << 18
 
 
@@ -204,8 +204,7 @@ def assembly_segments(
     rank = np.zeros(int(inputs.max()) + 1, dtype=np.int64)  # input -> its place among them
     rank[np.sort(inputs)] = np.arange(len(inputs))
     width = len(inputs)
-    many = target == "device" and len(outputs) * width >= DEVICE_SEGMENTS
-    xp = targets.module(target).arrays if many else np
+    xp = targets.module(target).arrays if len(outputs) * width >= DEVICE_SEGMENTS else np
     sizes = np.zeros(len(outputs), dtype=np.int64)
     start = xp.zeros(len(outputs) * width, dtype=xp.int64)
     length = xp.zeros(len(outputs) * width, dtype=xp.int64)
