@@ -216,6 +216,21 @@ def test_ledger_records_each_piece(client):
             assert total <= records["bytes"].sum() <= 1.15 * total
 
 
+def test_chunk_size_auto_is_the_targets_own(client):
+    """``chunk-size: auto`` splits 512 MiB at once on the host (2 GiB on the GPU:
+    ``tests/gpu``), a size given wins, and either is capped at 1/16 of the worker's memory."""
+
+    def chunk(dask_worker) -> tuple[int, int]:
+        return service(dask_worker).batches("host")["chunk"], dask_worker.memory_manager.memory_limit
+
+    ensure_plugins(client)
+    assert dask.config.get("gpudirect.shuffle.chunk-size") == "auto"
+    for value, expected in [("auto", 512 * 2**20), ("96MiB", 96 * 2**20), ("64GiB", 64 * 2**30)]:
+        with worker_config(client, {"gpudirect.shuffle.chunk-size": value}):
+            for got, memory in client.run(chunk).values():
+                assert got == min(expected, memory // 16)
+
+
 @pytest.mark.parametrize("inputs, outputs", [(1, 1), (2, 2), (1, 2), (2, 1)])
 def test_one_and_two_partitions(client, inputs, outputs):
     pdf = sample_frame(500, keys=20, seed=9)

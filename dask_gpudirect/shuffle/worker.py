@@ -488,9 +488,10 @@ class ShuffleService:
     def batches(self, target: TargetName) -> dict[str, int]:
         """Bytes this worker splits, and builds, at once (``chunk``) and has on the wire at
         once (``in-flight``): the config's, capped by a share of the target's memory."""
-        memory = targets.module(target).memory_bytes(self.worker)
+        module = targets.module(target)
+        memory = module.memory_bytes(self.worker)
         return {
-            "chunk": _capped("chunk-size", memory // CHUNK_SHARE),
+            "chunk": _capped("chunk-size", memory // CHUNK_SHARE, auto=module.SHUFFLE_CHUNK),
             "in-flight": _capped("max-in-flight", memory // IN_FLIGHT_SHARE),
         }
 
@@ -687,9 +688,10 @@ def _chunks(sizes: dict[int, int], chunk_bytes: int) -> Iterator[tuple[int, ...]
         yield tuple(chunk)
 
 
-def _capped(key: str, cap: int) -> int:
-    """``gpudirect.shuffle.<key>`` in bytes, at most ``cap``."""
-    return max(min(parse_bytes(dask.config.get(f"gpudirect.shuffle.{key}")), cap), 1)
+def _capped(key: str, cap: int, auto: str | None = None) -> int:
+    """``gpudirect.shuffle.<key>`` in bytes, at most ``cap``; ``auto`` where it says auto."""
+    value = dask.config.get(f"gpudirect.shuffle.{key}")
+    return max(min(parse_bytes(auto if value == "auto" and auto else value), cap), 1)
 
 
 def _limit(key: str, whole: int) -> int:

@@ -146,6 +146,10 @@ def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.
 #: This target's arrays: what the shuffle's bookkeeping per row and per segment runs on.
 arrays = np
 
+#: ``gpudirect.shuffle.chunk-size: auto`` here: bytes of inputs a shuffle stage splits at once
+#: (pandas copies a chunk about three times on the CPU as it splits it).
+SHUFFLE_CHUNK = "512MiB"
+
 
 def positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The row positions of the segments ``starts[s] .. starts[s] + lengths[s]``, one after
