@@ -221,7 +221,8 @@ def test_chunk_size_auto_is_the_targets_own(client):
     ``tests/gpu``), a size given wins, and either is capped at 1/16 of the worker's memory."""
 
     def chunk(dask_worker) -> tuple[int, int]:
-        return service(dask_worker).batches("host")["chunk"], dask_worker.memory_manager.memory_limit
+        memory = dask_worker.memory_manager.memory_limit
+        return service(dask_worker).batches("host")["chunk"], memory
 
     ensure_plugins(client)
     assert dask.config.get("gpudirect.shuffle.chunk-size") == "auto"
