@@ -218,7 +218,8 @@ def test_ledger_records_each_piece(client):
 
 def test_chunk_size_auto_is_the_targets_own(client):
     """``chunk-size: auto`` splits 512 MiB at once on the host (2 GiB on the GPU:
-    ``tests/gpu``), a size given wins, and either is capped at 1/16 of the worker's memory."""
+    ``tests/gpu/test_shuffle_device.py``), a size given wins, and either is capped at 1/16 of
+    the worker's memory."""
 
     def chunk(dask_worker) -> tuple[int, int]:
         memory = dask_worker.memory_manager.memory_limit

@@ -147,7 +147,7 @@ def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.
 arrays = np
 
 #: ``gpudirect.shuffle.chunk-size: auto`` here: bytes of inputs a shuffle stage splits at once
-#: (pandas copies a chunk about three times on the CPU as it splits it).
+#: (the host's size before ``auto``, which the CPU runs of issue 14 used).
 SHUFFLE_CHUNK = "512MiB"
 
 

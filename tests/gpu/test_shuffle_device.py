@@ -186,6 +186,24 @@ def test_a_read_shuffled_as_it_is_read_matches_pandas(client, engine, tmp_path):
     pd.testing.assert_frame_equal(got, expected.reset_index(drop=True))
 
 
+def _device_chunk(dask_worker) -> tuple[int, int]:
+    from dask_gpudirect import targets
+    from dask_gpudirect.shuffle.plugin import service
+
+    memory = targets.module("device").memory_bytes(dask_worker)
+    return service(dask_worker).batches("device")["chunk"], memory
+
+
+def test_chunk_size_auto_is_2_gib_on_the_gpu(client):
+    """``chunk-size: auto`` splits 2 GiB at once on the device target (512 MiB on the host:
+    ``tests/test_shuffle.py``), at most 1/16 of the GPU's memory."""
+    from dask_gpudirect.cluster import ensure_plugins
+
+    ensure_plugins(client)
+    for chunk, memory in client.run(_device_chunk).values():
+        assert chunk == min(2 * 2**30, memory // 16)
+
+
 def test_hash_shuffle_matches_pandas(client):
     pdf = _frame(ROWS, 1000)
     out = _check_hash_shuffle(client, pdf, 8, 6)
