@@ -267,12 +267,14 @@ def read_parquet(
     with clock("meta"):
         plan = planned.unified()
         meta = plan.meta(targets.module(target))
-    # "auto" never makes so few partitions that a worker has none to read
-    at_least = AUTO_PER_WORKER[target] * len(setting.workers) if auto else 1
+    # "auto" never makes so few partitions that a worker has none to read, and makes as many
+    # for each worker to read
+    spread = len(setting.workers) if auto else 1
+    at_least = AUTO_PER_WORKER[target] * spread if auto else 1
 
     def build() -> Any:
         if per_shard is None:
-            joined = join_small(plan.shards, blocksize, found.readable, at_least)
+            joined = join_small(plan.shards, blocksize, found.readable, at_least, spread=spread)
         else:  # the row groups asked for, each run its own partition
             joined = [(shard,) for shard in plan.shards]
         partitions = assign(joined, found.readable)
@@ -287,7 +289,7 @@ def read_parquet(
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with clock("partitions"), dask.config.set({"dataframe.convert-string": False}):
-        expr = read_plans.reads.collection(found, parquet.plan, args, at_least, build)
+        expr = read_plans.reads.collection(found, parquet.plan, args, (at_least, spread), build)
         frame = new_collection(expr)
     last_phases.clear()
     last_phases.update(clock.seconds)

@@ -59,19 +59,23 @@ def join_small(
     readable: dict[str, set[str]],
     at_least: int = 1,
     joins: Callable[[Shard], bool] = lambda shard: True,
+    spread: int = 1,
 ) -> list[tuple[Shard, ...]]:
     """Consecutive shards joined into partitions of about ``blocksize`` bytes, as Dask's and
     dask_cudf's ``read_parquet`` join small files and row groups: fewer, larger partitions, in
     file order.
 
     The bytes are cut into equal spans, as many as ``blocksize`` needs and at least
-    ``at_least`` where there are shards enough, and each shard goes with the span its middle
-    falls in: files of about one size make partitions of about one size, and a partition passes
-    ``blocksize`` by less than a shard. A shard joins the one before it only where some worker
-    can read both files and ``joins`` allows both.
+    ``at_least``, rounded up to a multiple of ``spread`` (the workers, so that each reads as
+    many bytes: five partitions on two workers make one read three while the other waits),
+    where there are shards enough; each shard goes with the span its middle falls in: files of
+    about one size make partitions of about one size, and a partition passes ``blocksize`` by
+    less than a shard. A shard joins the one before it only where some worker can read both
+    files and ``joins`` allows both.
     """
     total = sum(shard.nbytes for shard in shards)
-    count = min(len(shards), max(at_least, math.ceil(total / blocksize)))
+    needed = max(at_least, math.ceil(total / blocksize))
+    count = min(len(shards), -(-needed // spread) * spread)
     if count == len(shards):
         return [(shard,) for shard in shards]
     span = total / count

@@ -165,6 +165,27 @@ def test_small_shards_are_joined_in_order_to_about_the_blocksize():
     assert len(join_small(shards, 100, readable, at_least=6)) >= 5
 
 
+def test_auto_partitions_give_each_worker_as_many_bytes():
+    """Five partitions' worth of equal files on two workers: six partitions, three a worker,
+    where five (of two and three files) leave one worker reading 70 bytes while the other,
+    done at 50, waits; never more partitions than shards."""
+    shards = [shard(f"/d/f{i:02d}", 10) for i in range(12)]
+    readable = {w: {s.path for s in shards} for w in ("w1", "w2")}
+
+    def bytes_per_worker(joined: list) -> list[int]:
+        load: dict[str, int] = {}
+        for s in (s for p in assign(joined, readable) for s in p):
+            load[s.worker] = load.get(s.worker, 0) + s.nbytes
+        return sorted(load.values())
+
+    assert bytes_per_worker(join_small(shards, 25, readable)) == [50, 70]
+    spread = join_small(shards, 25, readable, spread=2)
+    assert [len(p) for p in spread] == [2] * 6
+    assert [s for p in spread for s in p] == shards  # every shard once, in file order
+    assert bytes_per_worker(spread) == [60, 60]
+    assert len(join_small(shards[:3], 1, readable, spread=2)) == 3
+
+
 def test_files_of_about_one_size_make_partitions_of_about_one_size():
     """Eight files of 100 +- 1 bytes into four partitions of two, not three, two, two, one."""
     sizes = [100, 101, 100, 99, 101, 100, 99, 100]
