@@ -166,24 +166,28 @@ def test_small_shards_are_joined_in_order_to_about_the_blocksize():
 
 
 def test_auto_partitions_give_each_worker_as_many_bytes():
-    """Five partitions' worth of equal files on two workers: six partitions, three a worker,
+    """Five partitions' worth of equal files on two workers: four partitions, two a worker,
     where five (of two and three files) leave one worker reading 70 bytes while the other,
-    done at 50, waits; never more partitions than shards."""
+    done at 50, waits. The count moves to the nearest multiple of the workers (halves down,
+    up where nearer), and never past the shards."""
     shards = [shard(f"/d/f{i:02d}", 10) for i in range(12)]
-    readable = {w: {s.path for s in shards} for w in ("w1", "w2")}
+    readable = {w: {s.path for s in shards} for w in ("w1", "w2", "w3", "w4")}
+    two = {w: readable[w] for w in ("w1", "w2")}
 
     def bytes_per_worker(joined: list) -> list[int]:
         load: dict[str, int] = {}
-        for s in (s for p in assign(joined, readable) for s in p):
+        for s in (s for p in assign(joined, two) for s in p):
             load[s.worker] = load.get(s.worker, 0) + s.nbytes
         return sorted(load.values())
 
-    assert bytes_per_worker(join_small(shards, 25, readable)) == [50, 70]
-    spread = join_small(shards, 25, readable, spread=2)
-    assert [len(p) for p in spread] == [2] * 6
+    assert bytes_per_worker(join_small(shards, 25, two)) == [50, 70]  # 120 bytes: five spans
+    spread = join_small(shards, 25, two, spread=2)
+    assert [len(p) for p in spread] == [3] * 4
     assert [s for p in spread for s in p] == shards  # every shard once, in file order
     assert bytes_per_worker(spread) == [60, 60]
-    assert len(join_small(shards[:3], 1, readable, spread=2)) == 3
+    assert len(join_small(shards, 18, readable, spread=4)) == 8  # seven spans: 1.75 x 4 -> 8
+    assert len(join_small(shards, 1000, readable, at_least=4, spread=4)) == 4
+    assert len(join_small(shards[:3], 1, readable, spread=4)) == 3
 
 
 def test_files_of_about_one_size_make_partitions_of_about_one_size():
