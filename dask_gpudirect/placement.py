@@ -75,9 +75,12 @@ def join_small(
     ``spread`` (the workers) gives each worker as many bytes to read and to shuffle: with five
     partitions on two workers one reads three while the other waits (a shuffle stage's wait
     for its peer: 72-111 ms of 0.42-0.53 s, 8 GiB in 64 files on one H200 shared by two
-    workers). That machine could not show the gain (two workers there share one GPU's reads),
-    only the count's cost: the ETL's many-keys query took 0.43 / 0.44 / 0.50 s in four / five /
-    six partitions, its scan 0.24 / 0.21-0.22 / 0.21 s; hence the nearest multiple, halves down.
+    workers). That machine could not show the gain (its two workers share one GPU's reads):
+    the ETL's many-keys query took 0.43 / 0.44 / 0.50 s in four / five / six partitions, its
+    scan 0.24 / 0.21-0.22 / 0.21 s, differences about as large as two calls of one count
+    (``docs/benchmarks/2026-12-03-h200-shared2-etl-8gib-partitions-bec59e7.md``). Nearest,
+    halves down: a partition passes ``blocksize`` by at most about half, and of two counts
+    as near the fewer wins.
     """
     total = sum(shard.nbytes for shard in shards)
     needed = math.ceil(total / blocksize)
