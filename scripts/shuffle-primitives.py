@@ -18,19 +18,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-
-
-def timed(fn: Callable[[], object], sync: Callable[[], None], repeat: int = 3) -> float:
-    """The best of ``repeat`` runs of ``fn`` (after one warm-up), in seconds."""
-    fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+from best_of import timed
 
 
 def slices(frame, bounds: np.ndarray, copy: bool) -> list:

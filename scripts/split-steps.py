@@ -15,28 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 
 import numpy as np
-
-
-def timed(fn: Callable[[], object], repeat: int = 3) -> float:
-    """The best of ``repeat`` runs of ``fn`` after a warm-up, the GPU synchronised, seconds."""
-    import cupy
-
-    def sync() -> None:
-        cupy.cuda.get_current_stream().synchronize()
-
-    fn()
-    sync()
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+from best_of import timed
 
 
 def lean_cut(frame, bounds: np.ndarray) -> list:
@@ -160,7 +142,7 @@ def main() -> None:
             assert all(a.equals(b) for a, b in zip(check, ref, strict=True))
             assert np.array_equal(counts_by_search(values, lengths, n)[1], counts)
             for step, fn in steps.items():
-                seconds = timed(fn)
+                seconds = timed(fn, cupy.cuda.get_current_stream().synchronize)
                 results.append({"inputs": k, "partitions": n, "step": step, "seconds": seconds})
                 print(f"{k:4d} {n:5d}  {step:48s} {seconds * 1e3:9.2f} ms", flush=True)
     if args.json:
