@@ -267,8 +267,8 @@ def read_parquet(
     with clock("meta"):
         plan = planned.unified()
         meta = plan.meta(targets.module(target))
-    # "auto" never makes so few partitions that a worker has none to read, and makes as many
-    # for each worker to read
+    # "auto" never makes so few partitions that a worker has none to read, and makes a count
+    # the workers divide evenly (each then reads as many bytes)
     spread = len(setting.workers) if auto else 1
     at_least = AUTO_PER_WORKER[target] * spread if auto else 1
 
