@@ -22,6 +22,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
+from dask_gpudirect import collections as dg_collections
 from dask_gpudirect import ledger_report
 
 N = 600
@@ -306,6 +307,22 @@ def test_auto_blocksize_joins_small_files_and_leaves_every_worker_some(client, t
     np.testing.assert_array_equal(got["id"].to_numpy(), np.arange(1200))
     per_worker = Counter(s.worker for s in shards_of(df).values())
     assert len(per_worker) == 2 and min(per_worker.values()) >= 2
+
+
+def test_auto_blocksize_gives_each_worker_as_many_partitions(tcp, tmp_path, monkeypatch):
+    """Seven partitions' worth of equal files on two workers: "auto" makes six, three a worker
+    of two files each, where seven would leave one worker reading four while the other waits.
+    (The host's auto size is set to a seventh of these files: 256 MiB would need 2 GB of them.)
+    """
+    for k in range(12):
+        pq.write_table(pa.table({"id": np.arange(100) + 100 * k}), tmp_path / f"p{k:02d}.parquet")
+    total = sum(s.nbytes for s in shards_of(dg.read_parquet(tmp_path, blocksize=1)).values())
+    monkeypatch.setattr(dg_collections, "AUTO_HOST", total // 7 + 1)
+    df = dg.read_parquet(tmp_path, client=tcp)
+    assert df.npartitions == 6
+    assert compute(tcp, df.map_partitions(len)).tolist() == [200] * 6
+    assert sorted(Counter(s.worker for s in shards_of(df).values()).values()) == [3, 3]
+    np.testing.assert_array_equal(compute(tcp, df)["id"].to_numpy(), np.arange(1200))
 
 
 def test_blocksize_partitions(client, dataset):
