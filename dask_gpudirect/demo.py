@@ -81,7 +81,7 @@ def demo(root: pathlib.Path, workers: int, progress: bool) -> None:
         write_sample(root)
     cluster, kind = _start_cluster(workers)
     with cluster, Client(cluster) as client:
-        console.print(f"cluster: {kind}, {len(client.scheduler_info()['workers'])} worker(s)")
+        console.print(f"cluster: {kind}, {len(client.nthreads())} worker(s)")
         df = dg.read_parquet(root / "parquet", columns=["id", "x", "label"]).persist()
         arr = dg.read_binary(os.fspath(root / "npy")).persist()
         loads = futures_of([df, arr])

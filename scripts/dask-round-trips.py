@@ -91,7 +91,7 @@ def main() -> None:
 
     paths, _ = dataset(args.dir, "etl", args.gib, args.files, keys=2**24)
     cluster, client = start_cluster(args.target, args.workers, 1, args.protocol, "40GB")
-    workers = list(client.scheduler_info()["workers"])
+    workers = list(client.nthreads())
     listing = discovery.Listing(None, recursive=True)
     probes = {
         "run": lambda: client.run(_noop),

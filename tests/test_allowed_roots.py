@@ -19,7 +19,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, wait
-from util import compute, dask_command, shards_of, spawn, start_cluster
+from util import compute, dask_command, shards_of, spawn, start_cluster, workers_info
 
 import dask_gpudirect as dg
 from dask_gpudirect import access
@@ -211,7 +211,7 @@ def test_allowed_roots_from_the_environment_of_dask_worker(tmp_path, roots):
             procs.append(bad)
             with Client(cluster, set_as_default=False) as client:
                 client.wait_for_workers(2, timeout=300)
-                names = {a: w["name"] for a, w in client.scheduler_info()["workers"].items()}
+                names = {a: w["name"] for a, w in workers_info(client).items()}
                 arr = dg.read_binary(data / "in.npy", blocksize=80, client=client)  # 10 shards
                 assert {names[s.worker] for s in shards_of(arr).values()} == {"both", "one"}
                 np.testing.assert_array_equal(compute(client, arr), np.arange(100))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 from bokeh.client import pull_session
-from util import compute
+from util import compute, workers_info
 
 import dask_gpudirect as dg
 from dask_gpudirect.bandwidth import COLORS, PathBandwidth, rates
@@ -30,7 +30,7 @@ def heartbeats_caught_up(client, expected: dict[str, dict[str, int]], timeout: f
     """Wait until every worker's last heartbeat on the scheduler carries ``expected``."""
     deadline = time.monotonic() + timeout
     while True:
-        workers = client.scheduler_info()["workers"]
+        workers = workers_info(client)
         got = {w: info["metrics"].get(HEARTBEAT, {}).get("bytes") for w, info in workers.items()}
         if got == expected:
             return

@@ -19,7 +19,7 @@ from distributed import Client, LocalCluster
 from distributed.comm import get_address_host
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from util import clear_ledgers, compute
+from util import clear_ledgers, compute, workers_info
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report
@@ -48,7 +48,7 @@ def parse(text: str) -> dict[str, dict[Key, float]]:
 def scrape(client: Client) -> dict[str, dict[Key, float]]:
     """Every worker's ``/metrics``, merged; each worker must report only itself."""
     merged: dict[str, dict[Key, float]] = {name: {} for name in FAMILIES}
-    for address, info in client.scheduler_info(n_workers=-1)["workers"].items():
+    for address, info in workers_info(client).items():
         url = f"http://{get_address_host(address)}:{info['services']['dashboard']}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             assert response.status == 200
@@ -144,8 +144,8 @@ def test_two_workers_in_one_process_and_registering_again():
         client.run(record_a_read)
         client.register_plugin(dg.GPUDirectPlugin(threads=2))  # replaces the first
         client.run(record_a_read)
-        workers = set(client.scheduler_info()["workers"])
-        for info in client.scheduler_info()["workers"].values():
+        workers = set(client.nthreads())
+        for info in workers_info(client).values():
             url = f"http://127.0.0.1:{info['services']['dashboard']}/metrics"
             with urllib.request.urlopen(url, timeout=10) as response:
                 got = parse(response.read().decode())

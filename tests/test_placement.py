@@ -32,7 +32,7 @@ def placement_after_persist(client, collection) -> dict[int, tuple[str, ...]]:
 
 
 def workers_of(client) -> list[str]:
-    return sorted(client.scheduler_info()["workers"])
+    return sorted(client.nthreads())
 
 
 @pytest.fixture(scope="module")

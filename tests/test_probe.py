@@ -268,7 +268,7 @@ def test_probe_measures(client):
 def test_probe_human(tcp_client):
     out = probe("--scheduler-address", tcp_client.scheduler.address, "--quick")
     assert f"2 worker(s) at {tcp_client.scheduler.address}" in out
-    for w in tcp_client.scheduler_info()["workers"]:
+    for w in tcp_client.nthreads():
         assert w in out
     row = next(line for line in out.splitlines() if "tcp://" in line and "│" in line)
     assert row.count("no GPU") >= 4, row  # GPU, UUID, PCI bus, NUMA
@@ -418,9 +418,7 @@ def test_probe_remote_reads_s3_and_http(tcp_client, s3, http_url):
     assert [obj["url"] for obj in doc["remote"]] == urls
     for obj in doc["remote"]:
         assert obj["reachable"] is True and (obj["route"], obj["copies"]) == ("host-remote", 1)
-        assert {m["worker"] for m in obj["measurements"]} == set(
-            tcp_client.scheduler_info()["workers"]
-        )
+        assert {m["worker"] for m in obj["measurements"]} == set(tcp_client.nthreads())
         for m in obj["measurements"]:
             assert m["reachable"] is True and m["error"] is None
             assert m["bytes"] == 1024 and isinstance(m["seconds"], float)

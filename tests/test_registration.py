@@ -31,6 +31,7 @@ from util import (
     spawn,
     start_cluster,
     wait_for_address,
+    workers_info,
 )
 
 import dask_gpudirect as dg
@@ -168,7 +169,7 @@ def test_dask_worker_preload(tmp_path, data, caplog):
         )
         with Client(scheduler_file=scheduler_file, set_as_default=False) as client:
             client.wait_for_workers(2, timeout=300)
-            info = client.scheduler_info()["workers"]
+            info = workers_info(client)
             names = {addr: w["name"] for addr, w in info.items()}
             threads = {names[a]: o["threads"] for a, o in client.run(plugin_options).items()}
             assert threads == {"flags": 5, "env": 7}
@@ -210,7 +211,7 @@ def test_a_worker_that_joins_later_gets_the_plugin_and_takes_part(tmp_path):
         arr = dg.read_binary(tmp_path / "x.npy", blocksize=4000, client=client)  # 8 chunks
         np.testing.assert_array_equal(client.compute(arr).result(), np.arange(4000))
         readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
-        assert readers == set(client.scheduler_info()["workers"])
+        assert readers == set(client.nthreads())
 
 
 # --- what a user gets wrong first ---------------------------------------------------------

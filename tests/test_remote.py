@@ -20,6 +20,7 @@ from util import (
     expected_parquet,
     shards_of,
     worker_config,
+    workers_info,
 )
 
 import dask_gpudirect as dg
@@ -62,7 +63,7 @@ def test_s3_shards_are_balanced_over_every_worker(tcp, s3):
     df = dg.read_parquet(f"s3://{BUCKET}/pq/", client=tcp, storage_options=s3.options,
                          split_row_groups=True)  # fmt: skip
     workers = {shard.worker for shard in shards_of(df).values()}
-    assert workers == set(tcp.scheduler_info()["workers"])
+    assert workers == set(tcp.nthreads())
 
 
 def test_s3_npy_and_raw_binary_equal_numpy(tcp, s3, local_data):
@@ -209,7 +210,7 @@ def test_credentials_never_show(tcp, s3, caplog):
         texts.append(_message(excinfo))
     texts += [str(logs) for logs in tcp.get_worker_logs().values()]
     pages = [tcp.dashboard_link.replace("/status", "/gpudirect")]  # the scheduler's page
-    for info in tcp.scheduler_info()["workers"].values():  # each worker's Prometheus metrics
+    for info in workers_info(tcp).values():  # each worker's Prometheus metrics
         pages.append(f"http://127.0.0.1:{info['services']['dashboard']}/metrics")
     for page in pages:
         with urllib.request.urlopen(page, timeout=30) as response:

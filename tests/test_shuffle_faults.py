@@ -766,7 +766,7 @@ def test_an_input_gone_from_its_worker_is_fetched_from_the_cluster(tcp):
     """A stage takes its inputs from its worker's memory; where Distributed dropped that copy
     (one of two), it fetches the input from the worker that still holds it."""
     ensure_plugins(tcp)
-    a, b = sorted(tcp.scheduler_info(n_workers=-1)["workers"])[:2]
+    a, b = sorted(tcp.nthreads())[:2]
     part = tcp.submit(pd.DataFrame, {"k": [1, 2, 3]}, workers=[a], pure=False)
     own = tcp.submit(pd.DataFrame, {"k": [4]}, workers=[b], pure=False)
     wait([part, own])

@@ -133,7 +133,7 @@ def test_a_worker_that_dies_reading_fails_the_shuffle_by_name_and_it_runs_again(
     with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)  # both before planning: the victim gets reads to die on
         df = dg.read_parquet(paths, blocksize=1, client=client)
-        victim = sorted(client.nthreads())[0]  # asked now (scheduler_info may be cached)
+        victim = sorted(client.nthreads())[0]
         client.run(_add_plugin, workers=[victim])  # on the victim only
         try:
             out = dg.shuffle(df, "k", npartitions=4, client=client)

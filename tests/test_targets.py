@@ -41,7 +41,7 @@ def test_host_partitions_are_pandas_and_numpy(client, files, target):
 
 def test_device_target_without_gpu(tcp, files):
     pq_path, npy_path = files
-    workers = sorted(tcp.scheduler_info()["workers"])
+    workers = sorted(tcp.nthreads())
     with pytest.raises(dg.InputError, match="target='device'.*no GPU") as info:
         dg.read_parquet(pq_path, target="device", client=tcp)
     assert all(w in str(info.value) for w in workers)

@@ -46,7 +46,7 @@ def client(security):
 
 def test_every_address_is_tls(client):
     assert client.scheduler.address.startswith("tls://")
-    assert all(w.startswith("tls://") for w in client.scheduler_info()["workers"])
+    assert all(w.startswith("tls://") for w in client.nthreads())
 
 
 def test_load_and_shuffle_over_tls(client, tmp_path):

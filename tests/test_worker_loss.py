@@ -33,13 +33,13 @@ def test_shards_of_a_worker_that_died_are_read_by_the_others(tmp_path):
     np.save(tmp_path / "x.npy", expected)
     with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
         arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=client)  # 12 shards
-        victim = sorted(client.scheduler_info()["workers"])[0]
+        victim = sorted(client.nthreads())[0]
         placed_on_victim = sum(s.worker == victim for s in _shards(arr))
         assert placed_on_victim  # balanced placement gave it shards to lose
         client.run(_add_plugin, workers=[victim])  # on the victim only, not kept by the scheduler
         np.testing.assert_array_equal(client.compute(arr).result(), expected)
         readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
-        assert victim not in client.scheduler_info()["workers"]  # it did die
+        assert victim not in client.nthreads()  # it did die
         assert victim not in readers and readers  # its shards came from the other workers
         client.wait_for_workers(
             2, timeout=300
@@ -63,7 +63,7 @@ def test_a_busy_worker_keeps_its_shards_while_it_lives(tcp, tmp_path):
     np.save(tmp_path / "x.npy", expected)
     clear_ledgers(tcp)
     arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=tcp)  # 12 shards
-    busy = sorted(tcp.scheduler_info()["workers"])[0]
+    busy = sorted(tcp.nthreads())[0]
     planned = {s.name: s.worker for s in _shards(arr)}
     release = Event()
     holders = [

@@ -62,6 +62,16 @@ def clear_ledgers(client) -> None:
     client.run(clear_ledger)
 
 
+def workers_info(client) -> dict:
+    """Each worker's entry on the scheduler, asked for now.
+
+    ``client.scheduler_info()`` is not safe here: the client's periodic refresh asks for no
+    workers, and its empty answer can replace the full one before the call returns. Where only
+    the addresses matter, ``client.nthreads()`` asks the scheduler directly.
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def compute(client, collection):
     """``collection`` computed on ``client``'s cluster (never on another default client)."""
     return client.compute(collection).result()

@@ -376,5 +376,5 @@ def ucx_environment() -> dict[str, str]:
 
 def ucx_record(client: Client) -> dict[str, dict[str, str]]:
     """:func:`ucx_environment` of this process and of the first worker."""
-    first = min(client.scheduler_info(n_workers=-1)["workers"])
+    first = min(client.nthreads())
     return {"ucx_env": ucx_environment(), "worker_ucx_env": client.run(ucx_environment)[first]}

@@ -117,7 +117,7 @@ def _spread(client: Client, persisted: Any) -> dict:
 
     futures = futures_of(persisted)
     sizes = client.nbytes([f.key for f in futures], summary=False)
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(client.nthreads())
     nbytes, parts = dict.fromkeys(workers, 0), dict.fromkeys(workers, 0)
     for key, holders in client.who_has(futures).items():
         for worker in holders:

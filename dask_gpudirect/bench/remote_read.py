@@ -205,7 +205,7 @@ def _cluster_runs(
     target = "device" if device else "host"
     nbytes, rows = pq_info["bytes"], pq_info["rows"]
 
-    worker = sorted(client.scheduler_info()["workers"])[0]
+    worker = sorted(client.nthreads())[0]
 
     def on_worker(
         key: str, fn: Callable[..., tuple[float, list[float]]], note: str

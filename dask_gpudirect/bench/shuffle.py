@@ -147,7 +147,7 @@ class _Frame:
         self.df = None
         # every worker first (after a restart too): the partitions are spread over those listed
         client.wait_for_workers(self.workers)
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(client.nthreads())
         base, extra = divmod(self.rows, self.partitions)
         name = f"bench-frame-{uuid.uuid4().hex}"
         futures = [
@@ -310,7 +310,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
     )
     try:
         client.wait_for_workers(workers)
-        addresses = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        addresses = sorted(client.nthreads())
         result["cluster"] = {
             "class": f"{type(cluster).__module__}.{type(cluster).__name__}",
             "workers": workers,

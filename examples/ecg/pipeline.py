@@ -197,7 +197,7 @@ def run(args, meta: dict, target: str, client: Client) -> dict:
     beat_meta = empty_meta(target, (0, bt.COLUMNS))
 
     start = time.perf_counter()  # kernels compile on first use: not in the stages' times
-    workers = list(client.scheduler_info()["workers"])
+    workers = list(client.nthreads())
     found = client.gather(
         [client.submit(bt.warm_up, target == "device", workers=[w], pure=False) for w in workers]
     )
@@ -610,7 +610,7 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     cluster = start_cluster(args.target, args.workers, args.threads, args.protocol)
     with cluster, Client(cluster) as client:
-        workers = len(client.scheduler_info()["workers"])
+        workers = len(client.nthreads())
         setup = time.perf_counter() - start
         log(f"cluster: {workers} worker(s), target={args.target}, loader={args.loader}")
         result = run(args, meta, args.target, client)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
     with Client(args.scheduler, timeout="60s") as client:
         client.wait_for_workers(args.workers, timeout=300)
-        print(f"{len(client.scheduler_info()['workers'])} worker(s) at {client.scheduler.address}")
+        print(f"{len(client.nthreads())} worker(s) at {client.scheduler.address}")
 
         columns = args.columns.split(",") if args.columns else None
         filters = [(c, op, literal(v)) for c, op, v in args.filter] if args.filter else None

@@ -21,7 +21,7 @@ def compute(client, collection):
 
 def test_scheduler_speaks_ucxx(cuda_ucxx):
     assert cuda_ucxx.scheduler.address.startswith("ucxx://")
-    assert all(w.startswith("ucxx://") for w in cuda_ucxx.scheduler_info()["workers"])
+    assert all(w.startswith("ucxx://") for w in cuda_ucxx.nthreads())
 
 
 def _ucxx_progress_mode() -> str:
