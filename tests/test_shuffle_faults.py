@@ -699,7 +699,7 @@ def test_worker_lost_while_only_its_stage_is_left():
     [
         ({"on": "nope"}, r"columns \['nope'\] are not in"),
         ({"on": ["k", "nope"]}, r"columns \['nope'\] are not in"),
-        ({"on": []}, "cannot shuffle on"),
+        ({"on": []}, "name at least one column"),
         ({"on": "k", "npartitions": 0}, "bad npartitions 0"),
         ({"on": "k", "npartitions": -2}, "bad npartitions -2"),
         ({"on": "k", "npartitions": 2.5}, "bad npartitions 2.5"),

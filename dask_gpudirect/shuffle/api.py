@@ -76,8 +76,10 @@ def shuffle(
         raise InputError(None, f"dg.shuffle needs a Dask DataFrame, not {type(df).__name__}")
     client = connected(client)
     on = list(on) if isinstance(on, list | tuple) else [on]
+    if not on:
+        raise InputError(None, "cannot shuffle on []: name at least one column")
     missing = [c for c in on if c not in df.columns]
-    if missing or not on:
+    if missing:
         raise InputError(
             None, f"cannot shuffle on {on}: columns {missing} are not in {list(df.columns)}"
         )
