@@ -101,6 +101,17 @@ class _Setting:
     def blocksize(self, value: Any, key: str) -> int:
         return _blocksize(value, key, self.target, self.workers)
 
+    def spread(self, value: Any, key: str) -> int:
+        """What the partition count comes in multiples of: with an ``"auto"`` blocksize the
+        workers, so that each reads as many bytes (and waits for no other in a shuffle after);
+        with bytes given, 1."""
+        return len(self.workers) if _is_auto(value, key) else 1
+
+
+def _is_auto(value: Any, key: str) -> bool:
+    """Whether the blocksize asked for, or else the config's at ``key``, is ``"auto"``."""
+    return (dask.config.get(key) if value is None else value) == "auto"
+
 
 def _prepare(
     client: Client | None,
@@ -217,7 +228,8 @@ def read_parquet(
         Dask and dask_cudf join them), in file order. Default ``gpudirect.parquet.blocksize``
         (``"auto"``: 1/128 of the smallest worker's GPU memory on the device target, 256 MiB
         on the host target, and small files joined into no fewer partitions than one per
-        worker on the device target, two on the host target).
+        worker on the device target, two on the host target, in a count the workers divide
+        evenly).
     target
         ``"device"``, ``"host"``, or None for device when every worker has a GPU.
     client
@@ -254,9 +266,8 @@ def read_parquet(
     with clock("survey"):  # the plugins, the workers and what each sees
         setting = _prepare(client, paths, target, listing, storage_options)
     client, found, target = setting.client, setting.found, setting.target
-    auto = (
-        dask.config.get("gpudirect.parquet.blocksize") if blocksize is None else blocksize
-    ) == "auto"
+    auto = _is_auto(blocksize, "gpudirect.parquet.blocksize")
+    spread = setting.spread(blocksize, "gpudirect.parquet.blocksize")
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     compat.check_backend(dtype_backend, target)
     folders = hive.partitioning(found.files, found.roots)
@@ -269,7 +280,6 @@ def read_parquet(
         meta = plan.meta(targets.module(target))
     # "auto" never makes so few partitions that a worker has none to read, and makes a count
     # the workers divide evenly (each then reads as many bytes)
-    spread = len(setting.workers) if auto else 1
     at_least = AUTO_PER_WORKER[target] * spread if auto else 1
 
     def build() -> Any:
@@ -323,8 +333,9 @@ def read_binary(
     blocksize
         Target bytes per chunk; default ``gpudirect.binary.blocksize``. Large files are cut
         into chunks of whole records; small C-order local files are joined, in order, into
-        chunks of about this size (at least one per worker where there are files enough), each
-        read with all of its files in flight at once.
+        chunks of about this size (at least one per worker where there are files enough; with
+        ``"auto"``, a count the workers divide evenly), each read with all of its files in
+        flight at once.
     storage_options
         For ``s3://`` URLs, as in :func:`read_parquet`.
     join_files
@@ -333,15 +344,19 @@ def read_binary(
     """
     setting = _prepare(client, paths, target, storage_options=storage_options)
     client, found, target = setting.client, setting.found, setting.target
+    spread = setting.spread(blocksize, "gpudirect.binary.blocksize")
     blocksize = setting.blocksize(blocksize, "gpudirect.binary.blocksize")
     plan = _plan(client, found, binary.plan, dtype, shape, blocksize, target, setting.store)
     module = targets.module(target)
     problem = module.unsupported(plan.dtype)
     if problem:
         raise InputError(plan.first, f"cannot load to target={target!r}: {problem}")
-    # small files joined, at least one chunk a worker where there are files enough
+    # small files joined, at least one chunk a worker where there are files enough, and with
+    # "auto" a count the workers divide evenly
     joins = binary.joins if join_files else lambda shard: False
-    joined = join_small(plan.shards, blocksize, found.readable, len(setting.workers), joins)
+    joined = join_small(
+        plan.shards, blocksize, found.readable, len(setting.workers), joins, spread=spread
+    )
     chunks = assign(joined, found.readable)
     name = "gpudirect-read-binary-" + tokenize(chunks)
     trailing = (0,) * len(plan.record_shape)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import resource
+from collections import Counter
 
 import numpy as np
 import pytest
 from distributed import Client
-from util import clear_ledgers, compute, start_cluster
+from util import clear_ledgers, compute, shards_of, start_cluster
 
 import dask_gpudirect as dg
+from dask_gpudirect import collections as dg_collections
 from dask_gpudirect import ledger_report
 from dask_gpudirect.placement import _shards_of
 
@@ -215,6 +217,22 @@ def test_small_files_are_joined_into_chunks(client, tmp_path):
         assert chunk_shapes(client, x) == [(n, 3) for n in chunks]
         assert_same_array(compute(client, x), expected)
         assert_same_array(compute(client, x[45:155]), expected[45:155])
+
+
+def test_auto_blocksize_gives_each_worker_as_many_chunks(tcp, tmp_path, monkeypatch):
+    """Seven chunks' worth of equal files on two workers: "auto" joins them into six chunks of
+    two files, three a worker, where seven would leave one worker reading four while the other
+    waits. (The host's auto size is set to a seventh of these files.)"""
+    paths = [str(tmp_path / f"{k:02d}.npy") for k in range(12)]
+    for k, path in enumerate(paths):
+        np.save(path, np.arange(100) + 100 * k)
+    total = sum(os.path.getsize(path) - 128 for path in paths)  # the records, not the headers
+    monkeypatch.setattr(dg_collections, "AUTO_HOST", total // 7 + 1)
+    x = dg.read_binary(paths, client=tcp)
+    assert x.chunks == ((200,) * 6,)
+    assert files_of_chunks(x) == [paths[k : k + 2] for k in range(0, 12, 2)]
+    assert sorted(Counter(s.worker for s in shards_of(x).values()).values()) == [3, 3]
+    assert_same_array(compute(tcp, x), np.arange(1200))
 
 
 def test_each_file_of_a_joined_chunk_is_in_the_ledger(tcp, tmp_path):
