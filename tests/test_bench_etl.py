@@ -13,12 +13,15 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from util import GC, HANG_GUARD, PLACED_PHASES
+from pandas.testing import assert_frame_equal
+from util import GC, HANG_GUARD, PLACED_PHASES, clear_ledgers, compute
 
-from dask_gpudirect.bench.etl import etl
+from dask_gpudirect import ledger_report
+from dask_gpudirect.bench.datasets import dataset
+from dask_gpudirect.bench.etl import _pipeline, etl
 from dask_gpudirect.bench.etl_report import checks_of
 
-METHODS = ["gpudirect", "tasks", "p2p"]
+METHODS = ["gpudirect", "combine", "tasks", "p2p"]
 #: dg.read_parquet's planning phases, in order (``dask_gpudirect.collections.last_phases``).
 READ_PHASES = ("survey", "footers", "meta", "partitions")
 QUERIES = ["many-keys", "unique-key"]  # the shuffles; "scan" is the read alone
@@ -53,8 +56,10 @@ def test_bench_etl_host(tmp_path):
         assert rec["status"] == "ok", rec
         assert len(rec["runs"]) == 2 and rec["seconds"] > 0 and rec["gbps"] > 0, rec
         assert "->" in rec["note"], rec  # input -> output partitions
-    for query in QUERIES:  # where dg's time went: each phase waited for, inside the total
-        rec = by[query, "gpudirect"]
+    # where dg's time went: each phase waited for, inside the total (combine's partial sums run
+    # in the read's tasks, Dask fuses them, so its shuffle too starts while they run)
+    for query, method in [(q, m) for q in QUERIES for m in ("gpudirect", "combine")]:
+        rec = by[query, method]
         for seconds, phases in zip(rec["runs"], rec["phases"], strict=True):
             inside = ("shuffle: ", "client: ", "plan: ", "group-by: ")
             pipeline = {k: s for k, s in phases.items() if not k.startswith(inside)}
@@ -91,11 +96,13 @@ def test_bench_etl_host(tmp_path):
 
     checks = {c["check"]: c for c in result["checks"]}
     for query in QUERIES:
-        assert checks[f"{query}: gpudirect, p2p, tasks give one result"]["result"] == "pass"
-        speedup = checks[f"{query}: dg's speed-up over Dask's task shuffle"]
-        ratio = by[query, "tasks"]["seconds"] / by[query, "gpudirect"]["seconds"]
-        assert speedup["ratio"] == pytest.approx(ratio)
-        assert speedup["target"] is None and speedup["result"] == "-"  # targets: GPUs only
+        agree = checks[f"{query}: combine, gpudirect, p2p, tasks give one result"]
+        assert agree["result"] == "pass"
+        for method, name in [("gpudirect", "dg"), ("combine", "dg, summed before the shuffle")]:
+            speedup = checks[f"{query}: {name}'s speed-up over Dask's task shuffle"]
+            ratio = by[query, "tasks"]["seconds"] / by[query, method]["seconds"]
+            assert speedup["ratio"] == pytest.approx(ratio)
+            assert speedup["target"] is None and speedup["result"] == "-"  # targets: GPUs only
     assert checks["scan: gpudirect, tasks give one result"]["result"] == "pass"
     read = checks["scan: dg's speed-up over Dask's read_parquet"]
     assert read["ratio"] == pytest.approx(
@@ -108,6 +115,22 @@ def test_bench_etl_host(tmp_path):
     assert "| scan | dd.read_parquet(...).persist() |" in markdown
     assert "cudf-polars" not in markdown and "rapidsmpf" not in markdown  # GPU-only methods
     assert out["png"].stat().st_size > 0
+
+
+def test_combine_shuffles_partial_sums_not_rows(tcp, tmp_path):
+    """``combine`` sums each read partition by key before the shuffle, as Dask's and
+    cudf-polars' group-bys do: it moves a row per key and partition, not every row, and sums to
+    the same result as the plain pipeline."""
+    paths, data = dataset(str(tmp_path), "etl", 4 / 1024, 8, keys=16)
+    moved, results = {}, {}
+    for method in ("gpudirect", "combine"):
+        clear_ledgers(tcp)
+        _, out, _, _ = _pipeline(tcp, method, paths, "many", "many-keys")
+        results[method] = compute(tcp, out).sort_index()
+        moved[method] = ledger_report.records(tcp).query("op == 'shuffle'")["bytes"].sum()
+    assert len(results["combine"]) == 16 and results["combine"]["z"].sum() == data["z_sum"]
+    assert_frame_equal(results["combine"], results["gpudirect"])
+    assert 0 < moved["combine"] < moved["gpudirect"] / 100
 
 
 def _result(fingerprints: dict, z_sum: int, seconds: dict, queries=QUERIES) -> dict:

@@ -4,6 +4,9 @@ The pipeline users run, from Parquet files this command writes, in one cluster a
 
 - ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key)`` -> a group-by sum per partition, on
   each shuffle engine (``gpudirect``: the package's own exchange; ``rapidsmpf``: RapidsMPF's);
+  and ``combine``: each read partition summed by key first, then those partial sums shuffled
+  (the package's exchange) and summed again, as Dask's and cudf-polars' group-bys do: fewer
+  rows to move where keys repeat, one more group-by where they do not;
 - Dask: ``dd.read_parquet(...).groupby(key).sum(split_out=N, shuffle_method=...)`` with the task
   shuffle and (host target) P2P; on the device target ``dd`` reads with the cuDF backend, which
   is what ``dask_cudf.read_parquet`` does;
@@ -51,6 +54,7 @@ from .common import (
 from .datasets import dataset
 from .etl_report import (
     DEVICE_ONLY,
+    DG_METHODS,
     METHODS,
     QUERIES,
     READ_AND_SHUFFLE,
@@ -70,7 +74,7 @@ if TYPE_CHECKING:
     from ..targets import Frame
 
 #: Measurement order per query: P2P, the slowest, last.
-RUN_ORDER = ("gpudirect", "rapidsmpf", "tasks", "p2p")
+RUN_ORDER = ("gpudirect", "combine", "rapidsmpf", "tasks", "p2p")
 #: Measured in a cluster of their own, after the others.
 OWN_CLUSTER = ("polars",)
 #: The fingerprint's key weight: keys are folded below this prime so the weighted sum fits int64.
@@ -87,6 +91,11 @@ def _log(message: str) -> None:
 def _sum_by(part: Frame, key: str) -> Frame:
     """One output partition of dg's pipeline: the group-by sum of the rows the shuffle put here."""
     return part.groupby(key).sum()
+
+
+def _partial_sums(part: Frame, key: str) -> Frame:
+    """One read partition's sums by key, the key a column again: what ``combine`` shuffles."""
+    return part.groupby(key, sort=False).sum().reset_index()
 
 
 def _fingerprint(part: Frame, key: str) -> dict:
@@ -111,14 +120,15 @@ def _pipeline(
     unpersisted read starts while the reads run, as a user's ``dg.shuffle(dg.read_parquet(...))``
     does; then grouping, waited for, so that a missed target says where the time went) and the
     read's (the scan) or the group-by's partitions (futures). Each library cuts the files into
-    partitions its own way."""
+    partitions its own way. ``combine``'s partial sums run in the read's tasks (Dask fuses
+    them), so its shuffle too starts while they run."""
     from distributed import futures_of, wait
 
     import dask_gpudirect as dg
     from dask_gpudirect.collections import last_phases as read_phases
 
     columns = [key, "x", "y", "z"]
-    if method in ("gpudirect", "rapidsmpf"):
+    if method in DG_METHODS:
         clock = _Clock()
         engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
         df = cast("dd.DataFrame", dg.read_parquet(paths, columns=columns, client=client))
@@ -129,6 +139,8 @@ def _pipeline(
             wait(df)
             clock("read")
             return df.npartitions, df, clock.seconds, {"read": futures_of(df)}
+        if method == "combine":
+            df = df.map_partitions(_partial_sums, key, meta=_partial_sums(df._meta, key))
         shuffled = dg.shuffle(df, key, client=client, engine=engine)
         clock(READ_AND_SHUFFLE)
         meta = _sum_by(shuffled._meta, key)

@@ -10,7 +10,9 @@ import math
 from .tables import between_runs_note, footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
-METHODS = ("gpudirect", "rapidsmpf", "polars", "tasks", "p2p")
+METHODS = ("gpudirect", "combine", "rapidsmpf", "polars", "tasks", "p2p")
+#: dg's pipelines: a read by dg, a shuffle by dg (on either engine), the group-by.
+DG_METHODS = ("gpudirect", "combine", "rapidsmpf")
 #: Methods that need GPU workers: left out of the host target's default.
 DEVICE_ONLY = ("rapidsmpf", "polars")
 #: Query name -> its key column. ``scan`` is the read alone (the four columns, kept in memory):
@@ -32,6 +34,9 @@ LABELS = {
         "device": "dg.read_parquet -> dg.shuffle -> group-by per partition",
         "host": "dg.read_parquet -> dg.shuffle -> group-by per partition",
     },
+    "combine": {
+        "device": "dg.read_parquet -> group-by per partition -> dg.shuffle -> group-by again",
+    },
     "rapidsmpf": {
         "device": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf') -> group-by per partition",
         "host": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf') -> group-by per partition",
@@ -52,6 +57,7 @@ LABELS = {
 #: Short names in the checks.
 NAMES = {
     "gpudirect": "dg",
+    "combine": "dg, summed before the shuffle",
     "rapidsmpf": "dg on RapidsMPF",
     "tasks": "Dask's task shuffle",
     "polars": "cudf-polars DaskEngine",
@@ -90,7 +96,7 @@ def checks_of(result: dict, target: str, workers: int) -> list[dict]:
             checks += _speedups(query, "gpudirect", by, {"tasks": want, "polars": want})
             continue
         want = TARGET_VS_TASKS if target == "device" and workers > 1 else None
-        for engine in ("gpudirect", "rapidsmpf"):
+        for engine in DG_METHODS:
             checks += _speedups(query, engine, by, {"tasks": want, "polars": want and 1.0})
     return checks
 

@@ -127,7 +127,7 @@ def _shuffle_panels(result: dict) -> list[dict]:
 
 def _etl_panels(result: dict) -> list[dict]:
     """One panel per query: each pipeline's Parquet GB/s end to end, dg's target against tasks."""
-    from .etl_report import METHODS, QUERIES, label
+    from .etl_report import DG_METHODS, METHODS, QUERIES, label
 
     panels = []
     for query in QUERIES:
@@ -139,7 +139,7 @@ def _etl_panels(result: dict) -> list[dict]:
         for key in METHODS:
             if key in by:
                 index[key] = len(rows)
-                kind = "dg" if key in ("gpudirect", "rapidsmpf") else "baseline"
+                kind = "dg" if key in DG_METHODS else "baseline"
                 name = label(key, query, result["target"])
                 rows.append(_row(name, by[key], by[key].get("gbps"), kind))
         targets = [
