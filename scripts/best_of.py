@@ -18,3 +18,14 @@ def timed(fn: Callable[[], object], sync: Callable[[], None], repeat: int = 3) -
         sync()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def first_two_calls(step: str, fn: Callable[[], object], sync: Callable[[], None]) -> None:
+    """Print how long the first and the second call of ``fn`` take, ``sync`` before and after
+    each: what compiling on first use (CuPy's kernels) costs a step."""
+    for call in ("first", "second"):
+        sync()
+        began = time.perf_counter()
+        fn()
+        sync()
+        print(f"{step:50s} {call:6s} {time.perf_counter() - began:8.3f} s", flush=True)

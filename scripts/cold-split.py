@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from best_of import first_two_calls
 
 
 def main() -> None:
@@ -39,12 +40,7 @@ def main() -> None:
     lengths = [len(p) for p in parts]
 
     def twice(step: str, fn: Callable[[], object]) -> None:
-        for call in ("first", "second"):
-            cupy.cuda.runtime.deviceSynchronize()
-            began = time.perf_counter()
-            fn()
-            cupy.cuda.runtime.deviceSynchronize()
-            print(f"{step:50s} {call:6s} {time.perf_counter() - began:8.3f} s", flush=True)
+        first_two_calls(step, fn, cupy.cuda.runtime.deviceSynchronize)
 
     twice(
         "join two inputs (RangeIndexes labelled by CuPy)", lambda: target.concat_frames(parts, meta)

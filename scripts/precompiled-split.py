@@ -23,13 +23,11 @@ Written on a machine without a GPU (2026-12-03): not yet run.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
-from best_of import timed
+from best_of import first_two_calls, timed
 
 #: Rows of a 2 GiB chunk of four 8-byte columns (the device target's default chunk).
 CHUNK_ROWS = (2 << 30) // 32
@@ -85,18 +83,14 @@ def main() -> None:
         keys = np.random.default_rng(seed).integers(0, 2**62, rows)
         return partitioning_index(cudf.DataFrame({"key": keys}), n)
 
-    def twice(step: str, fn: Callable[[], object]) -> None:
-        for call in ("first", "second"):
-            sync()
-            began = time.perf_counter()
-            fn()
-            sync()
-            print(f"{step:44s} {call:6s} {time.perf_counter() - began:8.3f} s", flush=True)
-
     where = destinations(1 << 20, 8)
     lengths = [1 << 19, 1 << 19]
-    twice("group order, 8 outputs (libcudf)", lambda: group_order_libcudf(where, lengths, 8))
-    twice("group order, 8 outputs (CuPy)", lambda: device.group_order(where, lengths, 8))
+    first_two_calls(
+        "group order, 8 outputs (libcudf)", lambda: group_order_libcudf(where, lengths, 8), sync
+    )
+    first_two_calls(
+        "group order, 8 outputs (CuPy)", lambda: device.group_order(where, lengths, 8), sync
+    )
 
     for n in (1, 8, 300, 70_000):
         for lengths in ([1000], [0, 5000, 3], [4096] * 64):
