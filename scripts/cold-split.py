@@ -43,12 +43,13 @@ def main() -> None:
         first_two_calls(step, fn, cupy.cuda.runtime.deviceSynchronize)
 
     twice(
-        "join two inputs (RangeIndexes labelled by CuPy)", lambda: target.concat_frames(parts, meta)
+        "join two inputs (RangeIndexes labelled by libcudf)",
+        lambda: target.concat_frames(parts, meta),
     )
     joined = target.concat_frames(parts, meta)  # after the join's first call, timed above
     where = partitioning_index(joined[["key"]], 8)
     twice("hash (partitioning_index)", lambda: partitioning_index(joined[["key"]], 8))
-    twice("group order, 8 outputs (CuPy)", lambda: target.group_order(where, lengths, 8))
+    twice("group order, 8 outputs (libcudf)", lambda: target.group_order(where, lengths, 8))
     order, _ = target.group_order(where, lengths, 8)
     twice("take (cuDF)", lambda: joined.take(order))
     twice("split, 8 outputs", lambda: HashSplit(["key"], 8, "device", meta).split([0, 1], parts))
@@ -56,7 +57,7 @@ def main() -> None:
         "split, 300 outputs", lambda: HashSplit(["key"], 300, "device", meta).split([0, 1], parts)
     )
     segments = Segments(np.array([0, 10], dtype=np.int64), np.array([5, 5], dtype=np.int64))
-    twice("positions of segments (CuPy)", lambda: segments.positions("device"))
+    twice("positions of segments (libcudf)", lambda: segments.positions("device"))
     many = [
         ((0,), 0, np.ones((1, 1 << 18), dtype=np.int64)),
         ((1,), 0, np.ones((1, 1 << 18), dtype=np.int64)),

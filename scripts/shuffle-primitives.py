@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 from best_of import timed
+from cupy_split import segment_of
 
 
 def slices(frame, bounds: np.ndarray, copy: bool) -> list:
@@ -47,10 +48,8 @@ def group_order_int64(where, lengths: list[int], n: int):
     """The group order as the stage made it before: int64 sort keys (eight radix passes)."""
     import cupy
 
-    from dask_gpudirect.targets.device import _segment_of
-
     values = cupy.asarray(where.values).astype(cupy.int64)
-    source = _segment_of(cupy.arange(len(values), dtype=cupy.int64), np.asarray(lengths))
+    source = segment_of(cupy.arange(len(values), dtype=cupy.int64), np.asarray(lengths))
     counts = cupy.bincount(source * n + values, minlength=len(lengths) * n)
     return cupy.argsort(values), counts.get().reshape(len(lengths), n)
 

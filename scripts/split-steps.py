@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 from best_of import timed
+from cupy_split import segment_of
 
 
 def lean_cut(frame, bounds: np.ndarray) -> list:
@@ -46,11 +47,9 @@ def counts_by_search(values, lengths: list[int], n: int):
     search of the ``n * k`` boundaries, where ``bincount`` piles every row onto few counters."""
     import cupy
 
-    from dask_gpudirect.targets.device import _segment_of
-
     order = cupy.argsort(values.astype(np.min_scalar_type(max(n - 1, 0))))
     k = len(lengths)
-    source = _segment_of(order, np.asarray(lengths))
+    source = segment_of(order, np.asarray(lengths))
     composite = values[order].astype(cupy.int64) * k + source
     edges = cupy.searchsorted(composite, cupy.arange(n * k + 1, dtype=cupy.int64))
     return order, cupy.diff(edges).reshape(n, k).T.get()
@@ -75,7 +74,6 @@ def main() -> None:
 
     from dask_gpudirect.shuffle.split import HashSplit
     from dask_gpudirect.targets import device as target
-    from dask_gpudirect.targets.device import _segment_of
 
     rmm.reinitialize(pool_allocator=True, initial_pool_size=40 * 2**30)
     cupy.cuda.set_allocator(rmm_cupy_allocator)
@@ -100,7 +98,7 @@ def main() -> None:
             where = partitioning_index(joined[["key"]], n)
             values = cupy.asarray(where.values)
             narrow = values.astype(np.min_scalar_type(max(n - 1, 0)))
-            source = _segment_of(cupy.arange(rows, dtype=cupy.int64), np.asarray(lengths))
+            source = segment_of(cupy.arange(rows, dtype=cupy.int64), np.asarray(lengths))
             order, counts = target.group_order(where, lengths, n)
             ordered = joined.take(order)
             bounds = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
@@ -115,7 +113,7 @@ def main() -> None:
                 "hash (murmur3 in pylibcudf)": lambda: plc.hashing.murmurhash3_x86_32(
                     plc.Table([table.columns()[1]]), 0
                 ),
-                "source of each row (arange + searchsorted)": lambda: _segment_of(
+                "source of each row (arange + searchsorted)": lambda: segment_of(
                     cupy.arange(rows, dtype=cupy.int64), np.asarray(lengths)
                 ),
                 "bincount of source * n + value": lambda: cupy.bincount(

@@ -168,11 +168,11 @@ def _joined_index(frames: list[cudf.DataFrame]) -> list[plc.Column]:
     starts = np.array([f.index.start for f in frames], dtype=np.int64)
     steps = np.array([f.index.step for f in frames], dtype=np.int64)
     lengths = np.array([len(f) for f in frames], dtype=np.int64)
-    rows = cupy.arange(int(lengths.sum()), dtype=cupy.int64)
-    segment = _segment_of(rows, lengths)
-    placed = cupy.asarray(np.cumsum(lengths) - lengths)[segment]
-    labels = cupy.asarray(starts)[segment] + cupy.asarray(steps)[segment] * (rows - placed)
-    return [plc.Column.from_array(labels)]
+    # Row r of frame s (whose rows start at placed[s]) is labelled
+    # starts[s] + steps[s] * (r - placed[s]) = first[s] + steps[s] * r.
+    first = starts - steps * (np.cumsum(lengths) - lengths)
+    first_of_row, step_of_row = _per_row([_int64(first), _int64(steps)], _int64(lengths))
+    return [_binop(first_of_row, _binop(step_of_row, _rows(int(lengths.sum())), _MUL), _ADD)]
 
 
 def concat_frames(frames: list[cudf.DataFrame], meta: cudf.DataFrame) -> cudf.DataFrame:
@@ -283,15 +283,31 @@ def permutation(n: int, seed: int) -> cupy.ndarray:
 
 def group_order(where: cudf.Series, lengths: list[int], n: int) -> tuple[cupy.ndarray, np.ndarray]:
     """The row order that groups equal values of ``where`` (0..n-1, a cuDF Series), stably, and
-    ``counts[k, j]``: how many rows of the ``k``-th run of ``lengths`` rows hold ``j``. CuPy sorts
-    are stable radix sorts, a pass per byte of the key: the narrowest type that holds ``n - 1``
-    (one pass below 256 outputs, where int64 takes eight); the counts come back to the host
+    ``counts[k, j]``: how many rows of the ``k``-th run of ``lengths`` rows hold ``j``.
+
+    libcudf's calls only, whose kernels ship compiled: CuPy's compile on their first call in a
+    process (NVRTC), which cost a fresh machine's first shuffle 6 s of a 7-8 s run
+    (``scripts/cold-split.py``). The sort is stable radix, a pass per byte of the key: the
+    narrowest type that holds ``n - 1`` (one pass below 256 outputs, where int64 takes eight).
+    Along that order ``key = value * inputs + input`` rises, so one search for every key gives
+    where each ``(output, input)`` run starts, and the counts come back to the host
     (``len(lengths) * n`` numbers)."""
-    values = cupy.asarray(where.values)
-    source = _segment_of(cupy.arange(len(values), dtype=cupy.int64), np.asarray(lengths))
-    counts = cupy.bincount(source * n + values.astype(cupy.int64), minlength=len(lengths) * n)
-    order = cupy.argsort(values.astype(np.min_scalar_type(max(n - 1, 0))))
-    return order, counts.get().reshape(len(lengths), n)
+    inputs = len(lengths)
+    values = where._column.to_pylibcudf()
+    if n <= 1 << 16:
+        narrow = plc.DataType(plc.TypeId.UINT8 if n <= 1 << 8 else plc.TypeId.UINT16)
+        values_narrow = plc.unary.cast(values, narrow)
+    else:
+        values_narrow = values
+    ascending, nulls = [plc.types.Order.ASCENDING], [plc.types.NullOrder.AFTER]
+    order = plc.sorting.stable_sorted_order(plc.Table([values_narrow]), ascending, nulls)
+    (source,) = _per_row([_rows(inputs)], _int64(lengths))  # the input each row came from
+    key = _binop(_binop(values, plc.Scalar.from_py(inputs, _INT64), _MUL), source, _ADD)
+    ordered = plc.copying.gather(plc.Table([key]), order, plc.copying.OutOfBoundsPolicy.DONT_CHECK)
+    needles = plc.Table([_rows(inputs * n + 1)])
+    starts = _cupy(plc.search.lower_bound(ordered, needles, ascending, nulls)).get()
+    counts = np.diff(starts.astype(np.int64)).reshape(n, inputs).T
+    return _cupy(order), np.ascontiguousarray(counts)
 
 
 #: This target's arrays: what the shuffle's bookkeeping per row and per segment runs on.
@@ -307,18 +323,49 @@ SHUFFLE_CHUNK = "2GiB"
 
 def positions(starts: Any, lengths: Any) -> cupy.ndarray:
     """The row positions of the segments ``starts[s] .. starts[s] + lengths[s]`` (NumPy or
-    CuPy arrays), one after another, made on the GPU."""
-    lengths = cupy.asarray(lengths, dtype=cupy.int64)
-    placed = cupy.cumsum(lengths) - lengths  # where each segment starts in the result
-    rows = cupy.arange(int(lengths.sum()), dtype=cupy.int64)
-    return rows + (cupy.asarray(starts, dtype=cupy.int64) - placed)[_segment_of(rows, lengths)]
+    CuPy arrays), one after another, made on the GPU by libcudf (see :func:`group_order`)."""
+    if not len(lengths):
+        return cupy.empty(0, dtype=cupy.int64)
+    lengths = _int64(lengths)
+    sum_ = plc.aggregation.sum()
+    placed = plc.reduce.scan(lengths, sum_, plc.reduce.ScanType.EXCLUSIVE)  # in the result
+    (offset_of_row,) = _per_row([_binop(_int64(starts), placed, _SUB)], lengths)
+    total = plc.reduce.reduce(lengths, sum_, _INT64).to_py()
+    return _cupy(_binop(_rows(total), offset_of_row, _ADD))
 
 
-def _segment_of(rows: cupy.ndarray, lengths: Any) -> cupy.ndarray:
-    """Which of the segments of ``lengths`` rows (NumPy or CuPy), laid end to end, each of
-    ``rows`` falls in (one search on the GPU; ``cupy.repeat`` with per-segment counts loops in
-    Python)."""
-    return cupy.searchsorted(cupy.cumsum(cupy.asarray(lengths)), rows, side="right")
+_INT64 = plc.DataType(plc.TypeId.INT64)
+_ADD, _SUB, _MUL = (getattr(plc.binaryop.BinaryOperator, op) for op in ("ADD", "SUB", "MUL"))
+
+
+def _int64(values: Any) -> plc.Column:
+    """NumPy or CuPy integers as an int64 column: a copy on the GPU of NumPy's, a view of
+    CuPy's."""
+    xp = cupy if isinstance(values, cupy.ndarray) else np
+    return plc.Column.from_array(xp.ascontiguousarray(values, dtype=xp.int64))
+
+
+def _binop(left: plc.Column, right: plc.Column | plc.Scalar, op: Any) -> plc.Column:
+    return plc.binaryop.binary_operation(left, right, op, _INT64)
+
+
+def _rows(n: int) -> plc.Column:
+    """0, 1, ..., n - 1 as an int64 column."""
+    return plc.filling.sequence(n, plc.Scalar.from_py(0, _INT64), plc.Scalar.from_py(1, _INT64))
+
+
+def _per_row(columns: list[plc.Column], lengths: plc.Column) -> list[plc.Column]:
+    """Each value of ``columns`` repeated ``lengths`` times: a segment's value for each of its
+    rows."""
+    return plc.filling.repeat(plc.Table(columns), lengths).columns()
+
+
+def _cupy(column: plc.Column) -> cupy.ndarray:
+    """A pylibcudf column as a CuPy array (a view, through cuDF: the column itself has no
+    array interface)."""
+    import cudf
+
+    return cudf.Series.from_pylibcudf(column).values
 
 
 def memory_bytes(worker: Worker) -> int:
