@@ -4,7 +4,7 @@ The first ``bench etl`` on a fresh GPU machine took 7.9-9.2 s where the next too
 the split alone 6.8-7.7 s; on a machine whose GPU tests had run first, 1.4-1.8 s. The suspect is
 CuPy, which compiles each kernel (NVRTC) on its first call and keeps it on disk
 (``CUPY_CACHE_DIR``, by default ``~/.cupy/kernel_cache``). This times the first and the second
-call of each step of the split, and of the receiver's CuPy bookkeeping, in one process; run it
+call of each step of the split, and of the receiver's positions, in one process; run it
 twice on one empty cache directory (cold, then compiled):
 
     export CUPY_CACHE_DIR=$(mktemp -d)
@@ -28,7 +28,7 @@ def main() -> None:
     import dask_cudf  # noqa: F401  (registers cuDF's dispatches)
     from dask.dataframe.shuffle import partitioning_index
 
-    from dask_gpudirect.shuffle.split import HashSplit, Segments, assembly_segments
+    from dask_gpudirect.shuffle.split import HashSplit, Segments
     from dask_gpudirect.targets import device as target
 
     print(f"imports {time.perf_counter() - start:.2f} s", flush=True)
@@ -58,14 +58,6 @@ def main() -> None:
     )
     segments = Segments(np.array([0, 10], dtype=np.int64), np.array([5, 5], dtype=np.int64))
     twice("positions of segments (libcudf)", lambda: segments.positions("device"))
-    many = [
-        ((0,), 0, np.ones((1, 1 << 18), dtype=np.int64)),
-        ((1,), 0, np.ones((1, 1 << 18), dtype=np.int64)),
-    ]
-    twice(
-        "a receiver's segments, 2^19 slots (CuPy)",
-        lambda: assembly_segments(many, range(1 << 18), "device"),
-    )
     cache = os.environ.get("CUPY_CACHE_DIR", os.path.expanduser("~/.cupy/kernel_cache"))
     kernels = sum(len(files) for _, _, files in os.walk(cache)) if os.path.isdir(cache) else 0
     print(f"CuPy's kernel cache {cache}: {kernels} files", flush=True)

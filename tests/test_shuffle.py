@@ -488,7 +488,7 @@ def test_assembly_segments_list_each_output_in_input_order(interleaved):
     for chunk, _, counts in pieces:
         joined += [(outputs[j], i) for j in range(len(outputs)) for k, i in enumerate(chunk)
                    for _ in range(int(counts[k, j]))]  # fmt: skip
-    segments, sizes = assembly_segments(pieces, outputs, "host")
+    segments, sizes = assembly_segments(pieces, outputs)
     order = segments.positions("host")
     listed = [joined[p] for p in order]
     assert listed == sorted(joined)  # by output, then input (a stable order within each)
@@ -527,7 +527,7 @@ def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interlea
         starts = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
         frames.append(ordered.iloc[starts[outputs.start] : starts[outputs.stop]])
         pieces.append((chunk, outputs.start, counts[:, outputs.start : outputs.stop]))
-    segments, sizes = split.assembly_segments(pieces, outputs, "host")
+    segments, sizes = split.assembly_segments(pieces, outputs)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     built = {}
     for few in (0, 10**6):

@@ -165,7 +165,7 @@ class ShuffleRun:
                 pieces = [self.buffer.pop(f"{group}-{i}") for i in firsts]
             with clock("order"):
                 pieces_of = [received[i] for i in firsts]
-                segments, sizes = assembly_segments(pieces_of, outputs, exchange.target)
+                segments, sizes = assembly_segments(pieces_of, outputs)
                 bounds = np.concatenate([[0], np.cumsum(sizes)])
             with clock("combine"):
                 built = splitter.outputs(pieces, segments, bounds, outputs)

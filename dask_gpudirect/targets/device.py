@@ -310,9 +310,6 @@ def group_order(where: cudf.Series, lengths: list[int], n: int) -> tuple[cupy.nd
     return _cupy(order), np.ascontiguousarray(counts)
 
 
-#: This target's arrays: what the shuffle's bookkeeping per row and per segment runs on.
-arrays = cupy
-
 #: ``gpudirect.shuffle.chunk-size: auto`` here: bytes of inputs a shuffle stage splits at once.
 #: Each chunk costs the GPU a few calls (join, hash, order, gather) and each worker a message per
 #: peer: on one H200 shared by two workers, 8 GiB in 64 partitions shuffled in 0.22-0.23 s with

@@ -143,9 +143,6 @@ def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.
     return np.argsort(keys, kind="stable"), counts.reshape(len(lengths), n)
 
 
-#: This target's arrays: what the shuffle's bookkeeping per row and per segment runs on.
-arrays = np
-
 #: ``gpudirect.shuffle.chunk-size: auto`` here: bytes of inputs a shuffle stage splits at once
 #: (the host's size before ``auto``, which the CPU runs of issue 14 used).
 SHUFFLE_CHUNK = "512MiB"

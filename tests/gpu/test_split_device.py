@@ -1,30 +1,13 @@
 """The shuffle's bookkeeping on the GPU against the host's NumPy (which the CPU tests check
-against the rows): the receiver's segments made with CuPy (as for a thousand partitions), and
-the split's group order, the segments' positions and the join's RangeIndex labels, made with
-libcudf."""
+against the rows): the split's group order, the segments' positions and the join's RangeIndex
+labels, made with libcudf."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from util import received_pieces
-
-from dask_gpudirect.shuffle import split
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_device_segments_equal_host_segments(monkeypatch, interleaved):
-    outputs = range(3, 40)
-    pieces = received_pieces(outputs, inputs=60, interleaved=interleaved, seed=5)
-    host, host_sizes = split.assembly_segments(pieces, outputs, "host")
-    monkeypatch.setattr(split, "DEVICE_SEGMENTS", 0)  # this table is small: made on the GPU
-    device, device_sizes = split.assembly_segments(pieces, outputs, "device")
-    assert device_sizes.tolist() == host_sizes.tolist()
-    assert device.starts.get().tolist() == host.starts.tolist()
-    assert device.lengths.get().tolist() == host.lengths.tolist()
-    assert device.positions("device").get().tolist() == host.positions("host").tolist()
 
 
 @pytest.mark.parametrize("n", [1, 8, 300, 70_000])
