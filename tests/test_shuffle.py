@@ -474,13 +474,18 @@ def test_dropping_the_result_frees_it(client):
     assert not any(client.run(_shuffle_keys_held).values())
 
 
+@pytest.mark.parametrize("few", [True, False], ids=["few", "many"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_assembly_segments_list_each_output_in_input_order(interleaved):
+def test_assembly_segments_list_each_output_in_input_order(monkeypatch, interleaved, few):
     """Pieces joined end to end (each grouped by output, then input) are listed output by
     output, each output's rows in input order, whether the senders' inputs interleave (one
-    worker holds the even partitions) or not; empty segments and empty outputs included."""
+    worker holds the even partitions) or not; empty segments and empty outputs included, and
+    whether the segments are joined (a small table) or not (more than ``JOINED_SEGMENTS``)."""
+    from dask_gpudirect.shuffle import split
     from dask_gpudirect.shuffle.split import assembly_segments
 
+    if not few:
+        monkeypatch.setattr(split, "JOINED_SEGMENTS", 0)
     outputs = range(10, 16)
     pieces = received_pieces(outputs, inputs=12, interleaved=interleaved, seed=3)
     # (output, input) of each row as the receiver joins them: piece after piece, in order
@@ -495,6 +500,9 @@ def test_assembly_segments_list_each_output_in_input_order(interleaved):
     assert sorted(order.tolist()) == list(range(len(joined)))
     assert sizes.tolist() == [sum(1 for o, _ in joined if o == j) for j in outputs]
     assert sizes[2] == 0
+    if few:  # no empty segment, none that continues the one before it
+        assert segments.lengths.all()
+        assert (segments.starts[1:] != (segments.starts + segments.lengths)[:-1]).all()
 
 
 def test_segment_slices_are_cut_where_pieces_end():

@@ -147,7 +147,8 @@ FEW_SEGMENTS = 16
 @dataclasses.dataclass(frozen=True)
 class Segments:
     """Runs of rows of the received pieces joined end to end (run ``s``: rows ``starts[s]`` to
-    ``starts[s] + lengths[s]``) that, one after another, list the outputs' rows in order."""
+    ``starts[s] + lengths[s]``, none where the length is 0) that, one after another, list the
+    outputs' rows in order."""
 
     starts: np.ndarray
     lengths: np.ndarray
@@ -183,15 +184,14 @@ def assembly_segments(
     pieces at the receiver's groups, so ``first`` is ``outputs.start``), ``counts[k, j]`` rows
     of input ``inputs[k]``; every input is in one piece. Segment ``(j, input)`` is a run of one
     input's rows for one output: laid out as a table of outputs by inputs, each piece's
-    segments are a block of columns, and putting the columns in input order orders them all.
-    The work is linear in the segments, in NumPy: at 1024 interleaved partitions (half a
-    million segments) 5-7 ms on a 2-core CPU, where the slot-by-slot scatter it replaces took
-    17-24 ms on it and CuPy 14-17 ms on an H200 (after compiling its kernels for 1.6 s on a
+    segments are a block of columns, and putting the columns in input order orders them all,
+    in a few NumPy passes over the table (no kernel to compile, as CuPy's took 1.6-1.9 s on a
     fresh machine). Where each piece's inputs all come after those of the piece before it
     (each sender's inputs consecutive partitions), a piece's rows for one output are one run
     already: one segment per piece and output. Where they interleave, a thousand partitions
-    make half a million segments. Segments that continue where the one before ended are
-    joined."""
+    make half a million segments; only a table of at most :data:`JOINED_SEGMENTS` has its
+    empty segments dropped and those that continue one another joined, which lets a receiver
+    of few large pieces copy slices of them (:data:`FEW_SEGMENTS`)."""
     if any(first != outputs.start or c.shape[1] != len(outputs) for _, first, c in pieces):
         raise ValueError(f"pieces must each hold rows for all of outputs {outputs}")
     if all(max(a) < min(b) for (a, _, _), (b, _, _) in itertools.pairwise(pieces)):
@@ -200,28 +200,34 @@ def assembly_segments(
     inputs = np.concatenate([np.asarray(i, dtype=np.int64) for i, _, _ in pieces])
     lengths, starts = [], []
     offset = 0  # where the piece's rows start in the joined pieces
-    for _, _, counts in pieces:  # its rows: output after output, each input after input
-        rows = np.ascontiguousarray(counts.T, dtype=np.int64)
-        ends = np.cumsum(rows).reshape(rows.shape) + offset
+    for _, _, counts in pieces:
+        rows = counts.T  # the piece's rows: output after output, each input after input
+        ends = np.cumsum(rows, dtype=np.int64).reshape(rows.shape)
+        ends += offset - rows  # now where each segment starts
+        starts.append(ends)
         lengths.append(rows)
-        starts.append(ends - rows)
-        offset += int(rows.sum())
+        offset += int(counts.sum())
     by_input = np.argsort(inputs, kind="stable")
     length = np.concatenate(lengths, axis=1).take(by_input, axis=1)
     start = np.concatenate(starts, axis=1).take(by_input, axis=1)
     sizes = length.sum(axis=1)
     start, length = start.ravel(), length.ravel()
+    if len(start) > JOINED_SEGMENTS:
+        return Segments(start, length), sizes
     kept = np.flatnonzero(length)
-    if len(kept) < len(length):  # at many partitions every segment tends to hold rows
-        start, length = start[kept], length[kept]
+    start, length = start[kept], length[kept]
     if not len(start):
         return Segments(start, length), sizes
     new = np.ones(len(start), dtype=bool)
     np.not_equal(start[1:], start[:-1] + length[:-1], out=new[1:])
     firsts = np.flatnonzero(new)  # of each run of segments joined into one
-    if len(firsts) < len(start):
-        start, length = start[firsts], np.add.reduceat(length, firsts)
-    return Segments(start, length), sizes
+    return Segments(start[firsts], np.add.reduceat(length, firsts)), sizes
+
+
+#: Segments up to which :func:`assembly_segments` drops the empty ones and joins those that
+#: continue one another: where there are more, the many inputs interleave, few join, and the
+#: two passes cost about as much as the rest (5 of 10-14 ms at 1024 partitions on the CPU).
+JOINED_SEGMENTS = 1 << 12
 
 
 def contingency(seed: int, sizes: list[int]) -> np.ndarray:
