@@ -3,9 +3,11 @@ the size of the workers' RMM pools.
 
 A fresh cluster's first ``dg.shuffle`` took 0.93-1.53 s on the H200 against 0.17-0.56 s warm:
 its stage's ``send`` 0.56-0.78 s against 0.01 s, its ``split`` 0.44-0.65 s against 0.05-0.18 s.
-The suspect: on a first transfer from a peer, UCX's CUDA IPC transport maps the whole allocation
-the peer's buffer lies in (``cuIpcOpenMemHandle``), and an RMM pool is one allocation;
-RapidsMPF's issue 206 saw that cost grow with ``rmm_pool_size`` on H100s. For each pool size
+The suspect was UCX's CUDA IPC transport, which maps the whole allocation a peer's buffer lies
+in (``cuIpcOpenMemHandle``) on its first transfer from it, an RMM pool being one allocation
+(RapidsMPF's issue 206 saw the cost grow with ``rmm_pool_size`` on H100s). On one H200 the first
+64 MiB transfer took 566 ms with 40 GB pools against 86 ms with 4 GB or none
+(``docs/benchmarks/2026-12-03-h200-first-transfer-07544ab.log``). For each pool size
 given (``none``: no pool, RMM's plain allocations), in fresh clusters of two workers over UCXX
 (sharing the GPU where there is one), this times:
 
