@@ -8,14 +8,15 @@ in (``cuIpcOpenMemHandle``) on its first transfer from it, an RMM pool being one
 (RapidsMPF's issue 206 saw the cost grow with ``rmm_pool_size`` on H100s). On one H200 the first
 64 MiB transfer took 566 ms with 40 GB pools against 86 ms with 4 GB or none
 (``docs/benchmarks/2026-12-03-h200-first-transfer-07544ab.log``). For each pool size
-given (``none``: no pool, RMM's plain allocations), in fresh clusters of two workers over UCXX
+given (``none``: no pool, RMM's plain allocations; ``4GB:40GB``: a pool of 4 GB that may grow
+to 40), in fresh clusters of two workers over UCXX
 (sharing the GPU where there is one), this times:
 
 - a 64 MiB CuPy array fetched by one worker from the other, three times each way, a new array
   each time, against the same task run where the array lies (no transfer);
 - ``dg.shuffle`` of 1 GiB in 8 partitions, three times, with the slowest stage's phases.
 
-    python3 scripts/first-transfer.py none 4GB 40GB
+    python3 scripts/first-transfer.py none 4GB 40GB 1GB:40GB
 """
 
 from __future__ import annotations
@@ -53,8 +54,34 @@ def fetch_ms(client: Client, source: str, dest: str, fill: int) -> float:
     return (time.perf_counter() - began) * 1e3
 
 
-def transfers(pool: str | None) -> None:
-    cluster, client = start_cluster("device", 2, 1, "ucxx", pool)
+def _growing_pool(initial: str, maximum: str) -> None:
+    """This worker's RMM: a pool of ``initial`` bytes that grows up to ``maximum``."""
+    import cupy
+    import rmm
+    from dask.utils import parse_bytes
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    rmm.reinitialize(
+        pool_allocator=True,
+        initial_pool_size=parse_bytes(initial),
+        maximum_pool_size=parse_bytes(maximum),
+    )
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+
+
+def cluster_with(pool: str) -> tuple[Any, Client]:
+    """Two workers with ``pool`` (``none``, a size, or ``initial:maximum``) as their RMM."""
+    initial, _, maximum = pool.partition(":")
+    cluster, client = start_cluster(
+        "device", 2, 1, "ucxx", None if pool == "none" or maximum else initial
+    )
+    if maximum:
+        client.run(_growing_pool, initial, maximum)
+    return cluster, client
+
+
+def transfers(pool: str) -> None:
+    cluster, client = cluster_with(pool)
     try:
         a, b = sorted(client.nthreads())
         print(f"  same worker (no transfer): {fetch_ms(client, a, a, 0):.1f} ms", flush=True)
@@ -65,8 +92,8 @@ def transfers(pool: str | None) -> None:
         stop_cluster(cluster, client, print)
 
 
-def shuffles(pool: str | None) -> None:
-    cluster, client = start_cluster("device", 2, 1, "ucxx", pool)
+def shuffles(pool: str) -> None:
+    cluster, client = cluster_with(pool)
     try:
         frame = _Frame(client, "device", 1.0, 8, 2)
         frame.make()
@@ -86,9 +113,8 @@ def shuffles(pool: str | None) -> None:
 
 
 def main() -> None:
-    for size in sys.argv[1:] or ["none", "40GB"]:
-        pool = None if size == "none" else size
-        print(f"== RMM pool {size}", flush=True)
+    for pool in sys.argv[1:] or ["none", "40GB"]:
+        print(f"== RMM pool {pool}", flush=True)
         transfers(pool)
         shuffles(pool)
 
