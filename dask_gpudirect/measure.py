@@ -147,15 +147,20 @@ def _shared_gpu_cluster(
     return cluster, client
 
 
-def _use_rmm(pool_size: str | None) -> None:
-    """RMM for cuDF and CuPy in this worker, with a pool of ``pool_size`` where given."""
+def _use_rmm(pool_size: str | None, maximum: str | None = None) -> None:
+    """RMM for cuDF and CuPy in this worker, with a pool of ``pool_size`` where given (that
+    may grow to ``maximum``)."""
     import cupy
     import rmm
     from dask.utils import parse_bytes
     from rmm.allocators.cupy import rmm_cupy_allocator
 
     if pool_size:
-        rmm.reinitialize(pool_allocator=True, initial_pool_size=parse_bytes(pool_size))
+        rmm.reinitialize(
+            pool_allocator=True,
+            initial_pool_size=parse_bytes(pool_size),
+            maximum_pool_size=parse_bytes(maximum) if maximum else None,
+        )
     cupy.cuda.set_allocator(rmm_cupy_allocator)
 
 

@@ -30,7 +30,7 @@ from distributed import Client, wait
 import dask_gpudirect as dg
 from dask_gpudirect.bench.common import stage_phases
 from dask_gpudirect.bench.shuffle import _Frame
-from dask_gpudirect.measure import start_cluster, stop_cluster
+from dask_gpudirect.measure import _use_rmm, start_cluster, stop_cluster
 
 NBYTES = 64 << 20
 
@@ -54,21 +54,6 @@ def fetch_ms(client: Client, source: str, dest: str, fill: int) -> float:
     return (time.perf_counter() - began) * 1e3
 
 
-def _growing_pool(initial: str, maximum: str) -> None:
-    """This worker's RMM: a pool of ``initial`` bytes that grows up to ``maximum``."""
-    import cupy
-    import rmm
-    from dask.utils import parse_bytes
-    from rmm.allocators.cupy import rmm_cupy_allocator
-
-    rmm.reinitialize(
-        pool_allocator=True,
-        initial_pool_size=parse_bytes(initial),
-        maximum_pool_size=parse_bytes(maximum),
-    )
-    cupy.cuda.set_allocator(rmm_cupy_allocator)
-
-
 def cluster_with(pool: str) -> tuple[Any, Client]:
     """Two workers with ``pool`` (``none``, a size, or ``initial:maximum``) as their RMM."""
     initial, _, maximum = pool.partition(":")
@@ -76,7 +61,7 @@ def cluster_with(pool: str) -> tuple[Any, Client]:
         "device", 2, 1, "ucxx", None if pool == "none" or maximum else initial
     )
     if maximum:
-        client.run(_growing_pool, initial, maximum)
+        client.run(_use_rmm, initial, maximum)
     return cluster, client
 
 
