@@ -181,3 +181,78 @@ def test_bench_shuffle_refuses_rapidsmpf_on_the_host_target():
     result = CliRunner().invoke(shuffle, args)
     assert result.exit_code == 2, result.output
     assert "--methods rapidsmpf: runs on GPU workers only" in result.output
+
+
+def _bench(args: list[str], tmp_path) -> tuple[dict, str, str]:
+    """``bench shuffle ARGS`` on the host target, as a user runs it: its JSON, Markdown and
+    output."""
+    out_json, out_md = tmp_path / "out.json", tmp_path / "out.md"
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "shuffle", "--target", "host", *args]
+    cmd += ["--no-progress", "--json", str(out_json), "--markdown", str(out_md)]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    return json.loads(out_json.read_text()), out_md.read_text(), proc.stdout
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_bench_shuffle_array_sweeps_partition_counts(tmp_path):
+    """``--data array``: dg.shuffle_array against Dask's array shuffle on the same records at
+    each count, every output checked to hold every record once, and dg's growth judged."""
+    args = ["--data", "array", "--record-bytes", "64", "--gib", str(4 / 1024)]
+    args += ["--partitions", "2,8", "--methods", "gpudirect,tasks", "--repeat", "1"]
+    result, markdown, stdout = _bench(args, tmp_path)
+    assert "dg.shuffle_array(arr)" in stdout
+
+    assert [s["partitions"] for s in result["sweep"]] == [2, 8]
+    for made in result["sweep"]:
+        data = made["data"]
+        assert (data["kind"], data["data"], data["rows"]) == ("NumPy", "array", (4 << 20) // 64)
+        assert data["bytes"] == 4 << 20
+    by = {(r["key"], r["partitions"]): r for r in result["records"]}
+    assert sorted(by) == [("gpudirect", 2), ("gpudirect", 8), ("tasks", 2), ("tasks", 8)]
+    for rec in by.values():
+        assert rec["status"] == "ok", rec
+        assert "the sum of their numbers and the sum of all values checked" in rec["note"], rec
+    assert all("shuffle: split" in p for p in by["gpudirect", 8]["phases"])
+
+    (check,) = result["checks"]
+    growth = by["gpudirect", 8]["seconds"] / by["gpudirect", 2]["seconds"]
+    assert check["check"].startswith("dg.shuffle_array(arr): time at 8 partitions")
+    assert check["ratio"] == pytest.approx(growth) and check["target"] == 4.0
+    assert "| partitions | dg.shuffle_array(arr) | arr.shuffle(groups, axis=0) |" in markdown
+    assert "the same 0.004 GB array cut into 2, 8 partitions" in markdown
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_bench_shuffle_array_of_numbers(tmp_path):
+    """8-byte records make a 1-d array; one count compares dg with Dask and the raw transfer."""
+    args = ["--data", "array", "--record-bytes", "8", "--gib", str(2 / 1024)]
+    args += ["--partitions", "4", "--repeat", "1", "--raw-mib", "2"]
+    result, markdown, _ = _bench(args, tmp_path)
+    records = {r["key"]: r for r in result["records"]}
+    assert sorted(records) == ["gpudirect", "raw", "tasks"]
+    assert all(r["status"] == "ok" for r in records.values()), records
+    assert result["data"]["rows"] == (2 << 20) // 8
+    checks = {c["check"]: c for c in result["checks"]}
+    assert checks["faster of Dask's shuffles"]["baseline"] == "tasks"
+    assert "NumPy array of 0.002 GB, 262144 records (records of 1 int64" in markdown
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--methods", "gpudirect,p2p"], "--methods: unknown ['p2p']"),
+        (["--methods", "rapidsmpf"], "--methods: unknown ['rapidsmpf']"),
+        (["--record-bytes", "12"], "12: use a multiple of 8"),
+    ],
+)
+def test_bench_shuffle_array_refuses_what_it_cannot_run(args, says):
+    """Dask's array shuffle is a task graph and RapidsMPF shuffles tables: asking for either
+    on an array, or for records that are not whole int64s, is a usage error."""
+    from click.testing import CliRunner
+
+    from dask_gpudirect.bench.shuffle import shuffle
+
+    result = CliRunner().invoke(shuffle, ["--target", "host", "--data", "array", *args])
+    assert result.exit_code == 2 and says in result.output, result.output

@@ -104,9 +104,9 @@ def _read_panels(result: dict) -> list[dict]:
 
 def _shuffle_panels(result: dict) -> list[dict]:
     """GB/s per GPU of each shuffle against the raw single-buffer transfer."""
-    from .shuffle_report import METHODS, label_of
+    from .shuffle_report import METHODS, data_of, label_of
 
-    target = result["target"]
+    target, data = result["target"], data_of(result)
     by = {r["key"]: r for r in result["records"]}
     rows: list[dict] = []
     index: dict[str, int] = {}
@@ -115,7 +115,8 @@ def _shuffle_panels(result: dict) -> list[dict]:
             dg = key in ("gpudirect", "rapidsmpf")
             kind = "ceiling" if key == "raw" else "dg" if dg else "baseline"
             index[key] = len(rows)
-            rows.append(_row(label_of(key, target), by[key], by[key].get("gbps_per_gpu"), kind))
+            label = label_of(key, target, data)
+            rows.append(_row(label, by[key], by[key].get("gbps_per_gpu"), kind))
     targets = [
         (index[c["path"]], c["target"] * by[c["baseline"]]["gbps_per_gpu"], c)
         for c in result["checks"]
@@ -249,7 +250,7 @@ def _draw_panel(ax: Axes, panel: dict) -> None:
 
 def sweep_panel(result: dict) -> dict:
     """``bench shuffle --partitions 8,64,...``: each method's seconds against the count."""
-    from .shuffle_report import METHODS, counts_of, label_of
+    from .shuffle_report import METHODS, counts_of, data_of, label_of
 
     records = result["records"]
     lines = []
@@ -257,7 +258,8 @@ def sweep_panel(result: dict) -> dict:
         mine = [r for r in records if r["key"] == key]
         if mine:
             points = [(r["partitions"], r["seconds"]) for r in mine if r["status"] == "ok"]
-            lines.append({"label": label_of(key, result["target"]), "style": "-", "points": points})
+            label = label_of(key, result["target"], data_of(result))
+            lines.append({"label": label, "style": "-", "points": points})
     return {
         "title": "shuffle of the same bytes by partition count",
         "lines": lines,

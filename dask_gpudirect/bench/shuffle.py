@@ -8,6 +8,11 @@ On one cluster and one frame it measures:
 - a raw worker-to-worker transfer of one large buffer (CuPy on the device target, NumPy on the
   host), the wire's ceiling for a Dask transfer;
 
+or, with ``--data array``, on a Dask Array of records (NumPy or CuPy chunks): a uniformly random
+permutation of them, ``dg.shuffle_array(arr)`` against Dask's own array shuffle
+(``arr.shuffle(groups, axis=0)``, a task graph, given the same kind of random permutation), and
+the raw transfer;
+
 and prints GB/s per GPU, the ratios and the issue's targets (dg >= 3x the faster of Dask's
 shuffles, >= 0.5x the raw transfer), plus the ledger's record of the path dg's bytes took.
 
@@ -34,6 +39,7 @@ objects) but makes it only after the cluster has started, as dask-cuda asks.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import uuid
@@ -60,10 +66,18 @@ from .common import (
     ucx_record,
     wait_released,
 )
-from .shuffle_report import DEVICE_ONLY, METHODS, checks_of, markdown, print_result
+from .shuffle_report import (
+    ARRAY_METHODS,
+    DEVICE_ONLY,
+    METHODS,
+    checks_of,
+    markdown,
+    print_result,
+)
 from .timing import _Interrupted, _measure, _record
 
 if TYPE_CHECKING:
+    import dask.array as da
     import dask.dataframe as dd
     from distributed import Client, Worker
 
@@ -115,6 +129,19 @@ def _meta(target: str) -> Frame:
     return _partition(1, 0, target).iloc[:0]
 
 
+def _records(rows: int, first: int, width: int, target: str) -> Any:
+    """Records ``first`` to ``first + rows - 1`` of the array: ``width`` int64 values each, the
+    record's number and then random ones below 1000 (a 1-d chunk of numbers where ``width`` is
+    1). CuPy on the device target, NumPy on the host."""
+    if target == "device":
+        import cupy as xp
+    else:
+        import numpy as xp
+    out = xp.random.RandomState(first).randint(0, 1000, size=(rows, width), dtype="int64")
+    out[:, 0] = xp.arange(first, first + rows, dtype="int64")
+    return out if width > 1 else out[:, 0]
+
+
 def _clear_ledger(dask_worker: Worker) -> None:
     from ..plugin import current_plugin
 
@@ -124,120 +151,184 @@ def _clear_ledger(dask_worker: Worker) -> None:
 # --- measuring ----------------------------------------------------------------------------------
 
 
-class _Frame:
-    """The input frame, made on the workers; made again after a restart."""
+class _Input:
+    """The input, made on the workers and made again after a restart: a frame of
+    ``ROW_BYTES``-byte rows, or (``data="array"``) an array of ``record_bytes``-byte records."""
 
-    def __init__(self, client: Client, target: str, gib: float, partitions: int, workers: int):
-        self.client, self.target, self.workers = client, target, workers
-        self.rows = max(partitions, int(gib * GIB) // ROW_BYTES)
+    def __init__(
+        self,
+        client: Client,
+        target: str,
+        gib: float,
+        partitions: int,
+        workers: int,
+        data: str = "frame",
+        record_bytes: int | None = None,
+    ):
+        self.client, self.target, self.workers, self.data = client, target, workers, data
+        row_bytes = record_bytes if data == "array" and record_bytes else ROW_BYTES
+        self.width = row_bytes // 8  # int64 values a record (the array's)
+        self.rows = max(partitions, int(gib * GIB) // row_bytes)
         self.partitions = partitions
-        self.df: dd.DataFrame | None = None
-        self.nbytes = self.z_sum = self.held = 0
+        self.collection: dd.DataFrame | da.Array | None = None
+        self.nbytes = self.held = 0
+        self.sums: tuple[int, ...] = ()
 
     def make(self) -> dict:
-        """Build, persist and measure the frame; returns its description."""
-        from dask.dataframe.dask_expr._collection import new_collection
+        """Build, persist and measure the input; returns its description."""
         from distributed import wait
 
-        from ..shuffle.api import Computed
-
         client = self.client
-        if self.target == "device":
+        if self.target == "device" and self.data == "frame":
             import dask_cudf  # noqa: F401  (registers the cuDF backend before the frame exists)
-        self.df = None
+        self.collection = None
         # every worker first (after a restart too): the partitions are spread over those listed
         client.wait_for_workers(self.workers)
         workers = sorted(client.nthreads())
         base, extra = divmod(self.rows, self.partitions)
-        name = f"bench-frame-{uuid.uuid4().hex}"
+        sizes = [base + (i < extra) for i in range(self.partitions)]
+        firsts = [sum(sizes[:i]) for i in range(self.partitions)]
+        name = f"bench-{self.data}-{uuid.uuid4().hex}"
+        record = (0,) if self.data == "array" and self.width > 1 else ()  # an array's 2nd axis
+        keys = [(name, i, *record) for i in range(self.partitions)]
         futures = [
             client.submit(
-                _partition,
-                base + (i < extra),
-                1000 + i,
-                self.target,
+                *(
+                    (_partition, n, 1000 + i, self.target)
+                    if self.data == "frame"
+                    else (_records, n, first, self.width, self.target)
+                ),
                 workers=[workers[i % len(workers)]],
                 allow_other_workers=False,
                 pure=False,
-                key=(name, i),
+                key=key,
             )
-            for i in range(self.partitions)
+            for i, (n, first, key) in enumerate(zip(sizes, firsts, keys, strict=True))
         ]
-        meta = client.submit(_meta, self.target, pure=False).result()
         wait(futures)
         failed = [f for f in futures if f.status != "finished"]
         if failed:
             raise RuntimeError(f"{len(failed)} input partition(s) failed: {failed[0].exception()}")
-        # the partitions themselves, where they were made: a collection of tasks that alias
-        # them (dd.from_delayed) lets the scheduler run some of those, and so move partitions,
-        # on the other worker (seen: 8 and 24 of 32)
-        keys = [f.key for f in futures]
-        self.df = new_collection(
-            Computed(
-                layer=dict(zip(keys, futures, strict=True)),
-                _meta=meta,
-                divisions=(None,) * (self.partitions + 1),
-                keys=keys,
-                name_prefix=name,
-                _determ_token=name,
-            )
-        )
+        self.collection = self._collection(name, keys, futures, sizes)
         self.nbytes = sum(client.nbytes(keys, summary=False).values())
-        rows, self.z_sum = _counts(client, self.df)
+        rows, *sums = _sums(client, self.collection)
+        self.sums = tuple(sums)
         if rows != self.rows:
-            raise RuntimeError(f"the frame has {rows} rows, {self.rows} were made")
+            raise RuntimeError(f"the input has {rows} rows, {self.rows} were made")
         self.held = len(futures)
         wait_released(client, self.held)
         placed: dict[str, int] = {}
         for holders in client.who_has(futures).values():
             for worker in holders:
                 placed[worker] = placed.get(worker, 0) + 1
+        kind = "cuDF" if self.target == "device" else "pandas"
+        columns = f"key int64 uniform over [0, 2^{KEY_RANGE.bit_length() - 1}), "
+        columns += "x float64, y float64, z int64"
+        if self.data == "array":
+            kind = "CuPy" if self.target == "device" else "NumPy"
+            columns = f"records of {self.width} int64: the record's number, then random ones"
         return {
-            "kind": "cuDF" if self.target == "device" else "pandas",
+            "kind": kind,
+            "data": self.data,
             "bytes": self.nbytes,
             "rows": self.rows,
             "partitions": self.partitions,
-            "columns": f"key int64 uniform over [0, 2^{KEY_RANGE.bit_length() - 1}), "
-            "x float64, y float64, z int64",
+            "columns": columns,
             "partitions_per_worker": placed,
         }
 
+    def _collection(self, name: str, keys: list, futures: list, sizes: list[int]) -> Any:
+        """The partitions themselves, where they were made: a collection of tasks that alias
+        them (``dd.from_delayed``) lets the scheduler run some of those, and so move
+        partitions, on the other worker (seen: 8 and 24 of 32)."""
+        layer = dict(zip(keys, futures, strict=True))
+        if self.data == "array":
+            import dask.array as da
+            from dask.highlevelgraph import HighLevelGraph
 
-def _counts(client: Client, df: dd.DataFrame) -> tuple[int, int]:
-    """Rows of ``df`` and the sum of its ``z`` column, computed on the cluster."""
-    rows, z_sum = client.compute([df.map_partitions(len).sum(), df["z"].sum()], sync=True)
-    return int(rows), int(z_sum)
+            meta = self.client.submit(_records, 1, 0, self.width, self.target).result()[:0]
+            chunks = (tuple(sizes), *(((self.width,),) if self.width > 1 else ()))
+            return da.Array(HighLevelGraph.from_collections(name, layer), name, chunks, meta=meta)
+        from dask.dataframe.dask_expr._collection import new_collection
+
+        from ..shuffle.api import Computed
+
+        return new_collection(
+            Computed(
+                layer=layer,
+                _meta=self.client.submit(_meta, self.target, pure=False).result(),
+                divisions=(None,) * (self.partitions + 1),
+                keys=keys,
+                name_prefix=name,
+                _determ_token=name,
+            )
+        )
 
 
-def _shuffle_run(client: Client, frame: _Frame, method: str) -> Callable[[], dict]:
-    """One timed shuffle of ``frame`` by ``method``, checked after the clock stops."""
+def _sums(client: Client, data: dd.DataFrame | da.Array) -> tuple[int, ...]:
+    """What a shuffle keeps, computed on the cluster: a frame's rows and the sum of its ``z``
+    column; an array's records, the sum of their numbers and the sum of all values."""
+    import dask.array as da
+
+    if isinstance(data, da.Array):
+        numbers = data[:, 0] if data.ndim > 1 else data
+        asked = [(numbers >= 0).sum(), numbers.sum(), data.sum()]
+    else:
+        asked = [data.map_partitions(len).sum(), data["z"].sum()]
+    return tuple(int(v) for v in client.compute(asked, sync=True))
+
+
+def _dask_array_shuffle(arr: da.Array, seed: int) -> da.Array:
+    """Dask's own array shuffle of ``arr``'s records into chunks of the sizes they had: a
+    random permutation (drawn on the client, as ``dg.shuffle_array`` draws its counts there)
+    cut into one group an output chunk."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(arr.shape[0])
+    bounds = np.cumsum((0, *arr.chunks[0]))
+    groups = [order[a:b].tolist() for a, b in itertools.pairwise(bounds)]
+    return arr.shuffle(groups, axis=0)
+
+
+def _shuffle_run(client: Client, data: _Input, method: str) -> Callable[[], dict]:
+    """One timed shuffle of ``data`` by ``method``, checked after the clock stops."""
+    import dask.array as da
     from distributed import futures_of, wait
 
+    import dask_gpudirect as dg
+
+    seeds = itertools.count()
+
+    def shuffled() -> Any:
+        df = data.collection
+        assert df is not None, "the input is made before the shuffles"
+        if isinstance(df, da.Array):
+            if method == "gpudirect":
+                return dg.shuffle_array(df, seed=next(seeds), client=client)
+            return _dask_array_shuffle(df, next(seeds)).persist()
+        if method in ("gpudirect", "rapidsmpf"):
+            engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
+            return dg.shuffle(df, "key", client=client, engine=engine)
+        return df.shuffle("key", shuffle_method=method).persist()
+
     def run() -> dict:
-        df = frame.df
-        assert df is not None, "the frame is made before the shuffles"
         if method == "gpudirect":
             client.run(_clear_ledger)  # so that the ledger read after the runs holds the last one
         start = time.perf_counter()
-        if method in ("gpudirect", "rapidsmpf"):
-            import dask_gpudirect as dg
-
-            engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
-            out = dg.shuffle(df, "key", client=client, engine=engine)
-        else:
-            out = df.shuffle("key", shuffle_method=method).persist()
+        out = shuffled()
         wait(out)
         seconds = time.perf_counter() - start
         failed = [f for f in futures_of(out) if f.status != "finished"]
         if failed:
             raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")
-        rows, z_sum = _counts(client, out)
-        if (rows, z_sum) != (frame.rows, frame.z_sum):
+        sums = _sums(client, out)
+        if sums != (data.rows, *data.sums):
+            made = (data.rows, *data.sums)
             raise RuntimeError(
-                f"the shuffle lost data: {rows} rows and sum(z) {z_sum}, "
-                f"the input has {frame.rows} and {frame.z_sum}"
+                f"the shuffle lost data: {sums}, the input {made} ({SUMS[data.data]})"
             )
-        note = f"{df.npartitions} -> {out.npartitions} partitions; rows and sum(z) checked"
+        outputs = out.numblocks[0] if data.data == "array" else out.npartitions
+        note = f"{data.partitions} -> {outputs} partitions; {SUMS[data.data]} checked"
         if method not in ("gpudirect", "rapidsmpf"):
             return {"seconds": seconds, "note": note}
         phases = stage_phases(client)  # where dg's stage spent the time, the slowest worker's
@@ -248,6 +339,13 @@ def _shuffle_run(client: Client, frame: _Frame, method: str) -> Callable[[], dic
         return {"seconds": seconds, "note": note, "phases": phases}
 
     return run
+
+
+#: What :func:`_sums` gives, by kind of input.
+SUMS = {
+    "frame": "rows and sum(z)",
+    "array": "records, the sum of their numbers and the sum of all values",
+}
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -322,13 +420,21 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
         }
         if opts["protocol"] == "ucxx":
             result["cluster"].update(ucx_record(client))
-        frame = _Frame(client, target, opts["gib"], opts["partitions"], workers)
+        inputs = _Input(
+            client,
+            target,
+            opts["gib"],
+            opts["partitions"],
+            workers,
+            opts["data"],
+            opts["record_bytes"],
+        )
         for method in methods:
             if deadline is not None and deadline - time.monotonic() < MIN_BUDGET_S:
                 add(_record(method, "not run", note="--time-limit reached"))
                 continue
             try:
-                rec, timed_out = _one_method(client, method, frame, addresses, opts, budget, into)
+                rec, timed_out = _one_method(client, method, inputs, addresses, opts, budget, into)
             except _Interrupted as stop:
                 add(stop.record)
                 raise
@@ -341,7 +447,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
                 # abandoned or failed work (a shuffle mid-way, memory held) must not slow the rest
                 _log(f"restarting the cluster after {method} ({rec['status']})")
                 client.restart()
-                frame.df = None
+                inputs.collection = None
     finally:
         stop_cluster(cluster, client, _log)
 
@@ -349,7 +455,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
 def _one_method(
     client: Client,
     method: str,
-    frame: _Frame,
+    inputs: _Input,
     addresses: list[str],
     opts: dict,
     budget: Callable[[], float],
@@ -361,17 +467,17 @@ def _one_method(
             return _record("raw", "not run", note="needs two workers"), False
         nbytes = opts["raw_mib"] << 20
         _log(f"measuring raw: a {nbytes / 1e9:.2f} GB buffer, budget {budget():.0f} s")
-        run = pair_transfer(client, addresses[0], addresses[1], nbytes, frame.target)
+        run = pair_transfer(client, addresses[0], addresses[1], nbytes, inputs.target)
         after = partial(wait_released, client, 0)  # the raw transfer runs before the frame
         return _measure("raw", run, nbytes, 1, opts["repeat"], budget(), after)
-    if frame.df is None:
-        _log(f"making the frame ({frame.rows} rows, {frame.partitions} partitions)")
-        into["data"] = frame.make()
-        _log(f"frame: {frame.nbytes / 1e9:.3f} GB")
+    if inputs.collection is None:
+        _log(f"making the {inputs.data} ({inputs.rows} rows, {inputs.partitions} partitions)")
+        into["data"] = inputs.make()
+        _log(f"{inputs.data}: {inputs.nbytes / 1e9:.3f} GB")
     _log(f"measuring {method}: budget {budget():.0f} s")
-    run = _shuffle_run(client, frame, method)
-    after = partial(wait_released, client, frame.held)
-    out = _measure(method, run, frame.nbytes, opts["workers"], opts["repeat"], budget(), after)
+    run = _shuffle_run(client, inputs, method)
+    after = partial(wait_released, client, inputs.held)
+    out = _measure(method, run, inputs.nbytes, opts["workers"], opts["repeat"], budget(), after)
     if method == "gpudirect" and out[0]["status"] == "ok" and not out[1]:
         into["ledger"] = _ledger(client)
     return out
@@ -395,7 +501,22 @@ def _counts_option(value: str | None) -> list[int] | None:
 
 @click.command(name="shuffle")
 @TARGET_OPTION
-@click.option("--gib", default=0.25, show_default=True, type=float, help="frame size, GiB")
+@click.option("--gib", default=0.25, show_default=True, type=float, help="input size, GiB")
+@click.option(
+    "--data",
+    default="frame",
+    show_default=True,
+    type=click.Choice(["frame", "array"]),
+    help="frame: dg.shuffle of a Dask DataFrame against Dask's frame shuffles; array: "
+    "dg.shuffle_array of a Dask Array of records against Dask's array shuffle",
+)
+@click.option(
+    "--record-bytes",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(8),
+    help="--data array: bytes a record (a multiple of 8: int64 values; 8 makes a 1-d array)",
+)
 @cluster_options
 @click.option(
     "--ucx-transports",
@@ -417,7 +538,8 @@ def _counts_option(value: str | None) -> list[int] | None:
     "--methods",
     default=None,
     help="comma-separated: gpudirect, rapidsmpf (dg.shuffle's RapidsMPF engine), tasks, p2p, "
-    "raw; default: all (rapidsmpf on the device target only)",
+    "raw; default: all (rapidsmpf on the device target only; with --data array: gpudirect, "
+    "tasks and raw)",
 )
 @click.option(
     "--raw-mib",
@@ -442,6 +564,8 @@ def _counts_option(value: str | None) -> list[int] | None:
 def shuffle(
     target: str,
     gib: float,
+    data: str,
+    record_bytes: int,
     workers: int | None,
     threads_per_worker: int,
     protocol: str | None,
@@ -459,14 +583,21 @@ def shuffle(
     progress: bool,
 ) -> None:
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
+    known = ARRAY_METHODS if data == "array" else METHODS
     target, gpus, chosen, workers, protocol = resolve_run(
-        target, methods or ",".join(METHODS), METHODS, workers, protocol
+        target, methods or ",".join(known), known, workers, protocol
     )
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
+    if record_bytes % 8:
+        raise click.BadParameter(
+            f"{record_bytes}: use a multiple of 8", param_hint="--record-bytes"
+        )
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
     opts: dict[str, Any] = {
         "gib": gib,
+        "data": data,
+        "record_bytes": record_bytes if data == "array" else None,
         "workers": workers,
         "threads_per_worker": threads_per_worker,
         "protocol": protocol,
@@ -509,5 +640,5 @@ def shuffle(
             if (key, n) not in done:
                 result["records"].append({**_record(key, "not run", note=why), "partitions": n})
     result["records"].sort(key=lambda r: (r["partitions"], METHODS.index(r["key"])))
-    result["checks"] = checks_of(result["records"], target, workers)
+    result["checks"] = checks_of(result["records"], target, workers, data)
     finish(result, target, print_result, (json_path, md_path, markdown, plot_path))

@@ -10,6 +10,9 @@ from .tables import between_runs_note, footnote, judge, markdown_table, print_ta
 
 #: The methods, in table order.
 METHODS = ("gpudirect", "rapidsmpf", "tasks", "p2p", "raw")
+#: The methods of ``--data array``: RapidsMPF shuffles cuDF tables and Dask's array shuffle is
+#: a task graph only.
+ARRAY_METHODS = ("gpudirect", "tasks", "raw")
 #: Methods that need GPU workers: left out of the host target's default.
 DEVICE_ONLY = ("rapidsmpf",)
 LABELS = {
@@ -29,6 +32,14 @@ LABELS = {
     "raw": {
         "device": "raw transfer: one CuPy buffer, worker A -> B",
         "host": "raw transfer: one NumPy buffer, worker A -> B",
+    },
+}
+#: ``--data array``'s labels, where they differ from the frame's.
+ARRAY_LABELS = {
+    "gpudirect": {"device": "dg.shuffle_array(arr)", "host": "dg.shuffle_array(arr)"},
+    "tasks": {
+        "device": "arr.shuffle(groups, axis=0) (CuPy chunks)",
+        "host": "arr.shuffle(groups, axis=0)",
     },
 }
 #: The issue's targets on the device target: dg.shuffle per GPU against each baseline.
@@ -54,15 +65,15 @@ def is_sweep(records: list[dict]) -> bool:
     return len(counts_of(records)) > 1
 
 
-def checks_of(records: list[dict], target: str, workers: int) -> list[dict]:
+def checks_of(records: list[dict], target: str, workers: int, data: str = "frame") -> list[dict]:
     """Against the baselines for one partition count; for a sweep of counts, how dg.shuffle's
-    time grows with them."""
+    (or ``dg.shuffle_array``'s) time grows with them."""
     if is_sweep(records):
-        return _scaling_checks(records, target, workers)
+        return _scaling_checks(records, target, workers, data)
     return _baseline_checks(records, target, workers)
 
 
-def _scaling_checks(records: list[dict], target: str, workers: int) -> list[dict]:
+def _scaling_checks(records: list[dict], target: str, workers: int, data: str) -> list[dict]:
     """Per dg engine: its time at the most partitions over its time at the fewest, and (on GPUs
     that exchange) its GB/s per GPU at 256 partitions."""
     counts = counts_of(records)
@@ -79,7 +90,7 @@ def _scaling_checks(records: list[dict], target: str, workers: int) -> list[dict
         want = SCALING_BOUND[target] if exchanging else None
         out.append(
             {
-                "check": f"{label_of(engine, target)}: time at {counts[-1]} partitions over "
+                "check": f"{label_of(engine, target, data)}: time at {counts[-1]} partitions over "
                 f"its time at {counts[0]}",
                 "path": engine,
                 "baseline": f"{counts[0]} partitions",
@@ -95,7 +106,7 @@ def _scaling_checks(records: list[dict], target: str, workers: int) -> list[dict
             want = TARGET_GBPS_AT_256 if workers > 1 else None
             out.append(
                 {
-                    "check": f"{label_of(engine, target)}: GB/s per GPU at 256 partitions",
+                    "check": f"{label_of(engine, target, data)}: GB/s per GPU at 256 partitions",
                     "path": engine,
                     "baseline": "GB/s",
                     "ratio": gbps,
@@ -145,8 +156,15 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
     return out
 
 
-def label_of(key: str, target: str) -> str:
-    return LABELS[key][target]
+def label_of(key: str, target: str, data: str = "frame") -> str:
+    """What ran as method ``key``, on a frame or (``data="array"``) an array."""
+    labels = ARRAY_LABELS if data == "array" and key in ARRAY_LABELS else LABELS
+    return labels[key][target]
+
+
+def data_of(result: dict) -> str:
+    """What a result shuffled: ``frame`` or ``array`` (results before ``--data``: a frame)."""
+    return (result.get("options") or {}).get("data") or "frame"
 
 
 HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
@@ -154,7 +172,7 @@ HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
 HOST_HEADER = ("method", "GB/s per worker", *HEADER[2:])
 CHECK_HEADER = ("dg.shuffle per GPU against", "ratio", "target", "result")
 SWEEP_CHECK_HEADER = ("check", *CHECK_HEADER[1:])
-LEDGER_HEADER = ("op", "path", "transfers", "GB", "copies", "x frame bytes")
+LEDGER_HEADER = ("op", "path", "transfers", "GB", "copies", "x input bytes")
 
 
 def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
@@ -166,7 +184,7 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         rec = by.get(key)
         if rec is None:
             continue
-        label = label_of(key, result["target"])
+        label = label_of(key, result["target"], data_of(result))
         if rec["status"] == "ok":
             if rec["stopped"]:
                 label += f" [{footnote(notes, rec['stopped'])}]"
@@ -239,9 +257,10 @@ def _data_line(result: dict) -> str:
     d = result.get("data")
     if not d:
         return "not made"
+    rows = "records" if d.get("data") == "array" else "rows"
     return (
-        f"{d['kind']} frame of {d['bytes'] / 1e9:.3f} GB, {d['rows']} rows ({d['columns']}), "
-        f"{d['partitions']} partitions placed round-robin on the workers"
+        f"{d['kind']} {d.get('data', 'frame')} of {d['bytes'] / 1e9:.3f} GB, {d['rows']} {rows} "
+        f"({d['columns']}), {d['partitions']} partitions placed round-robin on the workers"
     )
 
 
@@ -253,7 +272,7 @@ def _device_line(result: dict) -> str:
 
 SCALING_NOTE = (
     "Seconds: the median warm run, the whole call until every output partition is in memory; "
-    "GB/s per GPU (per worker on the host target): frame bytes / seconds / workers; x: the time "
+    "GB/s per GPU (per worker on the host target): input bytes / seconds / workers; x: the time "
     "over the method's own time at the fewest partitions. The same bytes at every count, each "
     "count in a fresh cluster."
 )
@@ -264,7 +283,7 @@ def _scaling_rows(result: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]
     records = result["records"]
     methods = [m for m in METHODS if any(r["key"] == m for r in records)]
     by = {(r["key"], r["partitions"]): r for r in records}
-    header = ("partitions", *(label_of(m, result["target"]) for m in methods))
+    header = ("partitions", *(label_of(m, result["target"], data_of(result)) for m in methods))
     rows: list[tuple[str, ...]] = []
     first: dict[str, float] = {}
     for n in counts_of(records):
@@ -295,7 +314,7 @@ def _sweep_markdown(result: dict) -> str:
         f"- device: {_device_line(result)}",
         f"- cluster: {_setup_line(result)}",
         f"- command: `{result['command']}`",
-        f"- data: the same {data / 1e9:.3f} GB frame cut into {counts} partitions"
+        f"- data: the same {data / 1e9:.3f} GB {data_of(result)} cut into {counts} partitions"
         if data
         else f"- data: not made ({counts} partitions asked for)",
         "",
@@ -337,7 +356,7 @@ def markdown(result: dict) -> str:
             "",
         ]
     lines.append(
-        "GB/s per GPU (per worker on the host target): frame bytes / seconds / workers, the "
+        "GB/s per GPU (per worker on the host target): input bytes / seconds / workers, the "
         "median of the warm runs (best and the first, cold, run beside it); a run is the whole "
         "call until every output partition is in memory. Raw: the buffer's bytes / the seconds "
         "its fetch took as the receiving worker logged it (one GPU sends, one receives). Targets "
