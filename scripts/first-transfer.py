@@ -29,7 +29,7 @@ from distributed import Client, wait
 
 import dask_gpudirect as dg
 from dask_gpudirect.bench.common import stage_phases
-from dask_gpudirect.bench.shuffle import _Frame
+from dask_gpudirect.bench.shuffle import _Input
 from dask_gpudirect.measure import _use_rmm, start_cluster, stop_cluster
 
 NBYTES = 64 << 20
@@ -80,11 +80,11 @@ def transfers(pool: str) -> None:
 def shuffles(pool: str) -> None:
     cluster, client = cluster_with(pool)
     try:
-        frame = _Frame(client, "device", 1.0, 8, 2)
+        frame = _Input(client, "device", 1.0, 8, 2)
         frame.make()
         for run in range(3):
             began = time.perf_counter()
-            out = dg.shuffle(frame.df, "key", client=client)
+            out = dg.shuffle(frame.collection, "key", client=client)
             wait(out)
             seconds = time.perf_counter() - began
             phases = {k.removeprefix("shuffle: "): s for k, s in stage_phases(client).items()}
