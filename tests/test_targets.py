@@ -56,3 +56,19 @@ def test_device_target_from_config(tcp, files):
             dg.read_parquet(files[0], client=tcp)
     with dask.config.set({"gpudirect.target": "host"}):
         assert len(compute(tcp, dg.read_parquet(files[0], client=tcp))) == 100
+
+
+def test_host_permutations_shuffle_each_run_by_its_own_seed():
+    """``dg.shuffle_array``'s permutations on the host: each run a permutation of its own rows,
+    drawn from its seed alone (the same run among other runs, or alone, in the same order)."""
+    from dask_gpudirect.targets import host
+
+    lengths = np.array([0, 5, 1000, 1, 300], dtype=np.int64)
+    seeds = np.arange(len(lengths), dtype=np.uint64) + 7
+    got = host.permutations(lengths, seeds)
+    starts = np.cumsum(lengths) - lengths
+    for start, n in zip(starts, lengths, strict=True):
+        assert sorted(got[start : start + n] - start) == list(range(n))
+    np.testing.assert_array_equal(host.permutations(lengths[2:3], seeds[2:3]), got[5:1005] - 5)
+    assert (got[5:1005] - 5 != np.arange(1000)).mean() > 0.9
+    assert host.permutations(lengths[:0], seeds[:0]).tolist() == []

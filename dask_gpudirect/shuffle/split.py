@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -93,7 +94,9 @@ class PermutationSplit:
     as a random contingency table with the chunk sizes as margins (what a uniformly random
     permutation of all records induces). Each input chunk is permuted before it is cut, and each
     output chunk after its pieces are joined (in input order), so every order of the records is
-    equally likely and the same seed gives the same order wherever the chunks live.
+    equally likely; each chunk's order is drawn from the seed and the chunk's number alone, so
+    the same seed gives the same order wherever the chunks live. A worker permutes all the
+    chunks it splits (or builds) at once, and gathers them in one pass.
     """
 
     seed: int
@@ -102,10 +105,9 @@ class PermutationSplit:
     meta: Any
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
-        shuffled = [p[self._permutation(len(p), 0, i)] for i, p in zip(indices, parts, strict=True)]
-        joined = self.join(shuffled)
         counts = self.counts[indices]
-        return joined[_grouped_by_output(counts, self.target)], counts
+        shuffled = self._permutations(np.array([len(p) for p in parts]), 0, indices)
+        return self.join(parts)[shuffled[_grouped_by_output(counts, self.target)]], counts
 
     def rows(self, chunk: Any, start: int, stop: int) -> Any:
         return chunk[start:stop]
@@ -114,19 +116,22 @@ class PermutationSplit:
         return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
     def outputs(self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range) -> list:
-        """Each output's records permuted on their own (CuPy and NumPy gathers are cheap)."""
-        joined = self.join(pieces)
+        """Each output's records permuted on their own, all in one gather; the outputs are
+        slices of it (views, as :meth:`HashSplit.outputs`' are)."""
         order = segments.positions(self.target)
-        return [
-            joined[order[a:b][self._permutation(int(b - a), 1, j)]]
-            for j, (a, b) in zip(outputs, itertools.pairwise(bounds), strict=True)
-        ]
+        shuffled = self._permutations(np.diff(bounds), 1, outputs)
+        gathered = self.join(pieces)[order[shuffled]]
+        return [gathered[a:b] for a, b in itertools.pairwise(bounds)]
 
-    def _permutation(self, n: int, phase: int, index: int) -> Any:
-        seed = np.random.SeedSequence(self.seed, spawn_key=(phase, index)).generate_state(
-            1, np.uint64
-        )[0]
-        return targets.module(self.target).permutation(n, int(seed))
+    def _permutations(self, lengths: np.ndarray, phase: int, chunks: Sequence[int]) -> Any:
+        """Positions that permute runs of ``lengths`` records end to end, run ``k`` being
+        chunk ``chunks[k]``'s (an input's in phase 0, an output's in phase 1)."""
+        seeds = [
+            np.random.SeedSequence(self.seed, spawn_key=(phase, c)).generate_state(1, np.uint64)
+            for c in chunks
+        ]
+        seeds_array = np.concatenate(seeds) if seeds else np.empty(0, dtype=np.uint64)
+        return targets.module(self.target).permutations(lengths, seeds_array)
 
 
 def _grouped_by_output(counts: np.ndarray, target: TargetName) -> Any:

@@ -126,9 +126,15 @@ def unsupported(dtype: np.dtype) -> str | None:
     return None
 
 
-def permutation(n: int, seed: int) -> np.ndarray:
-    """A random order of ``n`` records, the same for the same seed."""
-    return np.random.default_rng(seed).permutation(n)
+def permutations(lengths: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """Row positions that put each run of ``lengths[k]`` rows (the runs end to end) in a random
+    order drawn from ``seeds[k]`` alone, each run kept in its place."""
+    starts = np.cumsum(lengths) - lengths
+    runs = [
+        start + np.random.default_rng(int(seed)).permutation(int(n))
+        for start, n, seed in zip(starts, lengths, seeds, strict=True)
+    ]
+    return np.concatenate(runs) if runs else np.empty(0, dtype=np.int64)
 
 
 def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:

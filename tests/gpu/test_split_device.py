@@ -65,3 +65,50 @@ def test_device_join_labels_range_indexes_as_pandas():
     want = pd.concat(frames)
     assert joined.index.to_numpy().tolist() == want.index.tolist()
     assert joined["x"].to_numpy().tolist() == want["x"].tolist()
+
+
+@pytest.mark.parametrize(
+    "lengths", [[1], [1000], [0, 5, 1000, 1, 0, 300], [7] * 1500], ids=lambda v: str(v)[:30]
+)
+def test_device_permutations_shuffle_each_run_by_its_own_seed(lengths):
+    """``dg.shuffle_array``'s permutations on the GPU: each run is a permutation of its own
+    rows, the same seed gives the same order, and a run's order depends on its seed and length
+    alone, not on the runs around it (so a chunk's order does not depend on which worker, or
+    which other chunks, it was split with)."""
+    from dask_gpudirect.targets import device
+
+    lengths = np.array(lengths, dtype=np.int64)
+    seeds = np.random.default_rng(0).integers(0, 2**63, len(lengths), dtype=np.uint64)
+    got = device.permutations(lengths, seeds).get()
+    starts = np.cumsum(lengths) - lengths
+    runs = [got[s : s + n] - s for s, n in zip(starts, lengths, strict=True)]
+    for run, n in zip(runs, lengths, strict=True):
+        assert sorted(run.tolist()) == list(range(n))  # a permutation of the run's own rows
+    np.testing.assert_array_equal(device.permutations(lengths, seeds).get(), got)
+    big = int(np.argmax(lengths))
+    alone = device.permutations(lengths[big : big + 1], seeds[big : big + 1]).get()
+    np.testing.assert_array_equal(alone, runs[big])
+    if lengths[big] >= 300:
+        assert (runs[big] != np.arange(lengths[big])).mean() > 0.9
+        other = device.permutations(lengths[big : big + 1], seeds[big : big + 1] + 1).get()
+        assert (other != alone).mean() > 0.9
+
+
+def test_device_permutations_are_uniform():
+    """Where each of 8 rows lands, over 4000 seeds: every place equally often (a chi-square
+    test at the 0.1 % level for each row, 7 degrees of freedom), as a random permutation puts
+    it."""
+    from dask_gpudirect.targets import device
+
+    n, draws = 8, 4000
+    lengths = np.full(draws, n, dtype=np.int64)  # one run a seed: all drawn in one call
+    seeds = np.random.default_rng(1).integers(0, 2**63, draws, dtype=np.uint64)
+    places = device.permutations(lengths, seeds).get().reshape(draws, n) % n
+    for row in range(n):
+        seen = np.bincount(np.argmax(places == row, axis=1), minlength=n)
+        expected = draws / n
+        assert ((seen - expected) ** 2 / expected).sum() < CHI2_7_AT_0_1_PERCENT, (row, seen)
+
+
+#: The chi-square statistic with 7 degrees of freedom that chance exceeds 0.1 % of the time.
+CHI2_7_AT_0_1_PERCENT = 24.32
