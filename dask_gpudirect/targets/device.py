@@ -280,10 +280,11 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> cupy.ndarray:
     """Row positions that put each run of ``lengths[k]`` rows (the runs end to end) in a random
     order drawn from ``seeds[k]`` alone, each run kept in its place: one sort for every run,
     where a CuPy generator a run cost about 1.4 ms (``dg.shuffle_array``'s split of 512 chunks
-    a worker: 0.7 s). Each row's key is the 64-bit xxHash of its run's seed and its place in
-    the run, the run's number in the top bits (the fewest that hold it), so that one stable
-    radix sort orders the runs and shuffles within each. libcudf's calls only (see
-    :func:`group_order`)."""
+    a worker: 0.7 s). Each row's key is the 64-bit xxHash of its run's seed plus its place in
+    the run (one column: libcudf hashes a table's columns each on its own and combines them,
+    which left the order within a run far from uniform), the run's number in the top bits (the
+    fewest that hold it), so that one stable radix sort orders the runs and shuffles within
+    each. libcudf's calls only (see :func:`group_order`)."""
     total = int(np.sum(lengths))
     if not total:
         return cupy.empty(0, dtype=cupy.int64)
@@ -294,7 +295,7 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> cupy.ndarray:
         [_uint64(seeds), starts, _uint64(np.arange(runs))], sizes
     )
     place = _binop(_rows(total), start_of_row, _SUB)
-    key = plc.hashing.xxhash_64(plc.Table([seed_of_row, place]), 0)
+    key = plc.hashing.xxhash_64(plc.Table([_binop(seed_of_row, place, _ADD, _UINT64)]), 0)
     bits = (runs - 1).bit_length()
     if bits:
         high = _binop(run_of_row, _uint64_scalar(64 - bits), _SHL, _UINT64)
