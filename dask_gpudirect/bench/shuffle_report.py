@@ -320,8 +320,11 @@ def _sweep_markdown(result: dict) -> str:
         "",
         *markdown_table(header, rows),
         "",
-        *markdown_table(SWEEP_CHECK_HEADER, _check_rows(result)),
-        "",
+        *(
+            [*markdown_table(SWEEP_CHECK_HEADER, _check_rows(result)), ""]
+            if result["checks"]
+            else []
+        ),
         SCALING_NOTE + between_runs_note(result),
     ]
     return "\n".join(lines) + "\n"
@@ -374,7 +377,8 @@ def print_result(result: dict) -> None:
         print_table(
             title, header, rows, [SCALING_NOTE + between_runs_note(result)], right=header[1:]
         )
-        print_table("targets", SWEEP_CHECK_HEADER, _check_rows(result), [], right=("ratio",))
+        if result["checks"]:  # none where dg did not run
+            print_table("targets", SWEEP_CHECK_HEADER, _check_rows(result), [], right=("ratio",))
         return
     rows, notes = _rows(result)
     title = f"bench shuffle: {_device_line(result)}, {_setup_line(result)}"
