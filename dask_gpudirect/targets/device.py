@@ -281,10 +281,11 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> cupy.ndarray:
     order drawn from ``seeds[k]`` alone, each run kept in its place: one sort for every run,
     where a CuPy generator a run cost about 1.4 ms (``dg.shuffle_array``'s split of 512 chunks
     a worker: 0.7 s). Each row's key is the 64-bit xxHash of its run's seed plus its place in
-    the run (one column: libcudf hashes a table's columns each on its own and combines them,
-    which left the order within a run far from uniform), the run's number in the top bits (the
-    fewest that hold it), so that one stable radix sort orders the runs and shuffles within
-    each. libcudf's calls only (see :func:`group_order`)."""
+    the run (one column: hashing the two as a table, where libcudf seeds each column's hash
+    with the one before, left the order within a run far from uniform: over 4000 seeds of runs
+    of 8 rows, a chi-square of 58 where chance exceeds 24.3 one time in 1000), the run's
+    number in the top bits (the fewest that hold it), so that one stable radix sort orders the
+    runs and shuffles within each. libcudf's calls only (see :func:`group_order`)."""
     total = int(np.sum(lengths))
     if not total:
         return cupy.empty(0, dtype=cupy.int64)
