@@ -172,7 +172,11 @@ HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
 HOST_HEADER = ("method", "GB/s per worker", *HEADER[2:])
 CHECK_HEADER = ("dg.shuffle per GPU against", "ratio", "target", "result")
 SWEEP_CHECK_HEADER = ("check", *CHECK_HEADER[1:])
-LEDGER_HEADER = ("op", "path", "transfers", "GB", "copies", "x input bytes")
+
+
+def _ledger_header(result: dict) -> tuple[str, ...]:
+    """The ledger's columns, its bytes also as a multiple of the frame's (or the array's)."""
+    return ("op", "path", "transfers", "GB", "copies", f"x {data_of(result)} bytes")
 
 
 def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
@@ -272,7 +276,7 @@ def _device_line(result: dict) -> str:
 
 SCALING_NOTE = (
     "Seconds: the median warm run, the whole call until every output partition is in memory; "
-    "GB/s per GPU (per worker on the host target): input bytes / seconds / workers; x: the time "
+    "GB/s per GPU (per worker on the host target): {data} bytes / seconds / workers; x: the time "
     "over the method's own time at the fewest partitions. The same bytes at every count, each "
     "count in a fresh cluster."
 )
@@ -325,7 +329,7 @@ def _sweep_markdown(result: dict) -> str:
             if result["checks"]
             else []
         ),
-        SCALING_NOTE + between_runs_note(result),
+        SCALING_NOTE.format(data=data_of(result)) + between_runs_note(result),
     ]
     return "\n".join(lines) + "\n"
 
@@ -355,15 +359,15 @@ def markdown(result: dict) -> str:
         lines += [
             f"{LEDGER_TITLE}:",
             "",
-            *markdown_table(LEDGER_HEADER, ledger),
+            *markdown_table(_ledger_header(result), ledger),
             "",
         ]
     lines.append(
-        "GB/s per GPU (per worker on the host target): input bytes / seconds / workers, the "
-        "median of the warm runs (best and the first, cold, run beside it); a run is the whole "
-        "call until every output partition is in memory. Raw: the buffer's bytes / the seconds "
-        "its fetch took as the receiving worker logged it (one GPU sends, one receives). Targets "
-        "apply to the device target: dg.shuffle "
+        f"GB/s per GPU (per worker on the host target): {data_of(result)} bytes / seconds / "
+        "workers, the median of the warm runs (best and the first, cold, run beside it); a run "
+        "is the whole call until every output partition is in memory. Raw: the buffer's bytes / "
+        "the seconds its fetch took as the receiving worker logged it (one GPU sends, one "
+        "receives). Targets apply to the device target: dg.shuffle "
         f">= {TARGET_VS_DASK:g}x the faster of Dask's two shuffles and >= {TARGET_VS_RAW:g}x the "
         "raw transfer."
     )
@@ -375,7 +379,11 @@ def print_result(result: dict) -> None:
         header, rows = _scaling_rows(result)
         title = f"bench shuffle by partition count: {_device_line(result)}, {_setup_line(result)}"
         print_table(
-            title, header, rows, [SCALING_NOTE + between_runs_note(result)], right=header[1:]
+            title,
+            header,
+            rows,
+            [SCALING_NOTE.format(data=data_of(result)) + between_runs_note(result)],
+            right=header[1:],
         )
         if result["checks"]:  # none where dg did not run
             print_table("targets", SWEEP_CHECK_HEADER, _check_rows(result), [], right=("ratio",))
@@ -388,4 +396,5 @@ def print_result(result: dict) -> None:
         print_table("targets", CHECK_HEADER, _check_rows(result), [], right=("ratio",))
     ledger = _ledger_rows(result)
     if ledger:
-        print_table(LEDGER_TITLE, LEDGER_HEADER, ledger, [], right=LEDGER_HEADER[2:])
+        header = _ledger_header(result)
+        print_table(LEDGER_TITLE, header, ledger, [], right=header[2:])
