@@ -329,25 +329,6 @@ def test_shuffle_array_puts_a_record_anywhere_equally_often(tcp):
         assert chi_square < 31.26, (record, counts)
 
 
-@pytest.mark.parametrize("block", [2, 128], ids=["blocks of 2 outputs", "one block"])
-def test_shuffle_array_counts_are_a_random_permutations(monkeypatch, block):
-    """The table of how many records go from each input chunk to each output chunk, drawn
-    block by block of outputs, is the table a uniformly random permutation makes: over 4000
-    fixed seeds each cell averages r * c / N, and two cells of one row in different blocks
-    vary against each other as a permutation makes them (blocks drawn apart would not)."""
-    from dask_gpudirect.shuffle import split
-
-    monkeypatch.setattr(split, "OUTPUT_BLOCK", block)
-    sizes = [6, 6, 6, 6]
-    tables = np.array([split.contingency(seed, sizes) for seed in range(4000)])
-    assert (tables.sum(axis=1) == sizes).all() and (tables.sum(axis=2) == sizes).all()
-    np.testing.assert_allclose(tables.mean(axis=0), np.full((4, 4), 1.5), atol=0.1)
-    n, r, c = 24, 6, 6
-    covariance = np.cov(tables[:, 0, 0], tables[:, 0, 3])[0, 1]  # outputs 0 and 3: two blocks
-    assert covariance == pytest.approx(-r * (n - r) * c * c / (n * n * (n - 1)), abs=0.06)
-    np.testing.assert_array_equal(split.contingency(5, sizes), split.contingency(5, sizes))
-
-
 def test_shuffle_array_keeps_empty_chunks(client):
     """Chunk sizes are kept when some are 0 (as ``compute_chunk_sizes`` after a filter gives)."""
     x = da.from_array(np.arange(100), chunks=((0, 40, 0, 60, 0),))

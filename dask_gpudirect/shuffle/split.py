@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -238,41 +236,11 @@ JOINED_SEGMENTS = 1 << 12
 
 
 def contingency(seed: int, sizes: list[int]) -> np.ndarray:
-    """How many records of each input chunk go to each output chunk (same sizes both ways): the
-    table a uniformly random permutation of the records induces.
-
-    Its chunks x chunks hypergeometric draws cost the client about 0.1-0.17 s at a thousand
-    chunks, so the outputs are cut into blocks of :data:`OUTPUT_BLOCK`: first how many of each
-    input's records go to each block, then each block's own table, from a generator of its own,
-    in threads (NumPy's draws let go of the GIL). Each step draws from the distribution the
-    permutation induces given the step before, so the table is drawn exactly; the blocks, and
-    so the table, depend on the seed and the sizes alone."""
-    sizes_array = np.array(sizes, dtype=np.int64)
-    starts = range(0, len(sizes), OUTPUT_BLOCK)
-    block_sizes = np.array([sizes_array[b : b + OUTPUT_BLOCK].sum() for b in starts])
-    top, *streams = np.random.SeedSequence(seed).spawn(1 + len(starts))
-    to_block = _drawn(np.random.default_rng(top), sizes_array, block_sizes)
-
-    def block(k: int) -> np.ndarray:
-        b = starts[k]
-        columns = sizes_array[b : b + OUTPUT_BLOCK]
-        return _drawn(np.random.default_rng(streams[k]), to_block[:, k], columns)
-
-    with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
-        return np.concatenate(list(pool.map(block, range(len(starts)))), axis=1)
-
-
-def _drawn(rng: np.random.Generator, rows: np.ndarray, columns: np.ndarray) -> np.ndarray:
-    """A table with these row and column sums, as a uniformly random matching of the rows'
-    items to the columns' slots makes it: each row draws its share of what is left."""
-    remaining = columns.copy()
-    counts = np.zeros((len(rows), len(columns)), dtype=np.int64)
-    for i, n in enumerate(rows.tolist()):
+    """How many records of each input chunk go to each output chunk (same sizes both ways)."""
+    rng = np.random.default_rng(seed)
+    remaining = np.array(sizes, dtype=np.int64)
+    counts = np.zeros((len(sizes), len(sizes)), dtype=np.int64)
+    for i, n in enumerate(sizes):
         counts[i] = rng.multivariate_hypergeometric(remaining, n)
         remaining -= counts[i]
     return counts
-
-
-#: Output chunks a block of :func:`contingency` holds: one block below this, several drawn at
-#: once above it.
-OUTPUT_BLOCK = 128
