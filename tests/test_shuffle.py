@@ -329,6 +329,22 @@ def test_shuffle_array_puts_a_record_anywhere_equally_often(tcp):
         assert chi_square < 31.26, (record, counts)
 
 
+def test_shuffle_array_counts_are_a_random_permutations():
+    """The table of how many records go from each input chunk to each output chunk is the one
+    a uniformly random permutation makes: over 4000 fixed seeds each cell averages r * c / N,
+    and two cells of one row vary against each other as a permutation makes them."""
+    from dask_gpudirect.shuffle.split import contingency
+
+    sizes = [6, 6, 6, 6]
+    tables = np.array([contingency(seed, sizes) for seed in range(4000)])
+    assert (tables.sum(axis=1) == sizes).all() and (tables.sum(axis=2) == sizes).all()
+    np.testing.assert_allclose(tables.mean(axis=0), np.full((4, 4), 1.5), atol=0.1)
+    n, r, c = 24, 6, 6
+    covariance = np.cov(tables[:, 0, 0], tables[:, 0, 3])[0, 1]
+    assert covariance == pytest.approx(-r * (n - r) * c * c / (n * n * (n - 1)), abs=0.06)
+    np.testing.assert_array_equal(contingency(5, sizes), contingency(5, sizes))
+
+
 def test_shuffle_array_keeps_empty_chunks(client):
     """Chunk sizes are kept when some are 0 (as ``compute_chunk_sizes`` after a filter gives)."""
     x = da.from_array(np.arange(100), chunks=((0, 40, 0, 60, 0),))
