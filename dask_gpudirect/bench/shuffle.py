@@ -187,7 +187,7 @@ class _Input:
         workers = sorted(client.nthreads())
         base, extra = divmod(self.rows, self.partitions)
         sizes = [base + (i < extra) for i in range(self.partitions)]
-        firsts = [sum(sizes[:i]) for i in range(self.partitions)]
+        firsts = [0, *itertools.accumulate(sizes[:-1])]  # each partition's first row
         name = f"bench-{self.data}-{uuid.uuid4().hex}"
         record = (0,) if self.data == "array" and self.width > 1 else ()  # an array's 2nd axis
         keys = [(name, i, *record) for i in range(self.partitions)]
