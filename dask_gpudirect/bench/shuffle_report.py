@@ -261,9 +261,10 @@ def _data_line(result: dict) -> str:
     d = result.get("data")
     if not d:
         return "not made"
-    rows = "records" if d.get("data") == "array" else "rows"
+    data = data_of(result)
+    rows = "records" if data == "array" else "rows"
     return (
-        f"{d['kind']} {d.get('data', 'frame')} of {d['bytes'] / 1e9:.3f} GB, {d['rows']} {rows} "
+        f"{d['kind']} {data} of {d['bytes'] / 1e9:.3f} GB, {d['rows']} {rows} "
         f"({d['columns']}), {d['partitions']} partitions placed round-robin on the workers"
     )
 
