@@ -19,7 +19,8 @@
 # About 3-4 minutes on one H200. Settings: ECG_SIZE (large), ECG_GIB (a size in GiB instead),
 # ECG_DATA (dataset directory, on a disk), ECG_RUN_LIMIT (seconds per timed run, 150; the limits
 # of all parts add up to 9 minutes: ECG_GEN_LIMIT 150, ECG_WARM_LIMIT 90),
-# ECG_ARGS (more pipeline options, e.g. "--threads 2"), ECG_TARGET (host: try this script on a CPU
+# ECG_ARGS (more pipeline options, e.g. "--threads 2"), ECG_PIPELINE (scripts/ecg-shared-gpu.py with
+# ECG_ARGS="--workers 2": two workers on one GPU), ECG_TARGET (host: try this script on a CPU
 # machine, e.g. ECG_TARGET=host ECG_SIZE=small). Exit status: 0 only if both runs passed.
 set -uo pipefail
 
@@ -31,6 +32,7 @@ GIB=${ECG_GIB:-}
 DATA=${ECG_DATA:-/var/tmp/dask-gpudirect-ecg/$SIZE}
 TARGET=${ECG_TARGET:-device}    # host: exercise this script on a CPU machine
 RUN_LIMIT=${ECG_RUN_LIMIT:-150}
+PIPELINE=${ECG_PIPELINE:-examples/ecg/pipeline.py}  # scripts/ecg-shared-gpu.py: more workers than GPUs
 GEN_LIMIT=${ECG_GEN_LIMIT:-150}
 WARM_LIMIT=${ECG_WARM_LIMIT:-90}
 start=$SECONDS
@@ -85,7 +87,7 @@ echo "== page cache warmed in $((SECONDS - t))s =="
 # shuffle's) into CuPy's on-disk cache, so the first timed run pays no more for it than the second
 echo "== warm-up: pipeline --size small =="
 t=$SECONDS
-timeout -s INT -k 10 "$WARM_LIMIT" python3 examples/ecg/pipeline.py --size small \
+timeout -s INT -k 10 "$WARM_LIMIT" python3 "$PIPELINE" --size small \
   --target "$TARGET" --data "$(dirname "$DATA")/small" ${ECG_ARGS:-} > "$OUT_DIR/warm-up.log" 2>&1
 warm_rc=$?
 echo "== warm-up: exit $warm_rc in $((SECONDS - t))s: $(tail -1 "$OUT_DIR/warm-up.log") =="
@@ -96,7 +98,7 @@ declare -A rc
 for loader in naive direct; do
   echo "== pipeline --loader $loader (limit ${RUN_LIMIT}s) =="
   t=$SECONDS
-  timeout -s INT -k 10 "$RUN_LIMIT" python3 examples/ecg/pipeline.py --size "$SIZE" \
+  timeout -s INT -k 10 "$RUN_LIMIT" python3 "$PIPELINE" --size "$SIZE" \
     ${GIB:+--gib "$GIB"} --target "$TARGET" --loader "$loader" --data "$DATA" \
     --json "$OUT_DIR/$loader.json" --plot "$OUT_DIR/$loader.png" ${ECG_ARGS:-} \
     > "$OUT_DIR/$loader.log" 2>&1
