@@ -11,7 +11,8 @@ bash scripts/ecg-gpu.sh OUT_DIR``.
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "ecg"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples", "ecg"))
 
 import pipeline  # noqa: E402
 
