@@ -73,6 +73,29 @@ def test_hash_shuffle_matches_pandas(client):
     assert_frame_equal(compute(client, out).sort_index(), pdf)
 
 
+@pytest.mark.parametrize("npartitions", [1, 5, 300])
+def test_ignore_index_labels_each_output_from_zero(client, npartitions):
+    """As Dask's ``shuffle(..., ignore_index=True)``: the rows of each output in input order,
+    their labels dropped; at 300 outputs each receiver gathers from many segments, at 5 it
+    copies a few slices."""
+    pdf = sample_frame(3000, keys=400, seed=3)
+    df = dd.from_pandas(pdf, npartitions=6)
+    out = dg.shuffle(df, "k", npartitions=npartitions, client=client, ignore_index=True)
+    assert isinstance(out._meta.index, pd.RangeIndex)
+    assert_series_equal(out.dtypes, pdf.dtypes)
+    where = owner_of_rows(pdf, "k", npartitions)
+    parts = partitions(client, out)
+    for j, part in enumerate(parts):
+        assert_frame_equal(part, pdf[where == j].reset_index(drop=True))
+    assert sum(len(p) for p in parts) == len(pdf)
+
+
+def test_ignore_index_must_be_a_bool(client):
+    df = dd.from_pandas(sample_frame(100, keys=5), npartitions=2)
+    with pytest.raises(dg.InputError, match="ignore_index must be True or False, not 'yes'"):
+        dg.shuffle(df, "k", client=client, ignore_index="yes")
+
+
 @pytest.mark.parametrize("npartitions", [None, 1, 3, 9])
 def test_npartitions(client, npartitions):
     """Fewer, as many (the default) or more outputs than inputs."""
@@ -570,17 +593,19 @@ def test_segment_slices_are_cut_where_pieces_end():
     assert sliced.tolist() == joined[segments.positions("host")].tolist()
 
 
+@pytest.mark.parametrize("index", [True, False], ids=["index", "ignore-index"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interleaved):
+def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interleaved, index):
     """The two ways a receiver builds its outputs (slices of the pieces copied out, for few
-    segments; one gather from their join, for many) give the same frames."""
+    segments; one gather from their join, for many) give the same frames, with the rows'
+    labels or (``ignore_index``) labelled from 0."""
     from dask_gpudirect.shuffle import split
 
     pdf = sample_frame(900, keys=50, seed=12)
     inputs = np.array_split(np.arange(len(pdf)), 6)
     senders = [(0, 2, 4), (1, 3, 5)] if interleaved else [(0, 1, 2), (3, 4, 5)]
     outputs = range(2, 5)
-    splitter = split.HashSplit(["k"], 6, "host", pdf.iloc[:0])
+    splitter = split.HashSplit(["k"], 6, "host", pdf.iloc[:0], index)
     pieces, frames = [], []
     for chunk in senders:
         ordered, counts = splitter.split(list(chunk), [pdf.iloc[inputs[i]] for i in chunk])
@@ -595,5 +620,6 @@ def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interlea
         built[few] = splitter.outputs(frames, segments, bounds, outputs)
     where = owner_of_rows(pdf, "k", 6)
     for j, by_gather, by_slices in zip(outputs, built[0], built[10**6], strict=True):
-        assert_frame_equal(by_gather, pdf[where == j])
-        assert_frame_equal(by_slices, pdf[where == j])
+        expected = pdf[where == j] if index else pdf[where == j].reset_index(drop=True)
+        assert_frame_equal(by_gather, expected)
+        assert_frame_equal(by_slices, expected)

@@ -2,8 +2,10 @@
 
 The pipeline users run, from Parquet files this command writes, in one cluster and one run:
 
-- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key)`` -> a group-by sum per partition, on
-  each shuffle engine (``gpudirect``: the package's own exchange; ``rapidsmpf``: RapidsMPF's);
+- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key, ignore_index=True)`` (a group-by needs
+  no row labels, and Dask's own group-by shuffles drop them too) -> a group-by sum per
+  partition, on each shuffle engine (``gpudirect``: the package's own exchange;
+  ``rapidsmpf``: RapidsMPF's);
   and ``combine``: each read partition summed by key first, then those partial sums shuffled
   (the package's exchange) and summed again, as Dask's and cudf-polars' group-bys do: fewer
   rows to move where keys repeat, one more group-by where they do not;
@@ -141,7 +143,7 @@ def _pipeline(
             return df.npartitions, df, clock.seconds, {"read": futures_of(df)}
         if method == "combine":
             df = df.map_partitions(_partial_sums, key, meta=_partial_sums(df._meta, key))
-        shuffled = dg.shuffle(df, key, client=client, engine=engine)
+        shuffled = dg.shuffle(df, key, client=client, engine=engine, ignore_index=True)
         clock(READ_AND_SHUFFLE)
         meta = _sum_by(shuffled._meta, key)
         out = shuffled.map_partitions(_sum_by, key, meta=meta).persist()

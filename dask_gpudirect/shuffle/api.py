@@ -36,6 +36,7 @@ def shuffle(
     client: Client | None = None,
     progress: bool = False,
     engine: str | None = None,
+    ignore_index: bool = False,
 ) -> dd.DataFrame:
     """Hash-shuffle ``df``: output partition ``j`` holds every row whose ``on`` hashes to ``j``.
 
@@ -65,6 +66,10 @@ def shuffle(
         comms, both targets), ``"rapidsmpf"`` (NVIDIA's RapidsMPF shuffler; cuDF partitions on
         GPU workers only, its rows in arrival order within a partition) or ``"auto"``;
         default: the ``gpudirect.shuffle.engine`` config.
+    ignore_index
+        Drop the index, as Dask's ``shuffle(..., ignore_index=True)`` does: every output
+        partition is labelled 0, 1, 2..., and no index labels are moved (a fifth fewer bytes
+        for four int64 columns). For group-bys and joins on columns.
 
     Raises
     ------
@@ -83,14 +88,16 @@ def shuffle(
         raise InputError(
             None, f"cannot shuffle on {on}: columns {missing} are not in {list(df.columns)}"
         )
+    if not isinstance(ignore_index, bool):
+        raise InputError(None, f"ignore_index must be True or False, not {ignore_index!r}")
     if npartitions is None:
         npartitions = df.npartitions
     npartitions = _integer(npartitions, "npartitions", 1, "a positive integer")
-    meta = df._meta
+    meta = df._meta.reset_index(drop=True) if ignore_index else df._meta
     target = targets.holding(meta)
     engine = engines.choose(engine, target)
     inputs, placed = _partitions(client, df)
-    splitter = HashSplit(on, npartitions, target, meta)
+    splitter = HashSplit(on, npartitions, target, meta, index=not ignore_index)
     token = uuid.uuid4().hex  # each call is a new result
     name = f"gpudirect-shuffle-{token}"
     keys: list[Key] = [(name, j) for j in range(npartitions)]

@@ -155,7 +155,7 @@ def exchange_on_rapidsmpf(
         for _, ordered, counts, offsets in service.split_chunks(exchange, inputs, run, clock):
             with clock("pack and insert"):
                 rows = counts.sum(axis=0)
-                table = device.to_table(ordered)
+                table = device.to_table(ordered, exchange.splitter.index)
                 splits = offsets[1:-1].tolist()
                 shuffler.insert_chunks(split_and_pack(table, splits, DEFAULT_STREAM, ranks.buffers))
                 _record(service, exchange, sizeof(ordered), rows, mine)
@@ -179,7 +179,7 @@ def exchange_on_rapidsmpf(
                     )
                     for pid in group
                 ]
-                parts = device.frames_of(tables, exchange.splitter.meta)
+                parts = device.frames_of(tables, exchange.splitter.meta, exchange.splitter.index)
             with clock("keep"):
                 built += service.hand_over(exchange, dict(zip(group, parts, strict=True)))
             tables = parts = []

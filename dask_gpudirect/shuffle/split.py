@@ -59,19 +59,23 @@ class HashSplit:
     npartitions: int
     target: TargetName
     meta: Any  # an empty partition: what an output partition with no rows looks like
+    #: Whether the rows' index labels travel with them; without, every output partition is
+    #: labelled 0, 1, 2... (Dask's ``ignore_index=True``) and the index costs no bytes.
+    index: bool = True
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
+        module = targets.module(self.target)
         joined = self.join(parts)
         where = partitioning_index(joined[self.on], self.npartitions)
         lengths = [len(p) for p in parts]
-        order, counts = targets.module(self.target).group_order(where, lengths, self.npartitions)
-        return joined.take(order), counts
+        order, counts = module.group_order(where, lengths, self.npartitions)
+        return module.take_rows(joined, order, self.index), counts
 
     def rows(self, part: Any, start: int, stop: int) -> Any:
         return part.iloc[start:stop]
 
     def join(self, pieces: list) -> Any:
-        return targets.module(self.target).concat_frames(pieces, self.meta)
+        return targets.module(self.target).concat_frames(pieces, self.meta, self.index)
 
     def outputs(self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range) -> list:
         """Every row in output order, then the target cuts that into outputs (a gather per
@@ -80,10 +84,11 @@ class HashSplit:
         (thousands of small inputs) are gathered in one pass from the pieces joined."""
         module = targets.module(self.target)
         if len(segments.starts) <= FEW_SEGMENTS:
-            ordered = module.concat_slices(pieces, segments.slices(pieces), self.meta)
+            ordered = module.concat_slices(pieces, segments.slices(pieces), self.meta, self.index)
         else:
-            ordered = self.join(pieces).take(segments.positions(self.target))
-        return module.cut_frame(ordered, bounds)
+            positions = segments.positions(self.target)
+            ordered = module.take_rows(self.join(pieces), positions, self.index)
+        return module.cut_frame(ordered, bounds, self.index)
 
 
 @dataclasses.dataclass(frozen=True)

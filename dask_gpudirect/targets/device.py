@@ -146,9 +146,10 @@ def with_nulls(frame: cudf.DataFrame, columns: tuple[str, ...]) -> cudf.DataFram
     return frame
 
 
-def to_table(frame: cudf.DataFrame) -> plc.Table:
-    """A cuDF frame as one pylibcudf table, its index levels first: what RapidsMPF packs."""
-    return plc.Table([*_columns(frame.index), *_columns(frame)])
+def to_table(frame: cudf.DataFrame, index: bool = True) -> plc.Table:
+    """A cuDF frame as one pylibcudf table, its index levels first (none without ``index``):
+    what RapidsMPF packs."""
+    return plc.Table([*(_columns(frame.index) if index else []), *_columns(frame)])
 
 
 def _columns(frame: cudf.DataFrame | cudf.Index) -> list[plc.Column]:
@@ -175,39 +176,57 @@ def _joined_index(frames: list[cudf.DataFrame]) -> list[plc.Column]:
     return [_binop(first_of_row, _binop(step_of_row, _rows(int(lengths.sum())), _MUL), _ADD)]
 
 
-def concat_frames(frames: list[cudf.DataFrame], meta: cudf.DataFrame) -> cudf.DataFrame:
-    """``frames`` end to end. One libcudf concatenate of their columns where that keeps every
-    type (:func:`_tables_keep_types`; the same types in every frame): ``cudf.concat`` spends
-    about 0.2 ms a frame on its checks, this about 0.02 ms; Dask's concat (cuDF's) for the
-    rest."""
+def concat_frames(
+    frames: list[cudf.DataFrame], meta: cudf.DataFrame, index: bool = True
+) -> cudf.DataFrame:
+    """``frames`` end to end (labelled 0, 1, 2... without ``index``). One libcudf concatenate
+    of their columns where that keeps every type (:func:`_tables_keep_types`; the same types in
+    every frame): ``cudf.concat`` spends about 0.2 ms a frame on its checks, this about
+    0.02 ms; Dask's concat (cuDF's) for the rest."""
     from dask.dataframe.dispatch import concat
 
     if len(frames) == 1:
-        return frames[0]
+        return frames[0] if index else frames[0].reset_index(drop=True)
     if _tables_keep_types(meta):
         try:
             data = plc.concatenate.concatenate([plc.Table(_columns(f)) for f in frames])
-            return from_table(plc.Table([*_joined_index(frames), *data.columns()]), meta)
+            labels = _joined_index(frames) if index else []
+            return from_table(plc.Table([*labels, *data.columns()]), meta, index)
         except (TypeError, ValueError, RuntimeError):  # frames of differing types: cuDF's rules
             pass
-    return concat(frames)
+    return concat(frames, ignore_index=not index)
+
+
+def take_rows(frame: cudf.DataFrame, order: cupy.ndarray, index: bool = True) -> cudf.DataFrame:
+    """Rows ``order`` of ``frame``; without ``index``, labelled 0, 1, 2... and the index not
+    gathered (nor made: a RangeIndex taken becomes a column of labels)."""
+    if index or not _tables_keep_types(frame):
+        taken = frame.take(order)
+        return taken if index else taken.reset_index(drop=True)
+    policy = plc.copying.OutOfBoundsPolicy.DONT_CHECK
+    return from_table(
+        plc.copying.gather(to_table(frame, False), _int64(order), policy), frame, False
+    )
 
 
 def concat_slices(
-    frames: list[cudf.DataFrame], slices: list[tuple[int, int, int]], meta: cudf.DataFrame
+    frames: list[cudf.DataFrame],
+    slices: list[tuple[int, int, int]],
+    meta: cudf.DataFrame,
+    index: bool = True,
 ) -> cudf.DataFrame:
     """Rows ``start:stop`` of ``frames[k]`` for each ``(k, start, stop)`` of ``slices``, end to
     end, in one copy: pylibcudf views of the slices and one concatenate, where joining the
     frames and gathering from the join copies every row twice (on the H200, 5.1 against
     10.4 ms for 1 GiB in eight slices). Each view costs about 0.2 ms, so it pays for few."""
     if _tables_keep_types(meta):
-        tables = [to_table(frame) for frame in frames]
+        tables = [to_table(frame, index) for frame in frames]
         views = [plc.copying.slice(tables[k], [a, b])[0] for k, a, b in slices]
         try:
-            return from_table(plc.concatenate.concatenate(views), meta)
+            return from_table(plc.concatenate.concatenate(views), meta, index)
         except (TypeError, ValueError, RuntimeError):  # frames of differing types: cuDF's rules
             pass
-    return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta)
+    return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta, index)
 
 
 def _tables_keep_types(meta: cudf.DataFrame) -> bool:
@@ -220,39 +239,46 @@ def _tables_keep_types(meta: cudf.DataFrame) -> bool:
     return not any(isinstance(t, kept) for t in types)
 
 
-def cut_frame(frame: cudf.DataFrame, bounds: np.ndarray) -> list[cudf.DataFrame]:
+def cut_frame(
+    frame: cudf.DataFrame, bounds: np.ndarray, index: bool = True
+) -> list[cudf.DataFrame]:
     """``frame``'s rows ``bounds[k]:bounds[k + 1]`` as slices that share its memory, as
     dask_cudf's own shuffle outputs share theirs: cuDF's split (what ``scatter_by_map`` cuts
     with), one libcudf call for all of them, where ``iloc`` costs about 0.2 ms a slice and a
     copy 0.55 ms. Device memory of a frame goes back once its last slice is freed or
     spilled; a shuffle's frame is one group of outputs, at most a chunk
-    (``gpudirect.shuffle.chunk-size``)."""
+    (``gpudirect.shuffle.chunk-size``). Without ``index``, each slice is labelled 0, 1, 2...
+    and no labels are cut (nor made: a RangeIndex cut is a column of labels first)."""
     if len(frame) == 0:  # cuDF's split of no rows gives no frames
         return [frame] * (len(bounds) - 1)
-    return frame._split([int(b) for b in bounds[1:-1]])
+    return frame._split([int(b) for b in bounds[1:-1]], keep_index=index)
 
 
-def from_table(table: plc.Table, meta: cudf.DataFrame) -> cudf.DataFrame:
-    """The frame :func:`to_table` made, with ``meta``'s column names, index and dtypes."""
+def from_table(table: plc.Table, meta: cudf.DataFrame, index: bool = True) -> cudf.DataFrame:
+    """The frame :func:`to_table` made, with ``meta``'s column names, index and dtypes
+    (without ``index``, labelled 0, 1, 2...)."""
     import cudf
 
-    levels = meta.index.nlevels
+    levels = meta.index.nlevels if index else 0
     columns = table.columns()
     frame = cudf.DataFrame.from_pylibcudf(
         plc.Table(columns[levels:]), {"columns": list(meta.columns)}
     )
-    index = cudf.DataFrame.from_pylibcudf(
-        plc.Table(columns[:levels]), {"columns": list(range(levels))}
-    )
-    if levels > 1:
-        frame.index = cudf.MultiIndex.from_frame(index, names=meta.index.names)
-    else:
-        frame.index = cudf.Index(index[0], name=meta.index.name)
+    if levels:
+        labels = cudf.DataFrame.from_pylibcudf(
+            plc.Table(columns[:levels]), {"columns": list(range(levels))}
+        )
+        if levels > 1:
+            frame.index = cudf.MultiIndex.from_frame(labels, names=meta.index.names)
+        else:
+            frame.index = cudf.Index(labels[0], name=meta.index.name)
     changed = {c: t for c, t in meta.dtypes.items() if frame[c].dtype != t}
     return frame.astype(changed) if changed else frame
 
 
-def frames_of(tables: list[plc.Table], meta: cudf.DataFrame) -> list[cudf.DataFrame]:
+def frames_of(
+    tables: list[plc.Table], meta: cudf.DataFrame, index: bool = True
+) -> list[cudf.DataFrame]:
     """Tables laid out as :func:`to_table` lays them, as frames: one join of them all and one
     cut (:func:`cut_frame`), where a :func:`from_table` each costs cuDF 1.2-4 ms. A table of no
     rows may have no columns either (RapidsMPF's of a partition that got none): ``meta``."""
@@ -260,8 +286,8 @@ def frames_of(tables: list[plc.Table], meta: cudf.DataFrame) -> list[cudf.DataFr
     full = [t for t in tables if t.num_rows()]
     if not full:
         return [meta] * len(tables)
-    frame = from_table(plc.concatenate.concatenate(full) if len(full) > 1 else full[0], meta)
-    parts = cut_frame(frame, np.concatenate([[0], np.cumsum(rows)]))
+    joined = plc.concatenate.concatenate(full) if len(full) > 1 else full[0]
+    parts = cut_frame(from_table(joined, meta, index), np.cumsum([0, *rows]), index)
     return [part if n else meta for part, n in zip(parts, rows, strict=True)]
 
 

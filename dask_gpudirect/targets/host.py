@@ -64,24 +64,45 @@ def _to_pandas(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
     return table.to_pandas(types_mapper=MAPPERS[backend])
 
 
-def concat_frames(frames: list[pd.DataFrame], meta: pd.DataFrame) -> pd.DataFrame:
-    """``frames`` end to end (Dask's concat: categories unioned, as the device target's)."""
-    return concat(frames) if len(frames) > 1 else frames[0]
+def concat_frames(
+    frames: list[pd.DataFrame], meta: pd.DataFrame, index: bool = True
+) -> pd.DataFrame:
+    """``frames`` end to end (Dask's concat: categories unioned, as the device target's),
+    labelled 0, 1, 2... without ``index``."""
+    if len(frames) > 1:
+        return concat(frames, ignore_index=not index)
+    return frames[0] if index else _relabelled(frames[0])
 
 
 def concat_slices(
-    frames: list[pd.DataFrame], slices: list[tuple[int, int, int]], meta: pd.DataFrame
+    frames: list[pd.DataFrame],
+    slices: list[tuple[int, int, int]],
+    meta: pd.DataFrame,
+    index: bool = True,
 ) -> pd.DataFrame:
     """Rows ``start:stop`` of ``frames[k]`` for each ``(k, start, stop)`` of ``slices``, end to
     end, in one copy."""
-    return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta)
+    return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta, index)
 
 
-def cut_frame(frame: pd.DataFrame, bounds: np.ndarray) -> list[pd.DataFrame]:
+def take_rows(frame: pd.DataFrame, order: np.ndarray, index: bool = True) -> pd.DataFrame:
+    """Rows ``order`` of ``frame``, labelled 0, 1, 2... without ``index``."""
+    taken = frame.take(order)
+    return taken if index else _relabelled(taken)
+
+
+def cut_frame(frame: pd.DataFrame, bounds: np.ndarray, index: bool = True) -> list[pd.DataFrame]:
     """``frame``'s rows ``bounds[k]:bounds[k + 1]`` as frames of their own memory: a worker
     counts each output's bytes and spills outputs one by one, and a view's spill would free
-    nothing while its neighbours live (a copy costs pandas what a gather does)."""
-    return [frame.iloc[a:b].copy() for a, b in itertools.pairwise(bounds)]
+    nothing while its neighbours live (a copy costs pandas what a gather does). Each is
+    labelled 0, 1, 2... without ``index``."""
+    parts = [frame.iloc[a:b].copy() for a, b in itertools.pairwise(bounds)]
+    return parts if index else [_relabelled(part) for part in parts]
+
+
+def _relabelled(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` labelled 0, 1, 2... (its columns not copied: pandas copies on write)."""
+    return frame.set_axis(pd.RangeIndex(len(frame)), axis=0)
 
 
 def empty_frame(table: pa.Table, backend: str | None = None) -> pd.DataFrame:

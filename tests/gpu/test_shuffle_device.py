@@ -186,6 +186,33 @@ def test_a_read_shuffled_as_it_is_read_matches_pandas(client, engine, tmp_path):
     pd.testing.assert_frame_equal(got, expected.reset_index(drop=True))
 
 
+@pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
+@pytest.mark.parametrize("npartitions", [5, 300])
+def test_ignore_index_labels_each_output_from_zero(client, engine, npartitions):
+    """``ignore_index=True`` on the GPU, both engines: each output labelled 0, 1, 2... and
+    holding exactly its rows (at 300 outputs a receiver gathers, at 5 it copies slices); a
+    categorical column goes the way cuDF takes it and ends the same."""
+    if engine == "rapidsmpf":
+        _rapidsmpf()
+    pdf = _frame(ROWS, 1000, seed=6)
+    pdf.index = pd.Index(np.arange(ROWS) * 3, name="row")
+    if engine == "distributed":  # RapidsMPF's tables carry no categories
+        pdf["c"] = pd.Categorical(np.where(pdf["k"] % 2 == 0, "even", "odd"))
+    ddf = dd.from_pandas(pdf, npartitions=8).to_backend("cudf")
+    out = dg.shuffle(
+        ddf, "k", npartitions=npartitions, client=client, engine=engine, ignore_index=True
+    )
+    parts = client.gather(client.compute([out.get_partition(j) for j in range(npartitions)]))
+    for j, part in enumerate(parts):
+        assert part.index.to_pandas().equals(pd.RangeIndex(len(part))), j
+        if len(part):
+            assert (partitioning_index(part[["k"]], npartitions) == j).all()
+    got = pd.concat([p.to_pandas() for p in parts]).sort_values("i").reset_index(drop=True)
+    expected = pdf.reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False, check_categorical=False)
+    assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
+
+
 def _device_chunk(dask_worker) -> tuple[int, int]:
     from dask_gpudirect import targets
     from dask_gpudirect.shuffle.plugin import service
