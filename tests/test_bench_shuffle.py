@@ -239,9 +239,29 @@ def test_bench_shuffle_array_of_numbers(tmp_path):
     assert "NumPy array of 0.002 GB, 262144 records (records of 1 int64" in markdown
 
 
+@pytest.mark.timeout(2 * HANG_GUARD + 60)
+def test_bench_shuffle_ignore_index_moves_the_columns_alone(tmp_path):
+    """``--ignore-index``: dg's and Dask's shuffles drop the index, every output still holds
+    every row once (the sums are checked), and by dg's ledger the shuffle moved the frame's
+    four int64-wide columns alone, where by default each row's label went too (a fifth more)."""
+    args = ["--gib", str(2 / 1024), "--partitions", "6", "--methods", "gpudirect,tasks"]
+    moved = {}
+    for flag in ([], ["--ignore-index"]):
+        result, markdown, _ = _bench([*args, "--repeat", "1", *flag], tmp_path)
+        assert result["options"]["ignore_index"] is bool(flag)
+        assert all(r["status"] == "ok" for r in result["records"]), result["records"]
+        shuffled = sum(r["bytes"] for r in result["ledger"] if r["op"] == "shuffle")
+        moved[bool(flag)] = shuffled / result["data"]["bytes"]
+        said = "round-robin on the workers, shuffled with `ignore_index=True`" in markdown
+        assert said is bool(flag)
+    assert moved[True] == pytest.approx(1.0, abs=0.02)
+    assert moved[False] == pytest.approx(1.25, abs=0.02)
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
+        (["--ignore-index"], "--ignore-index: an array's records have no index to drop"),
         (["--methods", "gpudirect,p2p"], "--methods: unknown ['p2p']"),
         (["--methods", "rapidsmpf"], "--methods: unknown ['rapidsmpf']"),
         (["--record-bytes", "12"], "12: use a multiple of 8"),

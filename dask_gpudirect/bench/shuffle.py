@@ -290,8 +290,11 @@ def _dask_array_shuffle(arr: da.Array, seed: int) -> da.Array:
     return arr.shuffle(groups, axis=0)
 
 
-def _shuffle_run(client: Client, data: _Input, method: str) -> Callable[[], dict]:
-    """One timed shuffle of ``data`` by ``method``, checked after the clock stops."""
+def _shuffle_run(
+    client: Client, data: _Input, method: str, ignore_index: bool = False
+) -> Callable[[], dict]:
+    """One timed shuffle of ``data`` by ``method`` (a frame's with ``ignore_index`` as given),
+    checked after the clock stops."""
     import dask.array as da
     from distributed import futures_of, wait
 
@@ -308,8 +311,8 @@ def _shuffle_run(client: Client, data: _Input, method: str) -> Callable[[], dict
             return _dask_array_shuffle(df, next(seeds)).persist()
         if method in ("gpudirect", "rapidsmpf"):
             engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
-            return dg.shuffle(df, "key", client=client, engine=engine)
-        return df.shuffle("key", shuffle_method=method).persist()
+            return dg.shuffle(df, "key", client=client, engine=engine, ignore_index=ignore_index)
+        return df.shuffle("key", shuffle_method=method, ignore_index=ignore_index).persist()
 
     def run() -> dict:
         if method == "gpudirect":
@@ -475,7 +478,7 @@ def _one_method(
         into["data"] = inputs.make()
         _log(f"{inputs.data}: {inputs.nbytes / 1e9:.3f} GB")
     _log(f"measuring {method}: budget {budget():.0f} s")
-    run = _shuffle_run(client, inputs, method)
+    run = _shuffle_run(client, inputs, method, opts["ignore_index"])
     after = partial(wait_released, client, inputs.held)
     out = _measure(method, run, inputs.nbytes, opts["workers"], opts["repeat"], budget(), after)
     if method == "gpudirect" and out[0]["status"] == "ok" and not out[1]:
@@ -516,6 +519,12 @@ def _counts_option(value: str | None) -> list[int] | None:
     show_default=True,
     type=click.IntRange(8),
     help="--data array: bytes a record (a multiple of 8: int64 values; 8 makes a 1-d array)",
+)
+@click.option(
+    "--ignore-index",
+    is_flag=True,
+    help="--data frame: shuffle with ignore_index=True, every method (Dask's option: outputs "
+    "labelled from 0, no index labels moved); by default the labels travel, as in Dask",
 )
 @cluster_options
 @click.option(
@@ -566,6 +575,7 @@ def shuffle(
     gib: float,
     data: str,
     record_bytes: int,
+    ignore_index: bool,
     workers: int | None,
     threads_per_worker: int,
     protocol: str | None,
@@ -592,12 +602,15 @@ def shuffle(
         raise click.BadParameter(
             f"{record_bytes}: use a multiple of 8", param_hint="--record-bytes"
         )
+    if ignore_index and data == "array":
+        raise click.UsageError("--ignore-index: an array's records have no index to drop")
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
     opts: dict[str, Any] = {
         "gib": gib,
         "data": data,
         "record_bytes": record_bytes if data == "array" else None,
+        "ignore_index": ignore_index,
         "workers": workers,
         "threads_per_worker": threads_per_worker,
         "protocol": protocol,

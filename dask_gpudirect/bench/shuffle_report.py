@@ -167,6 +167,12 @@ def data_of(result: dict) -> str:
     return (result.get("options") or {}).get("data") or "frame"
 
 
+def _index_note(result: dict) -> str:
+    """How the shuffles treated the index, where ``--ignore-index`` dropped it."""
+    dropped = (result.get("options") or {}).get("ignore_index")
+    return ", shuffled with `ignore_index=True`" if dropped else ""
+
+
 HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
 #: The host target has no GPUs: the same figure is per worker there.
 HOST_HEADER = ("method", "GB/s per worker", *HEADER[2:])
@@ -266,6 +272,7 @@ def _data_line(result: dict) -> str:
     return (
         f"{d['kind']} {data} of {d['bytes'] / 1e9:.3f} GB, {d['rows']} {rows} "
         f"({d['columns']}), {d['partitions']} partitions placed round-robin on the workers"
+        f"{_index_note(result)}"
     )
 
 
@@ -320,6 +327,7 @@ def _sweep_markdown(result: dict) -> str:
         f"- cluster: {_setup_line(result)}",
         f"- command: `{result['command']}`",
         f"- data: the same {data / 1e9:.3f} GB {data_of(result)} cut into {counts} partitions"
+        f"{_index_note(result)}"
         if data
         else f"- data: not made ({counts} partitions asked for)",
         "",
