@@ -210,7 +210,7 @@ def read_parquet(
     paths
         A file, a directory, a glob, or a list of them (``~`` expanded, ``file://`` URLs
         taken as paths), or ``s3://`` objects, prefixes and globs and ``http(s)://`` files
-        (host target; see the Remote data page); other URLs are refused. All files must have
+        (either target; see the Remote data page); other URLs are refused. All files must have
         the same columns, in any order. A directory's subfolders are read too, and hive folders
         (``year=2024/month=1/``) give their keys as columns after the files' own, typed as Dask
         types them: categories of every value found, int32 where all are integers.
