@@ -142,7 +142,7 @@ def shared(shards: list[Shard]) -> list[Shard]:
     return [one(shard) for shard in shards]
 
 
-def coalesce(ranges: Sequence[tuple[int, int]], gap: int = 0) -> tuple[tuple[int, int], ...]:
+def coalesce(ranges: Sequence[tuple[int, int]], gap: int) -> tuple[tuple[int, int], ...]:
     """Sort ``(offset, length)`` ranges and merge those that touch or lie within ``gap`` bytes."""
     merged: list[list[int]] = []
     for offset, length in sorted(ranges):

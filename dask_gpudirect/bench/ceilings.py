@@ -140,12 +140,13 @@ def ceiling_records(devices: list[str], outs: list[dict]) -> list[dict]:
     return [summed, concurrent]
 
 
-def dd_direct(path: str, max_bytes: int = GIB) -> dict:
-    """``dd if=path of=/dev/null bs=16M iflag=direct``: sequential O_DIRECT read, page cache off."""
+def dd_direct(path: str) -> dict:
+    """``dd if=path of=/dev/null bs=16M iflag=direct``: sequential O_DIRECT read, page cache off,
+    of at most the file's first GiB."""
     if shutil.which("dd") is None:
         return record("dd-direct", "cold", status="not run", note="no dd on this machine")
     size = os.path.getsize(path)
-    count = max(1, min(size, max_bytes) // (16 << 20))
+    count = max(1, min(size, GIB) // (16 << 20))
     cmd = ["dd", f"if={path}", "of=/dev/null", "bs=16M", f"count={count}", "iflag=direct"]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "LC_ALL": "C"}, timeout=300

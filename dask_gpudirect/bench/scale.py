@@ -131,10 +131,11 @@ def _load(path: str) -> dict | None:
     return None
 
 
-def _tail(path: str, lines: int = 12) -> list[str]:
+def _tail(path: str) -> list[str]:
+    """The last 12 lines of a child's log (none where it cannot be read)."""
     with contextlib.suppress(OSError):
         with open(path, errors="replace") as f:
-            return [line.rstrip() for line in f.readlines()[-lines:]]
+            return [line.rstrip() for line in f.readlines()[-12:]]
     return []
 
 

@@ -1,9 +1,10 @@
 """Which exchange runs a ``dg.shuffle``: this package's own, or NVIDIA's RapidsMPF shuffler.
 
 ``distributed`` (:mod:`.worker`) sends the pieces over Distributed's comms (UCXX or TCP) and
-works on both targets. ``rapidsmpf`` (:mod:`.rapidsmpf`) hands them to RapidsMPF's C++ shuffler
-over its own UCXX communicator, and only shuffles cuDF partitions on GPU workers. Both cut rows
-with the same splitter, so a key lands in the same output partition whichever engine ran.
+works on both targets. ``rapidsmpf`` (:mod:`.rapidsmpf_engine`) hands them to RapidsMPF's C++
+shuffler over its own UCXX communicator, and only shuffles cuDF partitions on GPU workers. Both
+cut rows with the same splitter, so a key lands in the same output partition whichever engine
+ran.
 """
 
 from __future__ import annotations
