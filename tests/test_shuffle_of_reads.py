@@ -21,6 +21,7 @@ from distributed import Client, WorkerPlugin
 from util import (
     HANG_GUARD,
     assert_hash_partitions,
+    owner_of_rows,
     partitions,
     start_cluster,
 )
@@ -67,6 +68,19 @@ def test_a_shuffle_of_a_read_takes_its_inputs_as_they_are_read(tcp, tmp_path):
     again = dg.shuffle(df.persist(), "k", npartitions=5, client=tcp)
     assert "inputs" in coordinator.last_phases, coordinator.last_phases
     assert_hash_partitions(partitions(tcp, again), expected, "k", 5)
+
+
+def test_a_read_shuffled_without_its_index_as_bench_etl_shuffles_it(tcp, tmp_path):
+    """``ignore_index=True`` on a read shuffled as it is read (``bench etl``'s pipeline): each
+    output holds its rows in file order, labelled from 0."""
+    paths = write_files(tmp_path)
+    df = dg.read_parquet(paths, blocksize=1, client=tcp)
+    out = dg.shuffle(df, "k", npartitions=5, client=tcp, ignore_index=True)
+    assert "inputs" not in coordinator.last_phases, coordinator.last_phases
+    expected = per_file(paths)
+    where = owner_of_rows(expected, "k", 5)
+    for j, part in enumerate(partitions(tcp, out)):
+        pd.testing.assert_frame_equal(part, expected[where == j].reset_index(drop=True))
 
 
 def test_progress_counts_the_inputs_as_they_are_read(tcp, tmp_path, capsys):
