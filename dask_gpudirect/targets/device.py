@@ -200,7 +200,7 @@ def concat_frames(
 def take_rows(frame: cudf.DataFrame, order: cupy.ndarray, index: bool = True) -> cudf.DataFrame:
     """Rows ``order`` of ``frame``; without ``index``, labelled 0, 1, 2... and the index not
     gathered (nor made: a RangeIndex taken becomes a column of labels)."""
-    if index or not _tables_keep_types(frame):
+    if index or not _tables_keep_types(frame, index=False):
         taken = frame.take(order)
         return taken if index else taken.reset_index(drop=True)
     policy = plc.copying.OutOfBoundsPolicy.DONT_CHECK
@@ -229,13 +229,16 @@ def concat_slices(
     return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta, index)
 
 
-def _tables_keep_types(meta: cudf.DataFrame) -> bool:
-    """Whether frames like ``meta`` survive a trip through pylibcudf tables: not with a
-    categorical or struct column, whose categories or field names a table does not carry."""
+def _tables_keep_types(meta: cudf.DataFrame, index: bool = True) -> bool:
+    """Whether frames like ``meta`` survive a trip through pylibcudf tables (their index too,
+    with ``index``): not with a categorical or struct column, whose categories or field names
+    a table does not carry. Asked of a whole frame, only without ``index``: the index's types
+    come from a frame of it, which for a RangeIndex is a column of all its labels."""
     import cudf
 
     kept = (cudf.CategoricalDtype, cudf.StructDtype)
-    types = [*meta.dtypes, *meta.index.to_frame(index=False).dtypes]
+    labels = meta.index.to_frame(index=False).dtypes if index else []
+    types = [*meta.dtypes, *labels]
     return not any(isinstance(t, kept) for t in types)
 
 
