@@ -291,7 +291,7 @@ def _dask_array_shuffle(arr: da.Array, seed: int) -> da.Array:
 
 
 def _shuffle_run(
-    client: Client, data: _Input, method: str, ignore_index: bool = False
+    client: Client, data: _Input, method: str, ignore_index: bool
 ) -> Callable[[], dict]:
     """One timed shuffle of ``data`` by ``method`` (a frame's with ``ignore_index`` as given),
     checked after the clock stops."""
