@@ -8,7 +8,6 @@ the memory pre-check, bad options) are in test_shuffle_faults.py.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import dask
@@ -238,33 +237,6 @@ def test_ledger_records_each_piece(client):
         for parts in (inputs, outputs):
             total = sum(sizeof(p) for p in parts)
             assert total <= records["bytes"].sum() <= 1.15 * total
-
-
-async def _greetings(dask_worker) -> tuple[list[str], int]:
-    """The peers this worker greeted and the greetings it received, once each greeting it
-    sent has been handled by its peer (an RPC returns after the peer's handler)."""
-    shuffles = service(dask_worker)
-    await asyncio.gather(*list(shuffles.greetings))
-    return sorted(shuffles.greeted), shuffles.greetings_received
-
-
-def test_a_worker_greets_each_peer_once(client):
-    """A stage's first act is a greeting to each peer it has not greeted (on the GPU, where
-    UCX maps the peer's RMM pool on a first transfer, while the stage splits): every worker
-    greets every other and is greeted by each, and a later shuffle greets no one again."""
-    pdf = sample_frame(2000, keys=50, seed=9)
-    df = client.persist(dd.from_pandas(pdf, npartitions=4))
-    dg.shuffle(df, "k", npartitions=4, client=client)
-    workers = set(client.nthreads())
-    first = client.run(_greetings)
-    for worker, (greeted, received) in first.items():
-        assert workers - {worker} <= set(greeted)
-        assert received >= len(workers) - 1
-
-    assert_hash_partitions(
-        partitions(client, dg.shuffle(df, "k", npartitions=4, client=client)), pdf, "k", 4
-    )
-    assert client.run(_greetings) == first
 
 
 def test_chunk_size_auto_is_the_targets_own(client):

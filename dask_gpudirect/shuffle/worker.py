@@ -329,10 +329,6 @@ class ShuffleService:
         # an event set when one of them changes state (then replaced by a fresh one)
         self.awaited: collections.Counter[Key] = collections.Counter()
         self.input_changed = asyncio.Event()
-        # peers this worker has greeted (:meth:`greet`), and the greetings still on the wire
-        self.greeted: set[str] = set()
-        self.greetings: set[asyncio.Task] = set()
-        self.greetings_received = 0
 
     def handlers(self) -> dict[str, Any]:
         """The comm handlers peers call."""
@@ -340,7 +336,6 @@ class ShuffleService:
             "gpudirect_shuffle_receive": self.receive,
             "gpudirect_shuffle_finished": self.peer_finished,
             "gpudirect_shuffle_room": self.room,
-            "gpudirect_shuffle_greet": self.greeted_by,
         }
 
     # --- handlers (event loop) ---------------------------------------------------------------
@@ -356,10 +351,6 @@ class ShuffleService:
     ) -> None:
         pieces = list(zip(groups, firsts, counts, rows, strict=True))
         self.run(shuffle_id, target).put(inputs, pieces)
-
-    def greeted_by(self, payload: Any) -> None:
-        """A peer's first message (:meth:`greet`): its bytes have done their work by arriving."""
-        self.greetings_received += 1
 
     def peer_finished(self, shuffle_id: str, target: TargetName, source: str) -> None:
         run = self.run(shuffle_id, target)
@@ -430,10 +421,7 @@ class ShuffleService:
             self.worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=stimulus_id))
 
     def teardown(self) -> None:
-        """End every run (removing its spill files), drop unpublished outputs and stop any
-        greeting still on the wire."""
-        for task in self.greetings:
-            task.cancel()
+        """End every run (removing its spill files) and drop unpublished outputs."""
         for shuffle_id in list(self.runs):
             self.abort(shuffle_id, "the plugin was removed")
             self.close(shuffle_id, "the plugin was removed")
@@ -467,28 +455,6 @@ class ShuffleService:
         finally:
             self.awaited.subtract(keys)
             self.awaited += collections.Counter()  # drop the keys no stage waits for
-
-    def greet(self, target: TargetName, peers: tuple[str, ...]) -> None:
-        """Send each of ``peers`` not yet greeted a first message of ``target`` memory
-        (:func:`~dask_gpudirect.targets.device.greeting`), not waited for: a worker's first
-        transfer from a peer pays once for what the transport sets up (UCX maps the peer's
-        whole RMM pool for CUDA IPC), and the greeting pays it while the stage splits its first
-        chunk rather than when the first piece goes. Not shuffle bytes: not in the ledger. A
-        greeting that fails says nothing of its own; the pieces' sends report a lost peer."""
-        for peer in peers:
-            if peer == self.worker.address or peer in self.greeted:
-                continue
-            self.greeted.add(peer)
-            task = asyncio.ensure_future(self._greet(target, peer))
-            self.greetings.add(task)
-            task.add_done_callback(self.greetings.discard)
-
-    async def _greet(self, target: TargetName, peer: str) -> None:
-        payload = to_serialize(targets.module(target).greeting())
-        try:
-            await self.worker.rpc(peer).gpudirect_shuffle_greet(payload=payload)
-        except Exception as exc:
-            logger.debug("greeting %s from %s failed: %s", peer, self.worker.address, exc)
 
     # --- run lifecycle (event loop) ----------------------------------------------------------
     def run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
@@ -597,7 +563,6 @@ class ShuffleService:
     ) -> int:
         """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
         me = self.worker.address
-        self.on_loop(self.greet, exchange.target, exchange.participants)
         groups = {w: exchange.groups_of(w) for w in exchange.participants}
         for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, run, clock):
             with clock("send"):  # waits while max-in-flight bytes are on the wire

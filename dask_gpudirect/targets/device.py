@@ -433,19 +433,6 @@ def _cupy(column: plc.Column) -> cupy.ndarray:
     return cudf.Series.from_pylibcudf(column).values
 
 
-#: Bytes of a worker's first message to each peer (:func:`greeting`): past UCX's rendezvous
-#: threshold, so that it goes the way the pieces will, through CUDA IPC.
-GREETING_BYTES = 4 << 20
-
-
-def greeting() -> rmm.DeviceBuffer:
-    """What a worker sends each peer before its first piece: a buffer of the RMM memory its
-    pieces come from. UCX's CUDA IPC transport maps the whole allocation a peer's buffer lies in
-    on its first transfer from it (one RMM pool: 0.45-0.57 s for 40 GB on an H200, see
-    docs/troubleshooting.md), which the greeting does while the stage splits its first chunk."""
-    return rmm.DeviceBuffer(size=GREETING_BYTES)
-
-
 def memory_bytes(worker: Worker) -> int:
     """The memory that received shuffle pieces may use a fraction of: this GPU's."""
     return _total_memory(cupy.cuda.runtime.getDevice())

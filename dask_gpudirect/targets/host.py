@@ -184,12 +184,6 @@ def positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(offsets, lengths) + np.arange(lengths.sum(), dtype=np.int64)
 
 
-def greeting() -> np.ndarray:
-    """What a worker sends each peer before its first piece: nothing to map in host memory,
-    so no bytes (the message opens the connection the pieces will take)."""
-    return np.empty(0, dtype=np.uint8)
-
-
 def memory_bytes(worker: Worker) -> int:
     """The memory that received shuffle pieces may use a fraction of: the worker's limit."""
     import psutil

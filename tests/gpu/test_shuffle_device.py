@@ -258,34 +258,6 @@ def test_ledger_says_how_device_buffers_went(client):
     assert moved.bytes.sum() > 0
 
 
-async def _greetings(dask_worker) -> tuple[list[str], int]:
-    """The peers this worker greeted and the greetings it received, once its own have landed."""
-    import asyncio
-
-    from dask_gpudirect.shuffle.plugin import service
-
-    shuffles = service(dask_worker)
-    await asyncio.gather(*list(shuffles.greetings))
-    return sorted(shuffles.greeted), shuffles.greetings_received
-
-
-def test_workers_greet_each_peer_with_device_memory_outside_the_ledger(client):
-    """Each worker greets each peer once with a buffer of its RMM memory, so that UCX sets up
-    CUDA IPC before the first piece; the ledger counts the pieces, not the greetings (each
-    larger than both shuffles' bytes here)."""
-    from dask_gpudirect.targets.device import GREETING_BYTES
-
-    pdf = _frame(20_000, 100, seed=4)
-    _check_hash_shuffle(client, pdf, 4, 4)
-    _check_hash_shuffle(client, pdf, 4, 4)
-    workers = set(client.nthreads())
-    for worker, (greeted, received) in client.run(_greetings).items():
-        assert workers - {worker} <= set(greeted)
-        assert received >= len(workers) - 1
-    records = dg.ledger_report.records(client)
-    assert 0 < records[records.op == "shuffle"].bytes.sum() < GREETING_BYTES
-
-
 def test_spills_device_to_host_to_disk_and_stays_correct(client):
     client.run(
         dask.config.set,
