@@ -11,13 +11,15 @@ the same collection shuffled again once that worker is gone.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
+import time
 
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, WorkerPlugin
+from distributed import Client, WorkerPlugin, futures_of
 from util import (
     HANG_GUARD,
     assert_hash_partitions,
@@ -111,15 +113,49 @@ def test_a_file_changed_after_planning_is_named_in_the_users_process(tcp, tmp_pa
     read's own error, naming the file, not a shuffle error; the cluster shuffles on."""
     paths = write_files(tmp_path)
     df = dg.read_parquet(paths, blocksize=1, client=tcp)
-    changed = paths[3]
-    pd.DataFrame({"k": [1, 2], "v": [3, 4], "w": [0.5, 1.0]}).to_parquet(changed, index=False)
-    info = os.stat(changed)  # a later write, even on a coarse clock
-    os.utime(changed, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    changed = change(paths[3])
     with pytest.raises(dg.InputError, match=f"{changed}: changed since it was planned"):
         dg.shuffle(df, "k", client=tcp)
     fresh = dg.read_parquet(paths, blocksize=1, client=tcp)
     out = dg.shuffle(fresh, "k", npartitions=4, client=tcp)
     assert_hash_partitions(partitions(tcp, out), per_file(paths), "k", 4)
+
+
+def change(path: str) -> str:
+    """Write other rows to ``path`` after it was planned (a later write even on a coarse
+    clock)."""
+    pd.DataFrame({"k": [1, 2], "v": [3, 4], "w": [0.5, 1.0]}).to_parquet(path, index=False)
+    info = os.stat(path)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    return path
+
+
+def _held(keys: list, dask_worker=None) -> list:
+    return [key for key in keys if key in dask_worker.data]
+
+
+def test_a_read_error_caught_by_the_user_keeps_none_of_their_results_alive(tcp, tmp_path):
+    """A read's error, raised in the user's process by the shuffle that waited for it, holds
+    none of the frames it passed through: a result the same function makes after catching it
+    leaves the workers once dropped. (Raised as the client's own record of the failed read, it
+    kept that function's frame, and the result in it, until the client closed.)"""
+    paths = write_files(tmp_path)
+
+    def shuffle_after_a_failed_one() -> list:
+        df = dg.read_parquet(paths, blocksize=1, client=tcp)
+        change(paths[3])
+        with pytest.raises(dg.InputError, match="changed since it was planned"):
+            dg.shuffle(df, "k", client=tcp)
+        out = dg.shuffle(dg.read_parquet(paths, blocksize=1, client=tcp), "k", client=tcp)
+        assert sum(len(part) for part in partitions(tcp, out)) == 6 * 2000 - 1998
+        return [future.key for future in futures_of(out)]
+
+    keys = shuffle_after_a_failed_one()
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while any(tcp.run(_held, keys).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(tcp.run(_held, keys).values())
 
 
 class DieWhenReading(WorkerPlugin):

@@ -18,11 +18,12 @@ client hands back futures of those outputs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import uuid
 from collections import defaultdict
-from typing import Any
+from typing import Any, NoReturn
 
 from dask.typing import Key
 from dask.utils import format_bytes
@@ -114,7 +115,7 @@ def _exchange(
             shown.computed(inputs)
             failed = [f for f in inputs if f.status != "finished"]
             if failed:
-                failed[0].result()  # the input's own error, in the user's process
+                _raise_error_of(failed[0])
         with clock("plan"):
             prepared = _prepare(client, inputs, target)
     with clock("plan"):
@@ -328,12 +329,23 @@ def _watch(
         client.cancel(list(stages.values()))
         failed = [f for f in inputs if f.status == "error"]
         if failed:
-            failed[0].result()  # the input's own error, in the user's process
+            _raise_error_of(failed[0])
         raise ShuffleError(
             f"shuffle {plan.id} failed: {cause}; no output was returned. The "
             "cluster is still usable: run the shuffle again (it will use the workers that "
             "remain)."
         )
+
+
+def _raise_error_of(future: Future) -> NoReturn:
+    """Raise a failed input's own error in the user's process: a copy of the one the client
+    keeps for the input's future. ``future.result()`` raises that very object, and each frame
+    it passes through joins its traceback: the user's frame among them, with every collection
+    it holds (a later shuffle's outputs too), kept on the workers for as long as the client
+    keeps the failed key."""
+    if future.status != "error":  # cancelled: Dask's CancelledError, made as it is raised
+        future.result()
+    raise copy.copy(future.exception()).with_traceback(future.traceback())
 
 
 def _first_cause(stages: dict[str, Future]) -> str:
