@@ -158,6 +158,48 @@ def test_a_read_error_caught_by_the_user_keeps_none_of_their_results_alive(tcp, 
     assert not any(tcp.run(_held, keys).values())
 
 
+class Priorities(WorkerPlugin):
+    """Records each task's priority as the worker gets it ready to run (lower runs first)."""
+
+    name = "priorities"
+
+    def setup(self, worker):
+        self.worker = worker
+        self.seen: dict = {}
+
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "ready":
+            self.seen[key] = self.worker.state.tasks[key].priority
+
+
+def _order_of_stage_and_reads(dask_worker) -> tuple[list, list]:
+    seen = dask_worker.plugins[Priorities.name].seen
+    stages = [p for key, p in seen.items() if str(key).startswith("gpudirect-shuffle")]
+    reads = [p for key, p in seen.items() if "gpudirect-read" in str(key)]
+    return stages, reads
+
+
+def test_a_stage_runs_before_its_workers_waiting_reads(tcp, tmp_path):
+    """A worker of one thread (dask-cuda's default) runs a shuffle's stage before any read
+    waiting for the thread, whichever of the session's graphs the read is of: the stage
+    secedes at once and splits each chunk as it is read. (By Dask's own order, from the
+    scheduler's generation of each graph and the worker's count of arrivals, a stage could
+    go behind its worker's reads and start only once it had read them all.)"""
+    paths = write_files(tmp_path)
+    tcp.register_plugin(Priorities())
+    try:
+        for _ in range(2):
+            df = dg.read_parquet(paths, blocksize=1, client=tcp)
+            out = dg.shuffle(df, "k", npartitions=5, client=tcp)
+            assert_hash_partitions(partitions(tcp, out), per_file(paths), "k", 5)
+        orders = tcp.run(_order_of_stage_and_reads)
+    finally:
+        tcp.unregister_worker_plugin(Priorities.name)
+    for stages, reads in orders.values():
+        assert len(stages) == 2 and reads, orders
+        assert max(stages) < min(reads), orders
+
+
 class DieWhenReading(WorkerPlugin):
     """Ends this worker's process when it starts a read task: a real death mid-read."""
 

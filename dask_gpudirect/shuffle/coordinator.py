@@ -207,6 +207,10 @@ def _plan(
     return plan, on_worker, nbytes
 
 
+#: The stages' Dask priority: above the default (0) of the inputs they wait for.
+STAGE_PRIORITY = 1
+
+
 def _start(
     client: Client,
     plan: Exchange,
@@ -215,6 +219,13 @@ def _start(
 ) -> dict[str, Future]:
     """A stage task on each participant, pinned there, and the scheduler plugin told to watch
     them.
+
+    The stages come before any other task waiting on their workers (``priority``): a stage
+    secedes at once and takes its inputs as they are computed, so on a worker of one thread
+    (dask-cuda's default) it splits and sends a placed read's first chunk while the next reads
+    run. By Dask's own order (each graph's generation on the scheduler, the worker's count of
+    arrivals) a stage could go behind the reads, and start only once its worker had read them
+    all: on one H200, ``bench etl``'s stages waited 0.00 s for their inputs, the reads done.
 
     The stages are submitted from the client's event loop, one after the other with nothing
     awaited between them: their graphs then leave in one message of the client's batched
@@ -233,6 +244,7 @@ def _start(
                 allow_other_workers=False,
                 pure=False,
                 key=f"gpudirect-shuffle-{plan.id}-{i}",
+                priority=STAGE_PRIORITY,
             )
             for i, (w, parts) in enumerate(sorted(on_worker.items()))
         }
