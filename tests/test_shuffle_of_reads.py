@@ -180,9 +180,9 @@ def _order_of_stage_and_reads(dask_worker) -> tuple[list, list]:
 
 
 def test_a_stage_runs_before_its_workers_waiting_reads(tcp, tmp_path):
-    """A worker of one thread (dask-cuda's default) runs a shuffle's stage before any read
-    waiting for the thread, whichever of the session's graphs the read is of: the stage
-    secedes at once and splits each chunk as it is read. (By Dask's own order, from the
+    """A shuffle's stage comes before every read waiting on its worker, whichever of the
+    session's graphs the read is of: on a worker of one thread (dask-cuda's default) it runs
+    first, secedes at once and splits each chunk as it is read. (By Dask's own order, from the
     scheduler's generation of each graph and the worker's count of arrivals, a stage could
     go behind its worker's reads and start only once it had read them all.)"""
     paths = write_files(tmp_path)
