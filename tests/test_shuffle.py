@@ -21,6 +21,7 @@ from distributed import futures_of, wait
 from pandas.testing import assert_frame_equal, assert_series_equal
 from util import (
     assert_hash_partitions,
+    assert_released,
     clear_ledgers,
     compute,
     owner_of_rows,
@@ -530,9 +531,6 @@ def _reports_held(dask_scheduler) -> dict:
 def test_dropping_the_result_frees_it(client):
     """Nothing of a shuffle stays on the workers once the user drops its result (the scheduler
     of a LocalCluster runs in this process, where a Future inside a graph would pin it)."""
-    import gc
-    import time
-
     pdf = sample_frame(500, keys=7, seed=4)
     out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=3, client=client)
     arr = dg.shuffle_array(da.arange(100, chunks=30), seed=2, client=client)
@@ -542,11 +540,7 @@ def test_dropping_the_result_frees_it(client):
     assert client.run_on_scheduler(_reports_held) == {}
     assert not any(client.run(lambda dask_worker: service(dask_worker).built).values())
     del out, arr
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while any(client.run(_shuffle_keys_held).values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(client.run(_shuffle_keys_held).values())
+    assert_released(client, _shuffle_keys_held)
 
 
 @pytest.mark.parametrize("few", [True, False], ids=["few", "many"])

@@ -11,10 +11,8 @@ the same collection shuffled again once that worker is gone.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
-import time
 
 import numpy as np
 import pandas as pd
@@ -23,6 +21,7 @@ from distributed import Client, WorkerPlugin, futures_of
 from util import (
     HANG_GUARD,
     assert_hash_partitions,
+    assert_released,
     owner_of_rows,
     partitions,
     start_cluster,
@@ -150,12 +149,7 @@ def test_a_read_error_caught_by_the_user_keeps_none_of_their_results_alive(tcp, 
         assert sum(len(part) for part in partitions(tcp, out)) == 6 * 2000 - 1998
         return [future.key for future in futures_of(out)]
 
-    keys = shuffle_after_a_failed_one()
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while any(tcp.run(_held, keys).values()) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(tcp.run(_held, keys).values())
+    assert_released(tcp, _held, shuffle_after_a_failed_one())
 
 
 class Priorities(WorkerPlugin):

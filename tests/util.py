@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import glob
 import json
 import os
@@ -347,3 +348,14 @@ def write_nested_parquet(directory) -> list[str]:
 CLIENT_PHASES = ("inputs", "plan", "start", "stages", "publish")
 PLACED_PHASES = CLIENT_PHASES[1:]
 GC = "garbage collection"
+
+
+def assert_released(client, held, *args, timeout: float = 10.0) -> None:
+    """What a user dropped leaves the workers: ``held(*args)``, run on each worker, finds
+    nothing left within ``timeout`` seconds of a garbage collection here (the release is a
+    message on the client's stream)."""
+    gc.collect()
+    deadline = time.monotonic() + timeout
+    while any(client.run(held, *args).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(client.run(held, *args).values())
