@@ -85,11 +85,11 @@ def main() -> None:
 
     import dask_gpudirect as dg
     from dask_gpudirect import discovery
-    from dask_gpudirect.bench.datasets import dataset
+    from dask_gpudirect.bench.datasets import dataset, key_column
     from dask_gpudirect.cluster import survey
     from dask_gpudirect.measure import start_cluster, stop_cluster
 
-    paths, _ = dataset(args.dir, "etl", args.gib, args.files, keys=2**24)
+    paths, _ = dataset(args.dir, "etl", args.gib, args.files, keys=[2**24])
     cluster, client = start_cluster(args.target, args.workers, 1, args.protocol, "40GB")
     workers = list(client.nthreads())
     listing = discovery.Listing(None, recursive=True)
@@ -101,7 +101,9 @@ def main() -> None:
     }
     persists = {
         "persist": lambda: dd.from_map(_tiny, range(len(workers)), target=args.target),
-        "read": lambda: dg.read_parquet(paths, columns=["many", "x", "y", "z"], client=client),
+        "read": lambda: dg.read_parquet(
+            paths, columns=[key_column(2**24), "x", "y", "z"], client=client
+        ),
     }
     rows: dict[str, dict[str, float]] = {}
     try:

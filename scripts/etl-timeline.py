@@ -70,9 +70,11 @@ def _pipeline(client, paths: list[str], columns: list[str], key: str, marks: lis
 
 
 def main() -> None:
+    from dask_gpudirect.bench.datasets import dataset, key_column
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_cluster_and_data(parser)
-    parser.add_argument("--key", default="many")
+    parser.add_argument("--key", default=key_column(2**24))
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--profile", action="store_true", help="profile one more run's client")
     parser.add_argument("--json")
@@ -83,13 +85,12 @@ def main() -> None:
 
     import dask_gpudirect as dg
     from dask_gpudirect.bench.common import wait_released
-    from dask_gpudirect.bench.datasets import dataset
     from dask_gpudirect.cluster import progress_ucx_in_a_thread
     from dask_gpudirect.measure import start_cluster, stop_cluster
     from dask_gpudirect.shuffle import coordinator
 
     progress_ucx_in_a_thread()
-    paths, _ = dataset(args.dir, "etl", args.gib, args.files, keys=2**24)
+    paths, _ = dataset(args.dir, "etl", args.gib, args.files, keys=[2**24])
     cluster, client = start_cluster(args.target, args.workers, 1, args.protocol, "40GB")
     columns = [args.key, "x", "y", "z"]
     try:

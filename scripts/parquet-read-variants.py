@@ -143,7 +143,7 @@ def main() -> None:
     from dask_gpudirect.bench.datasets import dataset
 
     print("writing or reusing the data", flush=True)
-    paths, _ = dataset(args.dir, "etl", args.gib, args.files, keys=args.keys)
+    paths, _ = dataset(args.dir, "etl", args.gib, args.files, keys=[args.keys])
     print("data ready", flush=True)
     calls = [int(c) for c in args.calls.split(",")]
     ctx = mp.get_context("spawn")

@@ -19,12 +19,13 @@ from util import GC, HANG_GUARD, PLACED_PHASES, clear_ledgers, compute
 from dask_gpudirect import ledger_report
 from dask_gpudirect.bench.datasets import dataset
 from dask_gpudirect.bench.etl import _pipeline, etl
-from dask_gpudirect.bench.etl_report import checks_of
+from dask_gpudirect.bench.etl_report import checks_of, sweep
 
 METHODS = ["gpudirect", "combine", "tasks", "p2p"]
 #: dg.read_parquet's planning phases, in order (``dask_gpudirect.collections.last_phases``).
 READ_PHASES = ("survey", "footers", "meta", "partitions")
-QUERIES = ["many-keys", "unique-key"]  # the shuffles; "scan" is the read alone
+#: The group-bys of a sweep of two key counts (``--keys 16,256``); "scan" is the read alone.
+QUERIES = ["2^4 keys", "2^8 keys", "unique-key"]
 SCAN_METHODS = ["gpudirect", "tasks"]  # on the host target
 
 
@@ -34,7 +35,7 @@ def test_bench_etl_host(tmp_path):
     out = {ext: tmp_path / f"etl.{ext}" for ext in ("json", "md", "png")}
     cmd = [sys.executable, "-m", "dask_gpudirect.bench", "etl", "--target", "host"]
     cmd += ["--dir", str(tmp_path / "data"), "--gib", str(4 / 1024), "--files", "8"]
-    cmd += ["--keys", "256", "--repeat", "1", "--no-progress"]
+    cmd += ["--keys", "256,16", "--repeat", "1", "--no-progress"]
     cmd += ["--json", str(out["json"]), "--markdown", str(out["md"]), "--plot", str(out["png"])]
     env = {**os.environ, "COLUMNS": "200"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
@@ -88,7 +89,14 @@ def test_bench_etl_host(tmp_path):
             "read: longest task",
         ], phases
         assert 0 < phases["read: longest task"] <= phases["read"], phases
-    for query, groups in [("many-keys", 256), ("unique-key", data["rows"]), ("scan", data["rows"])]:
+    assert result["queries"] == {
+        "2^4 keys": "keys_16",
+        "2^8 keys": "keys_256",
+        "unique-key": "unique",
+        "scan": "keys_16",
+    }
+    groups_of = {"2^4 keys": 16, "2^8 keys": 256, "unique-key": data["rows"], "scan": data["rows"]}
+    for query, groups in groups_of.items():
         fingerprints = result["fingerprints"][query]
         assert sorted(fingerprints) == sorted(SCAN_METHODS if query == "scan" else METHODS)
         for fp in fingerprints.values():  # every row counted once, every key in one partition
@@ -109,9 +117,20 @@ def test_bench_etl_host(tmp_path):
         by["scan", "tasks"]["seconds"] / by["scan", "gpudirect"]["seconds"]
     )
     markdown = out["md"].read_text()
-    assert "| many-keys | dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p') |" in (
+    assert "| 2^8 keys | dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p') |" in (
         markdown
     )
+    # the sweep: each group-by's seconds by its key's distinct values, one column per method
+    sweep = markdown[markdown.index("Seconds by distinct keys") :].splitlines()[2:7]
+    assert sweep[0] == (
+        "| query | distinct keys | dg, s | dg, summed before the shuffle, s "
+        "| Dask's task shuffle, s | Dask's P2P shuffle, s |"
+    )
+    for line, query in zip(sweep[2:], QUERIES, strict=True):
+        cells = line.strip("| ").split(" | ")
+        assert cells[:2] == [query, str(groups_of[query])], line
+        seconds = [by[query, m]["seconds"] for m in METHODS]
+        assert cells[2:] == [f"{s:.3f}" for s in seconds], line
     assert "| scan | dd.read_parquet(...).persist() |" in markdown
     assert "cudf-polars" not in markdown and "rapidsmpf" not in markdown  # GPU-only methods
     assert out["png"].stat().st_size > 0
@@ -121,11 +140,11 @@ def test_combine_shuffles_partial_sums_not_rows(tcp, tmp_path):
     """``combine`` sums each read partition by key before the shuffle, as Dask's and
     cudf-polars' group-bys do: it moves a row per key and partition, not every row, and sums to
     the same result as the plain pipeline."""
-    paths, data = dataset(str(tmp_path), "etl", 4 / 1024, 8, keys=16)
+    paths, data = dataset(str(tmp_path), "etl", 4 / 1024, 8, keys=[16])
     moved, results = {}, {}
     for method in ("gpudirect", "combine"):
         clear_ledgers(tcp)
-        _, out, _, _ = _pipeline(tcp, method, paths, "many", "many-keys")
+        _, out, _, _ = _pipeline(tcp, method, paths, "keys_16", "2^4 keys")
         results[method] = compute(tcp, out).sort_index()
         moved[method] = ledger_report.records(tcp).query("op == 'shuffle'")["bytes"].sum()
     assert len(results["combine"]) == 16 and results["combine"]["z"].sum() == data["z_sum"]
@@ -140,6 +159,7 @@ def _result(fingerprints: dict, z_sum: int, seconds: dict, queries=QUERIES) -> d
         for key, s in seconds.items()
     ]
     return {
+        "queries": {query: "key" for query in queries},
         "records": records,
         "fingerprints": {query: fingerprints for query in queries},
         "data": {"z_sum": z_sum},
@@ -158,7 +178,9 @@ def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
     seconds = {"gpudirect": 1.0, "tasks": 5.0}
 
     ok = _shuffle_checks(_result({"gpudirect": good, "tasks": rounding}, 500, seconds), "device", 2)
-    assert [(c["result"], c["target"]) for c in ok] == [("pass", None), ("pass", 4.0)] * 2
+    assert [(c["result"], c["target"]) for c in ok] == [("pass", None), ("pass", 4.0)] * len(
+        QUERIES
+    )
     assert ok[1]["ratio"] == pytest.approx(5.0)
 
     wrong = _shuffle_checks(_result({"gpudirect": split, "tasks": good}, 500, seconds), "device", 2)
@@ -171,6 +193,19 @@ def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
     assert slow[1]["result"] == "miss"
     one_gpu = _shuffle_checks(_result({"gpudirect": good}, 500, seconds), "device", 1)
     assert one_gpu[1]["target"] is None and one_gpu[1]["result"] == "-"
+
+
+def test_a_result_written_before_the_key_sweep_is_still_judged_and_written():
+    """Results committed before ``--keys`` took a sweep name no queries: their group-by by a key
+    of many repeats was ``many-keys``, and they still render, with no sweep table."""
+    good = {"groups": 10, "z": 500, "kz": 7000, "x": 1.5}
+    seconds = {"gpudirect": 1.0, "tasks": 5.0}
+    result = _result({"gpudirect": good, "tasks": good}, 500, seconds, ["many-keys", "unique-key"])
+    del result["queries"]
+    checks = {c["check"]: c for c in checks_of(result, "device", 2)}
+    assert checks["many-keys: dg's speed-up over Dask's task shuffle"]["ratio"] == 5.0
+    assert checks["unique-key: gpudirect, tasks give one result"]["result"] == "pass"
+    assert sweep(result) == ([], [])
 
 
 def test_both_engines_are_judged_against_tasks_and_cudf_polars():
@@ -214,6 +249,8 @@ def test_the_scan_is_judged_against_dask_and_cudf_polars_on_any_gpu_count():
         (["--methods", "polars", "--target", "host"], "--methods polars: runs on GPU workers only"),
         (["--target", "device"], "needs a GPU"),
         (["--files", "0"], "--files"),
+        (["--keys", "16,16"], "--keys"),
+        (["--keys", "0"], "--keys"),
     ],
 )
 def test_bad_options_are_named(tmp_path, args, message):

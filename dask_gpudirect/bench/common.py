@@ -88,6 +88,22 @@ TARGET_OPTION = click.option(
 )
 
 
+def counts_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> list[int] | None:
+    """A count option's value: one count or a comma-separated sweep of distinct counts, each at
+    least 1, in ascending order (``--partitions`` of ``bench shuffle``, ``--keys`` of ``etl``)."""
+    if value is None:
+        return None
+    try:
+        counts = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise click.BadParameter(f"{value!r}: use a count (>= 1) or distinct counts like 8,64,256")
+    return sorted(counts)
+
+
 def cluster_options(command: F) -> F:
     """``--workers``, ``--threads-per-worker``, ``--protocol`` and ``--rmm-pool-size``: the
     cluster of ``bench shuffle`` and ``bench etl``, resolved by :func:`resolve_run`."""

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -22,13 +23,21 @@ BINARY_DTYPE, BINARY_RECORD = "<f4", (256,)
 #: Parquet: on-disk bytes per row of (int64 id, float64 x, float64 y, int32 k), snappy.
 PARQUET_BYTES_PER_ROW = 24
 PARQUET_ROW_GROUP = 1 << 20
-#: ``bench etl``'s Parquet: bytes per row in memory of (int64 many, int64 unique, float64 x,
-#: float64 y, int64 z).
+#: ``bench etl``'s Parquet: bytes per row in memory of one key column, the unique key, x, y and
+#: z (the rows of ``--gib``; each more key count of a sweep adds a column of 8 bytes a row).
 ETL_BYTES_PER_ROW = 40
-ETL_COLUMNS = (
-    "many int64 over [0, keys), unique int64 over [0, 2^62), x float64, y float64, z int64"
-)
-DATA_VERSION = 1
+DATA_VERSION = 2
+
+
+def key_column(keys: int) -> str:
+    """``bench etl``'s column of int64 keys over ``[0, keys)``."""
+    return f"keys_{keys}"
+
+
+def etl_columns(keys: Sequence[int]) -> str:
+    """``bench etl``'s columns, as its results describe them."""
+    many = ", ".join(f"{key_column(n)} int64 over [0, {n})" for n in keys)
+    return f"{many}, unique int64 over [0, 2^62), x float64, y float64, z int64"
 
 
 def _write_npy(path: str, nbytes: int, seed: int) -> None:
@@ -77,23 +86,21 @@ def _write_parquet(path: str, rows: int, first_id: int, seed: int) -> None:
             writer.write_table(table, row_group_size=PARQUET_ROW_GROUP)
 
 
-def _write_etl_parquet(path: str, rows: int, seed: int, keys: int) -> int:
-    """One file of ``bench etl``: a key of ``keys`` values, a nearly unique key, x, y, z; returns
-    the sum of z, which every query's result must add up to."""
+def _write_etl_parquet(path: str, rows: int, seed: int, keys: Sequence[int]) -> int:
+    """One file of ``bench etl``: a key column of each count of ``keys`` values, a nearly unique
+    key, x, y, z; returns the sum of z, which every query's result must add up to."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(seed)
-    table = pa.table(
-        {
-            "many": rng.integers(0, keys, rows, dtype=np.int64),
-            "unique": rng.integers(0, 1 << 62, rows, dtype=np.int64),
-            "x": rng.random(rows),
-            "y": rng.standard_normal(rows),
-            "z": rng.integers(0, 1000, rows, dtype=np.int64),
-        }
-    )
+    first, *more = keys  # drawn first, as when a dataset had one key column
+    columns = {key_column(first): rng.integers(0, first, rows, dtype=np.int64)}
+    unique = rng.integers(0, 1 << 62, rows, dtype=np.int64)
+    x, y = rng.random(rows), rng.standard_normal(rows)
+    z = rng.integers(0, 1000, rows, dtype=np.int64)
+    columns.update({key_column(n): rng.integers(0, n, rows, dtype=np.int64) for n in more})
+    table = pa.table({**columns, "unique": unique, "x": x, "y": y, "z": z})
     pq.write_table(table, path, compression="snappy", row_group_size=PARQUET_ROW_GROUP)
     return int(table["z"].to_numpy().sum())
 
@@ -103,15 +110,15 @@ def _bench_of(kind: str) -> str:
 
 
 def dataset(
-    directory: str, kind: str, gib: float, files: int, keys: int | None = None
+    directory: str, kind: str, gib: float, files: int, keys: Sequence[int] = ()
 ) -> tuple[list[str], dict]:
     """Files of one dataset under ``directory``: reused when its manifest matches, else written.
 
-    ``kind`` is ``binary``, ``parquet`` (``bench read``) or ``etl`` (``bench etl``, whose first
-    key takes ``keys`` values)."""
+    ``kind`` is ``binary``, ``parquet`` (``bench read``) or ``etl`` (``bench etl``, with a key
+    column of each count of ``keys`` values)."""
     spec = {"version": DATA_VERSION, "kind": kind, "gib": gib, "files": files}
     if kind == "etl":
-        spec["keys"] = keys
+        spec["keys"] = list(keys)
     ext = ".npy" if kind == "binary" else ".parquet"
     paths = [os.path.join(directory, f"part-{i:03d}{ext}") for i in range(files)]
     manifest = os.path.join(directory, "_bench.json")  # '_' files are skipped by every reader
@@ -130,7 +137,7 @@ def dataset(
         if kind == "binary":
             jobs = [pool.submit(_write_npy, p, target // files, i) for i, p in enumerate(paths)]
         elif kind == "etl":
-            assert keys is not None, "an etl dataset takes keys"
+            assert keys, "an etl dataset takes keys"
             rows = max(1, target // ETL_BYTES_PER_ROW // files)
             jobs = [
                 pool.submit(_write_etl_parquet, p, rows, 1000 + i, keys)
@@ -161,7 +168,9 @@ def dataset(
         info.update(
             rows=sum(m.num_rows for m in metas),
             row_groups=sum(m.num_row_groups for m in metas),
-            columns=ETL_COLUMNS if kind == "etl" else "id int64, x float64, y float64, k int32",
+            columns=etl_columns(keys)
+            if kind == "etl"
+            else "id int64, x float64, y float64, k int32",
             compression="snappy",
         )
         if kind == "etl":

@@ -17,8 +17,9 @@ The pipeline users run, from Parquet files this command writes, in one cluster a
   same way (it replaces each worker's RMM memory resource), its result kept on the GPUs
   (``engine.execute``) as the others' are persisted.
 
-Two queries: one key column with about ``--keys`` distinct values (2^24 by default) and one
-nearly unique key; and the read alone (``scan``: dg.read_parquet, Dask's read_parquet and
+Group-by queries: one per count of ``--keys`` (2^24 by default; several, comma-separated, sweep
+the key's cardinality, each count a key column of its own in the same files) and one by a nearly
+unique key; and the read alone (``scan``: dg.read_parquet, Dask's read_parquet and
 cudf-polars' scan_parquet, the four columns kept in memory), so that the read's share is seen.
 Each pipeline runs once to warm up and ``--repeat`` more times; a run is the
 whole pipeline, graph building included, until every output partition is in memory. After the
@@ -41,6 +42,7 @@ from ..measure import start_cluster, stop_cluster
 from .common import (
     TARGET_OPTION,
     cluster_options,
+    counts_option,
     device_names,
     device_only,
     finish,
@@ -58,13 +60,13 @@ from .etl_report import (
     DEVICE_ONLY,
     DG_METHODS,
     METHODS,
-    QUERIES,
     READ_AND_SHUFFLE,
     SCAN,
     SCAN_METHODS,
     checks_of,
     markdown,
     print_result,
+    queries,
     same,
 )
 from .timing import _Interrupted, _measure, _record
@@ -201,10 +203,13 @@ class _Clock:
 
 
 def _fingerprint_of(client: Client, out: dd.DataFrame, key: str) -> dict:
-    """The fingerprint of a whole result, summed from its partitions' on the workers."""
-    import dask
+    """The fingerprint of a whole result, summed from its partitions' on the workers. From the
+    persisted futures themselves: ``out.to_delayed()`` of a persisted ``dd.read_parquet`` of
+    some of a file's columns names other keys than those persisted (Dask 2026.7.1), and its
+    tasks fail for lost dependencies."""
+    from distributed import futures_of
 
-    parts = client.compute([dask.delayed(_fingerprint)(d, key) for d in out.to_delayed()])
+    parts = client.map(partial(_fingerprint, key=key), futures_of(out), pure=False)
     total = {"groups": 0, "z": 0, "kz": 0, "x": 0.0}
     for fp in client.gather(parts):
         for name in total:
@@ -287,7 +292,7 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
         from cudf_polars.engine.dask import DaskEngine
         from cudf_polars.engine.hardware_binding import HardwareBindingPolicy
     except ImportError as exc:
-        for query in QUERIES:
+        for query in result["queries"]:
             note = f"cudf-polars is not installed ({exc.name})"
             result["records"].append({**_record("polars", "not run", note=note), "query": query})
         return
@@ -305,7 +310,7 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
             "allow_gpu_sharing": workers > gpu_count(),
         }
         with DaskEngine(dask_client=client, engine_options=options) as engine:
-            for query, key in QUERIES.items():
+            for query, key in result["queries"].items():
                 seen = result["fingerprints"].setdefault(query, {})
                 _log(f"{query}: measuring polars")
                 run = _polars_run(engine, paths, key, query, seen)
@@ -335,7 +340,7 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
         }
         if opts["protocol"] == "ucxx":
             result["cluster"].update(ucx_record(client))
-        for query, key in QUERIES.items():
+        for query, key in result["queries"].items():
             seen = result["fingerprints"].setdefault(query, {})
             for method in _methods(opts["methods"], query, RUN_ORDER):
                 try:
@@ -428,10 +433,11 @@ def _measured(
 )
 @click.option(
     "--keys",
-    default=1 << 24,
+    default=str(1 << 24),
     show_default=True,
-    type=click.IntRange(1),
-    help="distinct values of the first query's key",
+    callback=counts_option,
+    help="distinct values of the group-by's key, or a comma-separated sweep of counts "
+    "(1024,65536,16777216: a query each, on a key column each, in the same files)",
 )
 @cluster_options
 @click.option("--repeat", default=2, show_default=True, type=click.IntRange(0), help="warm runs")
@@ -454,7 +460,7 @@ def etl(
     root: str,
     gib: float,
     files: int,
-    keys: int,
+    keys: list[int],
     workers: int | None,
     threads_per_worker: int,
     protocol: str | None,
@@ -490,11 +496,12 @@ def etl(
         **result_head("etl", target, gpus, opts),
         "device": names[0] if names else None,
         "data": data,
+        "queries": queries(keys),
         "records": [],
         "fingerprints": {},
     }
     try:
-        runs = sum(len(_methods(chosen, q, METHODS)) for q in QUERIES)
+        runs = sum(len(_methods(chosen, q, METHODS)) for q in result["queries"])
         with progress_bar("etl", result["records"], runs, progress):
             _run(result, opts, target, paths, data["bytes"])
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured

@@ -6,7 +6,9 @@ Apart from the measurements, so that a result's JSON can be judged and rendered 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+from .datasets import key_column
 from .tables import between_runs_note, footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
@@ -15,10 +17,32 @@ METHODS = ("gpudirect", "combine", "rapidsmpf", "polars", "tasks", "p2p")
 DG_METHODS = ("gpudirect", "combine", "rapidsmpf")
 #: Methods that need GPU workers: left out of the host target's default.
 DEVICE_ONLY = ("rapidsmpf", "polars")
-#: Query name -> its key column. ``scan`` is the read alone (the four columns, kept in memory):
-#: dg.read_parquet against dask_cudf's read and cudf-polars' scan of the same files.
-QUERIES = {"many-keys": "many", "unique-key": "unique", "scan": "many"}
+UNIQUE = "unique-key"
 SCAN = "scan"
+#: The queries of a result written before ``--keys`` took a sweep: its only key column of many
+#: repeats was ``many``.
+SINGLE_COUNT_QUERIES = {"many-keys": "many", UNIQUE: "unique", SCAN: "many"}
+
+
+def queries(keys: Sequence[int]) -> dict[str, str]:
+    """Query name -> its key column: a group-by sum by a key of each count of ``keys`` distinct
+    values, one by a nearly unique key, and ``scan``, the read alone (the four columns of the
+    first key's query, kept in memory): dg.read_parquet against dask_cudf's read and cudf-polars'
+    scan of the same files."""
+    by_count = {f"{_power(n)} keys": key_column(n) for n in keys}
+    return {**by_count, UNIQUE: "unique", SCAN: key_column(keys[0])}
+
+
+def queries_of(result: dict) -> dict[str, str]:
+    """The queries ``result`` ran, in order."""
+    return result.get("queries") or SINGLE_COUNT_QUERIES
+
+
+def _power(n: int) -> str:
+    """``n`` as a power of two where it is one (2^24), else as it is."""
+    return f"2^{n.bit_length() - 1}" if n > 1 and n & (n - 1) == 0 else str(n)
+
+
 #: The methods that read without shuffling: the scan's.
 SCAN_METHODS = ("gpudirect", "polars", "tasks")
 SCAN_LABELS = {
@@ -60,6 +84,7 @@ NAMES = {
     "combine": "dg, summed before the shuffle",
     "rapidsmpf": "dg on RapidsMPF",
     "tasks": "Dask's task shuffle",
+    "p2p": "Dask's P2P shuffle",
     "polars": "cudf-polars DaskEngine",
 }
 #: The issue's target on GPUs that exchange: dg's pipeline at least this much faster than
@@ -87,7 +112,7 @@ def checks_of(result: dict, target: str, workers: int) -> list[dict]:
     """Per query: every method's result agrees (and adds up to the data's z), and dg's time
     against Dask's (task shuffle, or read for the scan) and cudf-polars'."""
     checks = []
-    for query in QUERIES:
+    for query in queries_of(result):
         by = {r["key"]: r for r in result["records"] if r.get("query") == query}
         seen = result.get("fingerprints", {}).get(query, {})
         checks.append(_agreement(query, seen, result.get("data", {}).get("z_sum")))
@@ -187,7 +212,7 @@ def _phases(rec: dict) -> str:
 def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
     rows: list[tuple[str, ...]] = []
     notes: list[str] = []
-    for query in QUERIES:
+    for query in queries_of(result):
         by = {r["key"]: r for r in result["records"] if r.get("query") == query}
         for key in METHODS:
             rec = by.get(key)
@@ -216,6 +241,38 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
     return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
 
 
+def distinct_keys(result: dict, query: str) -> int | None:
+    """How many groups ``query``'s result has (the key's distinct values), from its
+    fingerprints; None where no method gave one."""
+    return next((fp["groups"] for fp in result["fingerprints"].get(query, {}).values()), None)
+
+
+def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Where ``--keys`` swept the key's cardinality: each group-by's seconds by its distinct
+    keys, one column per method and dg's speed-up over cudf-polars (header, rows; no rows
+    without a sweep)."""
+    by_count = [q for q in queries_of(result) if q not in (UNIQUE, SCAN)]
+    if len(by_count) < 2:
+        return [], []
+    group_bys = [*by_count, UNIQUE]
+    ran = {r["key"] for r in result["records"] if r.get("query") in group_bys}
+    methods = [m for m in METHODS if m in ran]
+    ratio = "gpudirect" in ran and "polars" in ran
+    header = ["query", "distinct keys", *(f"{NAMES[m]}, s" for m in methods)]
+    header += ["dg over cudf-polars"] if ratio else []
+    rows = []
+    for query in group_bys:
+        by = {r["key"]: r for r in result["records"] if r.get("query") == query}
+        seconds = {m: by[m]["seconds"] for m in methods if m in by and by[m]["status"] == "ok"}
+        cells = [f"{seconds[m]:.3f}" if m in seconds else "-" for m in methods]
+        if ratio:
+            both = "gpudirect" in seconds and "polars" in seconds
+            cells.append(f"{seconds['polars'] / seconds['gpudirect']:.2f}x" if both else "-")
+        groups = distinct_keys(result, query)
+        rows.append((query, "?" if groups is None else str(groups), *cells))
+    return header, rows
+
+
 def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
@@ -241,8 +298,18 @@ def print_result(result: dict) -> None:
     rows, notes = _rows(result)
     title = f"bench etl: {result['device']} ({result['target']} target)"
     print_table(title, HEADER, rows, [_data_line(result), *notes], right=HEADER[3:])
+    header, by_keys = sweep(result)
+    if by_keys:
+        print_table("seconds by distinct keys", header, by_keys, [], right=header[1:])
     missing = [f"Not measured: {result['not_measured']}."] if result.get("not_measured") else []
     print_table("checks", CHECK_HEADER, _check_rows(result), missing)
+
+
+def _sweep_lines(result: dict) -> list[str]:
+    header, rows = sweep(result)
+    if not rows:
+        return []
+    return ["Seconds by distinct keys (median warm run):", "", *markdown_table(header, rows), ""]
 
 
 def markdown(result: dict) -> str:
@@ -258,6 +325,7 @@ def markdown(result: dict) -> str:
         "",
         *notes,
         "",
+        *_sweep_lines(result),
         *markdown_table(CHECK_HEADER, _check_rows(result)),
         "",
     ]

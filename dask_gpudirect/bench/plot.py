@@ -51,11 +51,17 @@ def draw(result: dict, path: str) -> None:
         panels = {"read": _read_panels, "etl": _etl_panels}.get(
             result["benchmark"], _shuffle_panels
         )(result)
+        by_keys = keys_panel(result) if result["benchmark"] == "etl" else None
+        lines = [by_keys] if by_keys else []
         rows = max(len(p["rows"]) for p in panels)
-        fig = Figure(figsize=(7.5 * len(panels), 1.6 + 0.42 * rows), layout="constrained")
-        axes = fig.subplots(1, len(panels), squeeze=False)[0]
-        for ax, panel in zip(axes, panels, strict=True):
+        height = max(1.6 + 0.42 * rows, 5 if lines else 0)
+        count = len(panels) + len(lines)
+        fig = Figure(figsize=(7.5 * count, height), layout="constrained")
+        axes = fig.subplots(1, count, squeeze=False)[0]
+        for ax, panel in zip(axes[: len(panels)], panels, strict=True):
             _draw_panel(ax, panel)
+        for ax, panel in zip(axes[len(panels) :], lines, strict=True):
+            _draw_lines(ax, panel)
     title = f"bench {result['benchmark']}: {result['device']} ({result['target']} target)"
     fig.suptitle(f"{title}, {str(result.get('date', ''))[:10]}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -127,11 +133,15 @@ def _shuffle_panels(result: dict) -> list[dict]:
 
 
 def _etl_panels(result: dict) -> list[dict]:
-    """One panel per query: each pipeline's Parquet GB/s end to end, dg's target against tasks."""
-    from .etl_report import DG_METHODS, METHODS, QUERIES, label
+    """One panel per query: each pipeline's Parquet GB/s end to end, dg's target against tasks;
+    where ``--keys`` swept the key's cardinality, the group-bys are :func:`keys_panel`'s."""
+    from .etl_report import DG_METHODS, METHODS, SCAN, label, queries_of, sweep
 
+    swept = bool(sweep(result)[1])
     panels = []
-    for query in QUERIES:
+    for query in queries_of(result):
+        if swept and query != SCAN:
+            continue
         by = {r["key"]: r for r in result["records"] if r.get("query") == query}
         if not by:  # a result of before the scan was measured
             continue
@@ -265,6 +275,38 @@ def sweep_panel(result: dict) -> dict:
         "lines": lines,
         "counts": counts_of(records),
         "xlabel": "input partitions, log scale",
+        "ylabel": "seconds (median warm run)",
+        "xlog": True,
+    }
+
+
+def keys_panel(result: dict) -> dict | None:
+    """``bench etl --keys 1024,65536,...``: each pipeline's seconds against its key's distinct
+    values, the nearly unique key's last; None without a sweep."""
+    from .etl_report import METHODS, UNIQUE, distinct_keys, label, sweep
+
+    _, rows = sweep(result)
+    if not rows:
+        return None
+    group_bys = [row[0] for row in rows]
+    counts = {q: distinct_keys(result, q) for q in group_bys}
+    lines = []
+    for key in METHODS:
+        mine = {r["query"]: r for r in result["records"] if r["key"] == key}
+        if any(q in mine for q in group_bys):
+            points = [
+                (counts[q], mine[q]["seconds"])
+                for q in group_bys
+                if q in mine and mine[q]["status"] == "ok" and counts[q]
+            ]
+            lines.append(
+                {"label": label(key, UNIQUE, result["target"]), "style": "-", "points": points}
+            )
+    return {
+        "title": "group-by sum by the key's distinct values",
+        "lines": lines,
+        "counts": sorted({c for c in counts.values() if c}),
+        "xlabel": "distinct keys (the last: the nearly unique key), log scale",
         "ylabel": "seconds (median warm run)",
         "xlog": True,
     }

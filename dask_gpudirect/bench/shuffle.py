@@ -54,6 +54,7 @@ from .common import (
     GIB,
     TARGET_OPTION,
     cluster_options,
+    counts_option,
     device_names,
     device_only,
     finish,
@@ -486,19 +487,6 @@ def _one_method(
     return out
 
 
-def _counts_option(value: str | None) -> list[int] | None:
-    """``--partitions``: one count or a comma-separated list of them, each at least 1."""
-    if value is None:
-        return None
-    try:
-        counts = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
-        raise click.BadParameter(f"{value!r}: use a count (>= 1) or distinct counts like 8,64,256")
-    return sorted(counts)
-
-
 # --- the command --------------------------------------------------------------------------------
 
 
@@ -538,7 +526,7 @@ def _counts_option(value: str | None) -> list[int] | None:
 @click.option(
     "--partitions",
     default=None,
-    callback=lambda ctx, param, value: _counts_option(value),
+    callback=counts_option,
     help="input partitions, or a comma-separated sweep of counts (8,64,256,1024: the same bytes "
     "at each, each in a fresh cluster); default max(32, 4 per worker, 4 per GiB)",
 )
