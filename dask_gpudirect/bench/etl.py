@@ -205,8 +205,8 @@ class _Clock:
 def _fingerprint_of(client: Client, out: dd.DataFrame, key: str) -> dict:
     """The fingerprint of a whole result, summed from its partitions' on the workers. From the
     persisted futures themselves: ``out.to_delayed()`` of a persisted ``dd.read_parquet`` of
-    some of a file's columns names other keys than those persisted (Dask 2026.7.1), and its
-    tasks fail for lost dependencies."""
+    some of a file's columns names other keys than those persisted, and its tasks fail for lost
+    dependencies (dask/dask#12488, open in Dask 2026.7.1)."""
     from distributed import futures_of
 
     parts = client.map(partial(_fingerprint, key=key), futures_of(out), pure=False)
