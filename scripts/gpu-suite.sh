@@ -46,7 +46,8 @@ SKIP_SHUFFLE=${SKIP_SHUFFLE:-0}
 SKIP_ETL=${SKIP_ETL:-0}
 ETL_GIB=${ETL_GIB:-8}                                     # in memory; 256 files, as issue 14 asks
 ETL_FILES=${ETL_FILES:-256}
-# ETL_ARGS: more options for `bench etl`, e.g. "--keys 65536 --repeat 1"
+ETL_KEYS=${ETL_KEYS:-1024,65536,16777216}                 # the group-by key's distinct values, swept
+# ETL_ARGS: more options for `bench etl`, e.g. "--repeat 1 --methods gpudirect,polars"
 start=$SECONDS
 
 # --- the machine -----------------------------------------------------------------------------
@@ -181,7 +182,7 @@ if [[ $SKIP_ETL != 1 ]]; then
     [[ $BENCH_TARGET == device ]] && rmm=(--rmm-pool-size "$SHUFFLE_RMM_POOL")
     timeout -s INT -k 10 "$limit" \
       python3 -m dask_gpudirect.bench etl --target "$BENCH_TARGET" --dir "$BENCH_DIR/etl" \
-        --gib "$ETL_GIB" --files "$ETL_FILES" --workers "$SHUFFLE_WORKERS" \
+        --gib "$ETL_GIB" --files "$ETL_FILES" --keys "$ETL_KEYS" --workers "$SHUFFLE_WORKERS" \
         --protocol "$SHUFFLE_PROTOCOL" ${rmm[@]+"${rmm[@]}"} --no-progress \
         --json "$OUT/etl.json" --markdown "$OUT/etl.md" ${ETL_ARGS:-} \
       > "$OUT/bench-etl.log" 2>&1
