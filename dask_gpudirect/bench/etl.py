@@ -31,7 +31,7 @@ output partitions change it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -55,7 +55,7 @@ from .common import (
     ucx_record,
     wait_released,
 )
-from .datasets import dataset
+from .datasets import dataset, key_column
 from .etl_report import (
     DEVICE_ONLY,
     DG_METHODS,
@@ -63,10 +63,10 @@ from .etl_report import (
     READ_AND_SHUFFLE,
     SCAN,
     SCAN_METHODS,
+    UNIQUE,
     checks_of,
     markdown,
     print_result,
-    queries,
     same,
 )
 from .timing import _Interrupted, _measure, _record
@@ -87,6 +87,20 @@ FOLD = 1_000_003
 
 def _log(message: str) -> None:
     log("etl", message)
+
+
+def queries(keys: Sequence[int]) -> dict[str, str]:
+    """Query name -> its key column: a group-by sum by a key of each count of ``keys`` distinct
+    values, one by a nearly unique key, and ``scan``, the read alone (the four columns of the
+    first key's query, kept in memory): dg.read_parquet against dask_cudf's read and cudf-polars'
+    scan of the same files."""
+    by_count = {f"{_power(n)} keys": key_column(n) for n in keys}
+    return {**by_count, UNIQUE: "unique", SCAN: key_column(keys[0])}
+
+
+def _power(n: int) -> str:
+    """``n`` as a power of two where it is one (2^24), else as it is."""
+    return f"2^{n.bit_length() - 1}" if n > 1 and n & (n - 1) == 0 else str(n)
 
 
 # --- on the workers -----------------------------------------------------------------------------

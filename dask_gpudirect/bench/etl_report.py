@@ -6,9 +6,7 @@ Apart from the measurements, so that a result's JSON can be judged and rendered 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-from .datasets import key_column
 from .tables import between_runs_note, footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
@@ -24,23 +22,9 @@ SCAN = "scan"
 SINGLE_COUNT_QUERIES = {"many-keys": "many", UNIQUE: "unique", SCAN: "many"}
 
 
-def queries(keys: Sequence[int]) -> dict[str, str]:
-    """Query name -> its key column: a group-by sum by a key of each count of ``keys`` distinct
-    values, one by a nearly unique key, and ``scan``, the read alone (the four columns of the
-    first key's query, kept in memory): dg.read_parquet against dask_cudf's read and cudf-polars'
-    scan of the same files."""
-    by_count = {f"{_power(n)} keys": key_column(n) for n in keys}
-    return {**by_count, UNIQUE: "unique", SCAN: key_column(keys[0])}
-
-
 def queries_of(result: dict) -> dict[str, str]:
     """The queries ``result`` ran, in order."""
     return result.get("queries") or SINGLE_COUNT_QUERIES
-
-
-def _power(n: int) -> str:
-    """``n`` as a power of two where it is one (2^24), else as it is."""
-    return f"2^{n.bit_length() - 1}" if n > 1 and n & (n - 1) == 0 else str(n)
 
 
 #: The methods that read without shuffling: the scan's.
