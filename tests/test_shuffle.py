@@ -133,6 +133,48 @@ def test_result_is_a_dataframe_to_keep_computing_on(client):
     assert len(out) == len(pdf)
 
 
+def _sums_by_k(part: pd.DataFrame) -> pd.Series:
+    return part.groupby("k")["v"].sum()
+
+
+def test_then_is_map_partitions_on_the_workers_that_build_the_outputs(client):
+    """``then=f`` gives what ``.map_partitions(f)`` of the shuffle gives, with no task of its
+    own to run: the workers keep ``f``'s results under the shuffle's keys, not the rows."""
+    pdf = sample_frame(3000, keys=100, seed=3)
+    df = dd.from_pandas(pdf, npartitions=5)
+    out = dg.shuffle(df, "k", npartitions=4, client=client, then=_sums_by_k)
+    assert isinstance(out, dd.Series) and out.npartitions == 4
+    assert_series_equal(out._meta, pdf.groupby("k")["v"].sum().iloc[:0])
+    plain = dg.shuffle(df, "k", npartitions=4, client=client)
+    for got, want in zip(partitions(client, out), partitions(client, plain), strict=True):
+        assert_series_equal(got, _sums_by_k(want))  # output j: f of the same rows
+    held = {k: type(v) for held in client.run(_shuffle_keys_held_values).values() for k, v in held}
+    assert {held[f.key] for f in futures_of(out.persist())} == {pd.Series}
+    got = compute(client, out).sort_index()
+    assert got.index.is_unique  # each key in one output partition
+    assert_series_equal(got, pdf.groupby("k")["v"].sum())
+
+
+def _keeps_only_small(part: pd.DataFrame) -> pd.DataFrame:
+    if len(part) > 10:
+        raise ZeroDivisionError(f"{len(part)} rows")
+    return part
+
+
+def test_then_that_raises_fails_the_shuffle_and_keeps_nothing(client):
+    """An error of ``then`` on one output fails the whole shuffle with a ``ShuffleError`` that
+    names the function, the partition and the error; no output stays anywhere, and the cluster
+    shuffles again."""
+    pdf = sample_frame(400, keys=20, seed=5)
+    df = dd.from_pandas(pdf, npartitions=4)
+    cause = r"then=_keeps_only_small raised on output partition \d+ on .*ZeroDivisionError"
+    with pytest.raises(dg.ShuffleError, match=cause):
+        dg.shuffle(df, "k", npartitions=3, client=client, then=_keeps_only_small)
+    assert_released(client, _shuffle_keys_held)
+    again = dg.shuffle(df, "k", npartitions=3, client=client)
+    assert_hash_partitions(partitions(client, again), pdf, "k", 3)
+
+
 def test_skewed_keys(client):
     """90% of the rows share one key: its partition holds all of them, the rest spread."""
     rng = np.random.default_rng(4)
@@ -454,6 +496,10 @@ def test_explicit_client_need_not_be_current(tcp_client, ucxx_client):
 
 def _shuffle_keys_held(dask_worker) -> list:
     return [k for k in dask_worker.data if "gpudirect-shuffle" in str(k)]
+
+
+def _shuffle_keys_held_values(dask_worker) -> list:
+    return [(k, dask_worker.data[k]) for k in _shuffle_keys_held(dask_worker)]
 
 
 def test_persisting_the_result_runs_no_task(tcp):

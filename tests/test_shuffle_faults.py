@@ -704,6 +704,12 @@ def test_worker_lost_while_only_its_stage_is_left():
         ({"on": "k", "npartitions": -2}, "bad npartitions -2"),
         ({"on": "k", "npartitions": 2.5}, "bad npartitions 2.5"),
         ({"on": "k", "npartitions": "3"}, "bad npartitions '3'"),
+        ({"on": "k", "then": "sum"}, "then must be a function of one partition, not 'sum'"),
+        ({"on": "k", "then": len}, "then=len must return a frame or a series, not int"),
+        (
+            {"on": "k", "then": lambda p: p["nope"]},
+            "then=<lambda> failed on a made-up partition: KeyError",
+        ),
     ],
     ids=str,
 )

@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from dask.typing import Key
@@ -78,11 +79,13 @@ def exchange(
     progress: bool = False,
     engine: str = "distributed",
     placed: list[tuple[str, int]] | None = None,
+    then: Callable[[Any], Any] | None = None,
 ) -> list[Future]:
     """Run the all-to-all of ``inputs`` (partitions, in order) through ``splitter``, moved by
-    ``engine`` (see :mod:`.engines`). Where ``placed`` says which worker computes each input
-    and about how many bytes it makes (reads pinned to their workers), the stages start at once
-    and each takes its inputs as they are computed; otherwise the inputs are waited for first.
+    ``engine`` (see :mod:`.engines`), each output through ``then`` where given (on its worker,
+    as it is built). Where ``placed`` says which worker computes each input and about how many
+    bytes it makes (reads pinned to their workers), the stages start at once and each takes its
+    inputs as they are computed; otherwise the inputs are waited for first.
     ``inputs`` is emptied once the stages end, so that this function holds none of them.
 
     Returns one future per output partition, under ``keys``: what a persisted collection is
@@ -92,7 +95,7 @@ def exchange(
     """
     ensure_plugins(client, need_readers=[])  # a shuffle reads nothing
     with ShuffleProgress(client, len(inputs), progress) as shown:
-        return _exchange(client, inputs, splitter, keys, target, shown, engine, placed)
+        return _exchange(client, inputs, splitter, keys, target, shown, engine, placed, then)
 
 
 def _exchange(
@@ -104,6 +107,7 @@ def _exchange(
     shown: ShuffleProgress,
     engine: str,
     placed: list[tuple[str, int]] | None,
+    then: Callable[[Any], Any] | None,
 ) -> list[Future]:
     clock = Phases()
     prepared: dict[str, Any] = {"unplaced": True}
@@ -120,6 +124,7 @@ def _exchange(
             prepared = _prepare(client, inputs, target)
     with clock("plan"):
         plan, on_worker, nbytes = _plan(client, inputs, splitter, keys, target, engine, prepared)
+        plan = dataclasses.replace(plan, then=then)
     with clock("start"):
         stages = _start(client, plan, on_worker, nbytes)
     try:

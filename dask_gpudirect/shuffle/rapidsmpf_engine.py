@@ -180,8 +180,7 @@ def exchange_on_rapidsmpf(
                     for pid in group
                 ]
                 parts = device.frames_of(tables, exchange.splitter.meta, exchange.splitter.index)
-            with clock("keep"):
-                built += service.hand_over(exchange, dict(zip(group, parts, strict=True)))
+            built += service.hand_over(exchange, dict(zip(group, parts, strict=True)), clock)
             tables = parts = []
         ok = True
         return built

@@ -84,6 +84,7 @@ class Exchange:
     keys: tuple  # output ``j`` is kept under ``keys[j]``
     group: int  # outputs a worker builds at once; each piece sent is cut at their edges
     engine: str = "distributed"  # who moves the pieces (see .engines)
+    then: Callable[[Any], Any] | None = None  # applied to each output as it is built
     op_id: int = 0  # the rapidsmpf engine's Shuffler op id, unique among shuffles in flight
     placed: bool = False  # inputs computed on their workers as the stages run: each waits
 
@@ -583,15 +584,31 @@ class ShuffleService:
             self.on_loop(run.finish, exchange)
         built = 0
         for outputs in run.outputs(exchange, groups[me], clock):  # a group at a time
-            with clock("keep"):
-                built += self.hand_over(exchange, outputs)
+            built += self.hand_over(exchange, outputs, clock)
         return built
 
-    def hand_over(self, exchange: Exchange, outputs: dict[int, Any]) -> int:
+    def hand_over(self, exchange: Exchange, outputs: dict[int, Any], clock: Phases) -> int:
         """Outputs ``j`` this stage built into the worker's memory under their keys (see
-        :meth:`keep`), from the stage's thread; how many."""
-        self.on_loop(self.keep, exchange.id, {exchange.keys[j]: p for j, p in outputs.items()})
+        :meth:`keep`), from the stage's thread, each through ``exchange.then`` first where the
+        caller gave one; how many."""
+        if exchange.then is not None:
+            with clock("then"):
+                outputs = {j: self._then(exchange, j, part) for j, part in outputs.items()}
+        with clock("keep"):
+            self.on_loop(self.keep, exchange.id, {exchange.keys[j]: p for j, p in outputs.items()})
         return len(outputs)
+
+    def _then(self, exchange: Exchange, j: int, part: Any) -> Any:
+        """``exchange.then(part)`` of output ``j``; its error, named, fails the shuffle."""
+        assert exchange.then is not None
+        try:
+            return exchange.then(part)
+        except Exception as exc:
+            name = getattr(exchange.then, "__name__", repr(exchange.then))
+            raise ShuffleError(
+                f"shuffle {exchange.id}: then={name} raised on output partition {j} on "
+                f"{self.worker.address}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def split_chunks(
         self,

@@ -213,6 +213,26 @@ def test_ignore_index_labels_each_output_from_zero(client, engine, npartitions):
     assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
 
 
+def _sums(part):
+    return part.groupby("k")["x"].sum()
+
+
+@pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
+def test_then_sums_each_output_on_its_gpu(client, engine):
+    """``then=`` on the GPU, both engines: each output summed by key where it was built, the
+    sums cuDF series, and together pandas' sums."""
+    if engine == "rapidsmpf":
+        _rapidsmpf()
+    pdf = _frame(ROWS, 1000, seed=7)
+    ddf = dd.from_pandas(pdf, npartitions=8).to_backend("cudf")
+    out = dg.shuffle(ddf, "k", npartitions=6, client=client, engine=engine, then=_sums)
+    parts = client.gather(client.compute([out.get_partition(j) for j in range(6)]))
+    assert all(type(part).__module__.startswith("cudf") for part in parts)
+    got = pd.concat([part.to_pandas() for part in parts]).sort_index()
+    assert got.index.is_unique
+    pd.testing.assert_series_equal(got, pdf.groupby("k")["x"].sum(), check_index_type=False)
+
+
 def _device_chunk(dask_worker) -> tuple[int, int]:
     from dask_gpudirect import targets
     from dask_gpudirect.shuffle.plugin import service
