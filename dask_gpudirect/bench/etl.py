@@ -2,10 +2,10 @@
 
 The pipeline users run, from Parquet files this command writes, in one cluster and one run:
 
-- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key, ignore_index=True)`` (a group-by needs
-  no row labels, and Dask's own group-by shuffles drop them too) -> a group-by sum per
-  partition, on each shuffle engine (``gpudirect``: the package's own exchange;
-  ``rapidsmpf``: RapidsMPF's);
+- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key, ignore_index=True, then=...)`` (a
+  group-by needs no row labels, and Dask's own group-by shuffles drop them too), ``then``
+  summing each output partition by key as its worker builds it, on each shuffle engine
+  (``gpudirect``: the package's own exchange; ``rapidsmpf``: RapidsMPF's);
   and ``combine``: each read partition summed by key first, then those partial sums shuffled
   (the package's exchange) and summed again, as Dask's and cudf-polars' group-bys do: fewer
   rows to move where keys repeat, one more group-by where they do not;
@@ -60,7 +60,7 @@ from .etl_report import (
     DEVICE_ONLY,
     DG_METHODS,
     METHODS,
-    READ_AND_SHUFFLE,
+    READ_SHUFFLE_GROUP_BY,
     SCAN,
     SCAN_METHODS,
     UNIQUE,
@@ -134,12 +134,12 @@ def _pipeline(
     client: Client, method: str, paths: list[str], key: str, query: str
 ) -> tuple[int, dd.DataFrame, dict, dict]:
     """The read's partition count, the query's collection, persisted, and for dg the seconds
-    of each phase (planning; then reading and shuffling, one step: the shuffle of an
+    of each phase (planning; then reading, shuffling and grouping, one step: the shuffle of an
     unpersisted read starts while the reads run, as a user's ``dg.shuffle(dg.read_parquet(...))``
-    does; then grouping, waited for, so that a missed target says where the time went) and the
-    read's (the scan) or the group-by's partitions (futures). Each library cuts the files into
-    partitions its own way. ``combine``'s partial sums run in the read's tasks (Dask fuses
-    them), so its shuffle too starts while they run."""
+    does, and sums each output as its worker builds it, ``then=``; so that a missed target
+    says where the time went) and the read's partitions (futures) for the scan. Each library
+    cuts the files into partitions its own way. ``combine``'s partial sums run in the read's
+    tasks (Dask fuses them), so its shuffle too starts while they run."""
     from distributed import futures_of, wait
 
     import dask_gpudirect as dg
@@ -159,13 +159,10 @@ def _pipeline(
             return df.npartitions, df, clock.seconds, {"read": futures_of(df)}
         if method == "combine":
             df = df.map_partitions(_partial_sums, key, meta=_partial_sums(df._meta, key))
-        shuffled = dg.shuffle(df, key, client=client, engine=engine, ignore_index=True)
-        clock(READ_AND_SHUFFLE)
-        meta = _sum_by(shuffled._meta, key)
-        out = shuffled.map_partitions(_sum_by, key, meta=meta).persist()
-        wait(out)
-        clock("group-by")
-        return df.npartitions, out, clock.seconds, {"group-by": futures_of(out)}
+        sums = partial(_sum_by, key=key)
+        out = dg.shuffle(df, key, client=client, engine=engine, ignore_index=True, then=sums)
+        clock(READ_SHUFFLE_GROUP_BY)
+        return df.npartitions, out, clock.seconds, {}
     import dask.dataframe as dd
 
     df = dd.read_parquet(paths, columns=columns)

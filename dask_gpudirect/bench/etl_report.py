@@ -39,15 +39,15 @@ SCAN_LABELS = {
 }
 LABELS = {
     "gpudirect": {
-        "device": "dg.read_parquet -> dg.shuffle -> group-by per partition",
-        "host": "dg.read_parquet -> dg.shuffle -> group-by per partition",
+        "device": "dg.read_parquet -> dg.shuffle(then=group-by per partition)",
+        "host": "dg.read_parquet -> dg.shuffle(then=group-by per partition)",
     },
     "combine": {
-        "device": "dg.read_parquet -> group-by per partition -> dg.shuffle -> group-by again",
+        "device": "dg.read_parquet -> group-by per partition -> dg.shuffle(then=group-by again)",
     },
     "rapidsmpf": {
-        "device": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf') -> group-by per partition",
-        "host": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf') -> group-by per partition",
+        "device": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf', then=group-by per partition)",
+        "host": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf', then=group-by per partition)",
     },
     "polars": {
         "device": "cudf-polars DaskEngine: scan_parquet -> group_by -> sum (RapidsMPF)",
@@ -159,8 +159,9 @@ HEADER = ("query", "method", "partitions", "seconds", "best", "first run", "GB/s
 CHECK_HEADER = ("check", "ratio", "target", "result")
 
 
-#: dg's phase that reads the files and shuffles their rows: one step (``etl._pipeline``).
-READ_AND_SHUFFLE = "read + shuffle"
+#: dg's phase that reads the files, shuffles their rows and sums each output: one step
+#: (``etl._pipeline``); results of before ``then=`` had "read + shuffle", then "group-by".
+READ_SHUFFLE_GROUP_BY = "read, shuffle and group-by"
 #: dg's pipeline phase -> the prefixes of its own phases, shown in brackets after it: the
 #: read's planning (survey, footers, meta, partitions), the shuffle's stage (the slowest
 #: worker's; its inputs read as it runs) and client side, and the longest task of the read
@@ -168,7 +169,8 @@ READ_AND_SHUFFLE = "read + shuffle"
 INSIDE = {
     "plan": ("plan: ",),
     "read": ("read: ",),
-    READ_AND_SHUFFLE: ("shuffle: ", "client: "),
+    READ_SHUFFLE_GROUP_BY: ("shuffle: ", "client: "),
+    "read + shuffle": ("shuffle: ", "client: "),
     "group-by": ("group-by: ",),
 }
 
