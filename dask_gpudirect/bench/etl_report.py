@@ -20,13 +20,6 @@ SCAN = "scan"
 #: The queries of a result written before ``--keys`` took a sweep: its only key column of many
 #: repeats was ``many``.
 SINGLE_COUNT_QUERIES = {"many-keys": "many", UNIQUE: "unique", SCAN: "many"}
-
-
-def queries_of(result: dict) -> dict[str, str]:
-    """The queries ``result`` ran, in order."""
-    return result.get("queries") or SINGLE_COUNT_QUERIES
-
-
 #: The methods that read without shuffling: the scan's.
 SCAN_METHODS = ("gpudirect", "polars", "tasks")
 SCAN_LABELS = {
@@ -78,6 +71,11 @@ TARGET_VS_TASKS = 4.0
 TARGET_SCAN = 1.0
 #: Float sums of one result may differ in their last bits with the order rows were added in.
 X_TOLERANCE = 1e-9
+
+
+def queries_of(result: dict) -> dict[str, str]:
+    """The queries ``result`` ran, in order."""
+    return result.get("queries") or SINGLE_COUNT_QUERIES
 
 
 def same(a: dict, b: dict) -> bool:

@@ -123,8 +123,9 @@ def _exchange(
         with clock("plan"):
             prepared = _prepare(client, inputs, target)
     with clock("plan"):
-        plan, on_worker, nbytes = _plan(client, inputs, splitter, keys, target, engine, prepared)
-        plan = dataclasses.replace(plan, then=then)
+        plan, on_worker, nbytes = _plan(
+            client, inputs, splitter, keys, target, engine, prepared, then
+        )
     with clock("start"):
         stages = _start(client, plan, on_worker, nbytes)
     try:
@@ -173,6 +174,7 @@ def _plan(
     target: TargetName,
     engine: str,
     prepared: dict[str, Any],
+    then: Callable[[Any], Any] | None,
 ) -> tuple[Exchange, dict[str, dict[int, Future]], dict[Key, int]]:
     """The shuffle's plan, checked against the workers' room; the inputs each worker holds (by
     input index) and their bytes."""
@@ -197,6 +199,7 @@ def _plan(
         tuple(keys),
         group,
         engine,
+        then,
         placed=bool(prepared["placed"]),
     )
     _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
