@@ -708,7 +708,7 @@ def test_worker_lost_while_only_its_stage_is_left():
         ({"on": "k", "then": len}, "then=len must return a frame or a series, not int"),
         (
             {"on": "k", "then": lambda p: p["nope"]},
-            "then=<lambda> failed on a made-up partition: KeyError",
+            "then=lambda failed on a made-up partition: KeyError",
         ),
     ],
     ids=str,

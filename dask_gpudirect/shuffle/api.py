@@ -129,11 +129,11 @@ def _meta_of(then: Callable[[Any], Any], meta: Any) -> Any:
     """The empty partition like those ``then`` makes, inferred as Dask's ``map_partitions``
     infers it: from ``then`` of a made-up partition like ``meta``."""
     from dask.dataframe.utils import make_meta, meta_nonempty
-    from dask.utils import is_dataframe_like, is_series_like
+    from dask.utils import funcname, is_dataframe_like, is_series_like
 
-    name = getattr(then, "__name__", repr(then))
     if not callable(then):
         raise InputError(None, f"then must be a function of one partition, not {then!r}")
+    name = funcname(then)
     try:
         made = then(meta_nonempty(meta))
     except Exception as exc:

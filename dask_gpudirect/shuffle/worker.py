@@ -36,7 +36,7 @@ import dask.config
 import numpy as np
 from dask.sizeof import sizeof
 from dask.typing import Key
-from dask.utils import parse_bytes, parse_timedelta
+from dask.utils import funcname, parse_bytes, parse_timedelta
 from distributed import Future, Worker, get_client, secede
 from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
@@ -591,22 +591,20 @@ class ShuffleService:
         """Outputs ``j`` this stage built into the worker's memory under their keys (see
         :meth:`keep`), from the stage's thread, each through ``exchange.then`` first where the
         caller gave one; how many."""
-        if exchange.then is not None:
+        if (then := exchange.then) is not None:
             with clock("then"):
-                outputs = {j: self._then(exchange, j, part) for j, part in outputs.items()}
+                outputs = {j: self._then(then, exchange.id, j, p) for j, p in outputs.items()}
         with clock("keep"):
             self.on_loop(self.keep, exchange.id, {exchange.keys[j]: p for j, p in outputs.items()})
         return len(outputs)
 
-    def _then(self, exchange: Exchange, j: int, part: Any) -> Any:
-        """``exchange.then(part)`` of output ``j``; its error, named, fails the shuffle."""
-        assert exchange.then is not None
+    def _then(self, then: Callable[[Any], Any], shuffle_id: str, j: int, part: Any) -> Any:
+        """``then(part)`` of output ``j``; its error, named, fails the shuffle."""
         try:
-            return exchange.then(part)
+            return then(part)
         except Exception as exc:
-            name = getattr(exchange.then, "__name__", repr(exchange.then))
             raise ShuffleError(
-                f"shuffle {exchange.id}: then={name} raised on output partition {j} on "
+                f"shuffle {shuffle_id}: then={funcname(then)} raised on output partition {j} on "
                 f"{self.worker.address}: {type(exc).__name__}: {exc}"
             ) from exc
 
