@@ -148,8 +148,10 @@ def test_then_is_map_partitions_on_the_workers_that_build_the_outputs(client):
     plain = dg.shuffle(df, "k", npartitions=4, client=client)
     for got, want in zip(partitions(client, out), partitions(client, plain), strict=True):
         assert_series_equal(got, _sums_by_k(want))  # output j: f of the same rows
-    held = {k: type(v) for held in client.run(_shuffle_keys_held_values).values() for k, v in held}
-    assert {held[f.key] for f in futures_of(out.persist())} == {pd.Series}
+    keys = [f.key for f in futures_of(out.persist())]
+    held = [t for types in client.run(_types_held, keys=keys).values() for t in types.items()]
+    assert sorted(k for k, _ in held) == sorted(keys)  # each output kept once, as f made it
+    assert {t for _, t in held} == {pd.Series}
     got = compute(client, out).sort_index()
     assert got.index.is_unique  # each key in one output partition
     assert_series_equal(got, pdf.groupby("k")["v"].sum())
@@ -498,8 +500,8 @@ def _shuffle_keys_held(dask_worker) -> list:
     return [k for k in dask_worker.data if "gpudirect-shuffle" in str(k)]
 
 
-def _shuffle_keys_held_values(dask_worker) -> list:
-    return [(k, dask_worker.data[k]) for k in _shuffle_keys_held(dask_worker)]
+def _types_held(dask_worker, keys: list) -> dict:
+    return {k: type(dask_worker.data[k]) for k in keys if k in dask_worker.data}
 
 
 def test_persisting_the_result_runs_no_task(tcp):
