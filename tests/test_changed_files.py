@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from distributed import Client, wait
-from util import assert_same_frame, compute, expected_parquet, shards_of, start_cluster
+from util import assert_same_frame, compute, expected_parquet, later, shards_of, start_cluster
 
 import dask_gpudirect as dg
 
@@ -30,13 +30,6 @@ def write_fixed(path, values, **kwargs) -> None:
     pq.write_table(
         table, path, compression="none", use_dictionary=False, row_group_size=12_500, **kwargs
     )
-
-
-def later(path) -> None:
-    """Move ``path``'s modification time a second on, as a real later write would (two writes
-    within one tick of a coarse file system clock may share it)."""
-    info = os.stat(path)
-    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
 
 
 def raises_changed(path):

@@ -22,6 +22,7 @@ from util import (
     HANG_GUARD,
     assert_hash_partitions,
     assert_released,
+    later,
     owner_of_rows,
     partitions,
     start_cluster,
@@ -124,8 +125,7 @@ def change(path: str) -> str:
     """Write other rows to ``path`` after it was planned (a later write even on a coarse
     clock)."""
     pd.DataFrame({"k": [1, 2], "v": [3, 4], "w": [0.5, 1.0]}).to_parquet(path, index=False)
-    info = os.stat(path)
-    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+    later(path)
     return path
 
 

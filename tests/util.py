@@ -359,3 +359,10 @@ def assert_released(client, held, *args, timeout: float = 10.0) -> None:
     while any(client.run(held, *args).values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(client.run(held, *args).values())
+
+
+def later(path) -> None:
+    """Move ``path``'s modification time a second on, as a real later write would (two writes
+    within one tick of a coarse file system clock may share it)."""
+    info = os.stat(path)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
