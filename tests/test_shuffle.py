@@ -91,10 +91,25 @@ def test_ignore_index_labels_each_output_from_zero(client, npartitions):
     assert sum(len(p) for p in parts) == len(pdf)
 
 
-def test_ignore_index_must_be_a_bool(client):
+@pytest.mark.parametrize("option", ["ignore_index", "keep_order"])
+def test_flags_must_be_bools(client, option):
     df = dd.from_pandas(sample_frame(100, keys=5), npartitions=2)
-    with pytest.raises(dg.InputError, match="ignore_index must be True or False, not 'yes'"):
-        dg.shuffle(df, "k", client=client, ignore_index="yes")
+    with pytest.raises(dg.InputError, match=f"{option} must be True or False, not 'yes'"):
+        dg.shuffle(df, "k", client=client, **{option: "yes"})
+
+
+@pytest.mark.parametrize("ignore_index", [False, True])
+def test_keep_order_false_on_the_host_still_keeps_it(client, ignore_index):
+    """pandas has no faster cut in no set order, so the host target gives the ordered
+    shuffle's very partitions (the GPU's unordered cut: tests/gpu/test_shuffle_device.py)."""
+    pdf = sample_frame(3000, keys=400, seed=5)
+    df = dd.from_pandas(pdf, npartitions=6)
+    ordered, loose = (
+        dg.shuffle(df, "k", npartitions=7, client=client, ignore_index=ignore_index, keep_order=k)
+        for k in (True, False)
+    )
+    for a, b in zip(partitions(client, ordered), partitions(client, loose), strict=True):
+        assert_frame_equal(a, b)
 
 
 @pytest.mark.parametrize("npartitions", [None, 1, 3, 9])

@@ -2,9 +2,10 @@
 
 The pipeline users run, from Parquet files this command writes, in one cluster and one run:
 
-- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key, ignore_index=True, then=...)`` (a
-  group-by needs no row labels, and Dask's own group-by shuffles drop them too), ``then``
-  summing each output partition by key as its worker builds it, on each shuffle engine
+- ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key, ignore_index=True, keep_order=False,
+  then=...)`` (a group-by needs neither row labels nor the rows' order, and Dask's own
+  group-by shuffles on cuDF keep neither), ``then`` summing each output partition by key as its
+  worker builds it, on each shuffle engine
   (``gpudirect``: the package's own exchange; ``rapidsmpf``: RapidsMPF's);
   and ``combine``: each read partition summed by key first, then those partial sums shuffled
   (the package's exchange) and summed again, as Dask's and cudf-polars' group-bys do: fewer
@@ -160,7 +161,9 @@ def _pipeline(
         if method == "combine":
             df = df.map_partitions(_partial_sums, key, meta=_partial_sums(df._meta, key))
         sums = partial(_sum_by, key=key)
-        out = dg.shuffle(df, key, client=client, engine=engine, ignore_index=True, then=sums)
+        out = dg.shuffle(
+            df, key, client=client, engine=engine, ignore_index=True, keep_order=False, then=sums
+        )
         clock(READ_SHUFFLE_GROUP_BY)
         return df.npartitions, out, clock.seconds, {}
     import dask.dataframe as dd

@@ -38,6 +38,7 @@ def shuffle(
     engine: str | None = None,
     ignore_index: bool = False,
     then: Callable[[Any], Any] | None = None,
+    keep_order: bool = True,
 ) -> dd.DataFrame:
     """Hash-shuffle ``df``: output partition ``j`` holds every row whose ``on`` hashes to ``j``.
 
@@ -77,6 +78,13 @@ def shuffle(
         ``dg.shuffle(df, on).map_partitions(f)`` without a second graph to schedule, and only
         ``f``'s results are kept (a group-by after the shuffle keeps its sums, not the rows).
         What it returns is inferred as ``map_partitions`` infers it, from a made-up partition.
+    keep_order
+        Keep each output partition's rows in input order, so that the same shuffle of the same
+        partitions gives the same partitions (the default). ``False`` lets GPU workers cut
+        their rows with one libcudf kernel, in no set order within a partition (as dask_cudf's
+        own shuffle leaves them): for group-bys, joins and anything else that does not look at
+        the rows' order. The host target keeps the order either way; the ``rapidsmpf`` engine
+        never does (its rows come in arrival order).
 
     Raises
     ------
@@ -96,8 +104,9 @@ def shuffle(
         raise InputError(
             None, f"cannot shuffle on {on}: columns {missing} are not in {list(df.columns)}"
         )
-    if not isinstance(ignore_index, bool):
-        raise InputError(None, f"ignore_index must be True or False, not {ignore_index!r}")
+    for option, value in (("ignore_index", ignore_index), ("keep_order", keep_order)):
+        if not isinstance(value, bool):
+            raise InputError(None, f"{option} must be True or False, not {value!r}")
     if npartitions is None:
         npartitions = df.npartitions
     npartitions = _integer(npartitions, "npartitions", 1, "a positive integer")
@@ -106,7 +115,7 @@ def shuffle(
     target = targets.holding(meta)
     engine = engines.choose(engine, target)
     inputs, placed = _partitions(client, df)
-    splitter = HashSplit(on, npartitions, target, meta, index=not ignore_index)
+    splitter = HashSplit(on, npartitions, target, meta, not ignore_index, keep_order)
     token = uuid.uuid4().hex  # each call is a new result
     name = f"gpudirect-shuffle-{token}"
     keys: list[Key] = [(name, j) for j in range(npartitions)]

@@ -62,10 +62,20 @@ class HashSplit:
     #: Whether the rows' index labels travel with them; without, every output partition is
     #: labelled 0, 1, 2... (Dask's ``ignore_index=True``) and the index costs no bytes.
     index: bool = True
+    #: Whether each output's rows come in input order (the same shuffle, the same partitions);
+    #: without, a target that has a faster cut in no set order (the GPU's) uses it.
+    keep_order: bool = True
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
         module = targets.module(self.target)
         joined = self.join(parts)
+        if not self.keep_order:
+            cut = module.hash_partition(joined, self.on, self.npartitions, self.index)
+            if cut is not None:  # counted as the chunk's first input's rows: no order to keep
+                ordered, sizes = cut
+                counts = np.zeros((len(parts), self.npartitions), dtype=np.int64)
+                counts[0] = sizes
+                return ordered, counts
         where = partitioning_index(joined[self.on], self.npartitions)
         lengths = [len(p) for p in parts]
         order, counts = module.group_order(where, lengths, self.npartitions)

@@ -158,6 +158,11 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> np.ndarray:
     return np.concatenate(runs) if runs else np.empty(0, dtype=np.int64)
 
 
+def hash_partition(frame: pd.DataFrame, on: list, n: int, index: bool = True) -> None:
+    """None: pandas has no faster cut than the ordered split, which the host target keeps."""
+    return None
+
+
 def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
     """The row order that groups equal values of ``where`` (0..n-1), stably, and ``counts[k, j]``:
     how many rows of the ``k``-th run of ``lengths`` rows hold ``j``."""

@@ -213,6 +213,63 @@ def test_ignore_index_labels_each_output_from_zero(client, engine, npartitions):
     assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
 
 
+def _keyed_frame(rows: int, seed: int) -> pd.DataFrame:
+    """Keys of each kind a user shuffles on: integers, strings, nullable integers."""
+    pdf = _frame(rows, 1000, seed=seed)
+    pdf["s"] = pdf["k"].astype(str) + "-label"
+    pdf["n"] = pd.array(np.where(pdf["i"] % 7 == 0, None, pdf["k"]), dtype="Int64")
+    return pdf
+
+
+@pytest.mark.parametrize("on", ["k", "s", "n", ["k", "s"]])
+@pytest.mark.parametrize("npartitions", [1, 7, 300])
+def test_unordered_cut_puts_rows_where_dasks_hash_does(client, on, npartitions):
+    """The GPU's cut for ``keep_order=False`` (libcudf's ``hash_partition``) sends each row to
+    the output Dask's ``partitioning_index`` names, for every kind of key, and loses none."""
+    import cudf
+
+    from dask_gpudirect import targets
+
+    frame = cudf.from_pandas(_keyed_frame(20_000, seed=8))
+    on = on if isinstance(on, list) else [on]
+    ordered, sizes = targets.module("device").hash_partition(frame, on, npartitions, True)
+    assert sizes.sum() == len(frame) and len(ordered) == len(frame)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for j in range(npartitions):
+        part = ordered.iloc[bounds[j] : bounds[j + 1]]
+        assert (partitioning_index(part[on], npartitions) == j).all(), (on, j)
+    got = ordered.sort_values("i").to_pandas()
+    pd.testing.assert_frame_equal(got, frame.to_pandas())
+
+
+@pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
+@pytest.mark.parametrize("ignore_index", [False, True])
+def test_keep_order_false_shuffles_every_row_to_its_partition(client, engine, ignore_index):
+    """``dg.shuffle(..., keep_order=False)`` on the GPU, both engines: each output holds exactly
+    the rows Dask's hash gives it (in any order), strings and nulls whole, labels kept or
+    dropped as asked."""
+    if engine == "rapidsmpf":
+        _rapidsmpf()
+    pdf = _keyed_frame(ROWS, seed=9)
+    pdf.index = pd.Index(np.arange(ROWS) * 3, name="row")
+    ddf = dd.from_pandas(pdf, npartitions=8).to_backend("cudf")
+    out = dg.shuffle(
+        ddf, "k", 6, client, engine=engine, ignore_index=ignore_index, keep_order=False
+    )
+    parts = client.gather(client.compute([out.get_partition(j) for j in range(6)]))
+    for j, part in enumerate(parts):
+        assert (partitioning_index(part[["k"]], 6) == j).all()
+    import cudf
+
+    got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")
+    expected = cudf.from_pandas(pdf).to_pandas()  # the dtypes cuDF gives back (strings: <NA>)
+    if ignore_index:
+        expected = expected.reset_index(drop=True)
+        got = got.reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
+
+
 def _sums(part):
     return part.groupby("k")["x"].sum()
 
