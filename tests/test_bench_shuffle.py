@@ -243,17 +243,23 @@ def test_bench_shuffle_array_of_numbers(tmp_path):
 def test_bench_shuffle_ignore_index_moves_the_columns_alone(tmp_path):
     """``--ignore-index``: dg's and Dask's shuffles drop the index, every output still holds
     every row once (the sums are checked), and by dg's ledger the shuffle moved the frame's
-    four int64-wide columns alone, where by default each row's label went too (a fifth more)."""
+    four int64-wide columns alone, where by default each row's label went too (a fifth more).
+    ``--no-keep-order`` beside it reaches dg.shuffle and the report says so."""
     args = ["--gib", str(2 / 1024), "--partitions", "6", "--methods", "gpudirect,tasks"]
     moved = {}
-    for flag in ([], ["--ignore-index"]):
+    for flag in ([], ["--ignore-index", "--no-keep-order"]):
         result, markdown, _ = _bench([*args, "--repeat", "1", *flag], tmp_path)
         assert result["options"]["ignore_index"] is bool(flag)
+        assert result["options"]["keep_order"] is not bool(flag)
         assert all(r["status"] == "ok" for r in result["records"]), result["records"]
         shuffled = sum(r["bytes"] for r in result["ledger"] if r["op"] == "shuffle")
         moved[bool(flag)] = shuffled / result["data"]["bytes"]
-        said = "round-robin on the workers, shuffled with `ignore_index=True`" in markdown
+        said = (
+            "round-robin on the workers, shuffled with `ignore_index=True` and dg's with "
+            "`keep_order=False`"
+        ) in markdown
         assert said is bool(flag)
+        assert ("shuffled with" in markdown) is bool(flag)
     assert moved[True] == pytest.approx(1.0, abs=0.02)
     assert moved[False] == pytest.approx(1.25, abs=0.02)
 
@@ -262,6 +268,7 @@ def test_bench_shuffle_ignore_index_moves_the_columns_alone(tmp_path):
     ("args", "says"),
     [
         (["--ignore-index"], "--ignore-index: an array's records have no index to drop"),
+        (["--no-keep-order"], "--no-keep-order: an array's shuffle is a random permutation"),
         (["--methods", "gpudirect,p2p"], "--methods: unknown ['p2p']"),
         (["--methods", "rapidsmpf"], "--methods: unknown ['rapidsmpf']"),
         (["--record-bytes", "12"], "12: use a multiple of 8"),

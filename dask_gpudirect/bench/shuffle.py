@@ -292,10 +292,10 @@ def _dask_array_shuffle(arr: da.Array, seed: int) -> da.Array:
 
 
 def _shuffle_run(
-    client: Client, data: _Input, method: str, ignore_index: bool
+    client: Client, data: _Input, method: str, ignore_index: bool, keep_order: bool
 ) -> Callable[[], dict]:
-    """One timed shuffle of ``data`` by ``method`` (a frame's with ``ignore_index`` as given),
-    checked after the clock stops."""
+    """One timed shuffle of ``data`` by ``method`` (a frame's with ``ignore_index`` as given,
+    and dg's with ``keep_order``), checked after the clock stops."""
     import dask.array as da
     from distributed import futures_of, wait
 
@@ -312,7 +312,14 @@ def _shuffle_run(
             return _dask_array_shuffle(df, next(seeds)).persist()
         if method in ("gpudirect", "rapidsmpf"):
             engine = "rapidsmpf" if method == "rapidsmpf" else "distributed"
-            return dg.shuffle(df, "key", client=client, engine=engine, ignore_index=ignore_index)
+            return dg.shuffle(
+                df,
+                "key",
+                client=client,
+                engine=engine,
+                ignore_index=ignore_index,
+                keep_order=keep_order,
+            )
         return df.shuffle("key", shuffle_method=method, ignore_index=ignore_index).persist()
 
     def run() -> dict:
@@ -479,7 +486,7 @@ def _one_method(
         into["data"] = inputs.make()
         _log(f"{inputs.data}: {inputs.nbytes / 1e9:.3f} GB")
     _log(f"measuring {method}: budget {budget():.0f} s")
-    run = _shuffle_run(client, inputs, method, opts["ignore_index"])
+    run = _shuffle_run(client, inputs, method, opts["ignore_index"], opts["keep_order"])
     after = partial(wait_released, client, inputs.held)
     out = _measure(method, run, inputs.nbytes, opts["workers"], opts["repeat"], budget(), after)
     if method == "gpudirect" and out[0]["status"] == "ok" and not out[1]:
@@ -513,6 +520,13 @@ def _one_method(
     is_flag=True,
     help="--data frame: shuffle with ignore_index=True, every method (Dask's option: outputs "
     "labelled from 0, no index labels moved); by default the labels travel, as in Dask",
+)
+@click.option(
+    "--keep-order/--no-keep-order",
+    default=True,
+    show_default=True,
+    help="--data frame: dg.shuffle's keep_order; --no-keep-order lets GPU workers cut rows in "
+    "no set order within an output (as dask_cudf's shuffles leave them)",
 )
 @cluster_options
 @click.option(
@@ -564,6 +578,7 @@ def shuffle(
     data: str,
     record_bytes: int,
     ignore_index: bool,
+    keep_order: bool,
     workers: int | None,
     threads_per_worker: int,
     protocol: str | None,
@@ -592,6 +607,8 @@ def shuffle(
         )
     if ignore_index and data == "array":
         raise click.UsageError("--ignore-index: an array's records have no index to drop")
+    if not keep_order and data == "array":
+        raise click.UsageError("--no-keep-order: an array's shuffle is a random permutation")
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
     opts: dict[str, Any] = {
@@ -599,6 +616,7 @@ def shuffle(
         "data": data,
         "record_bytes": record_bytes if data == "array" else None,
         "ignore_index": ignore_index,
+        "keep_order": keep_order,
         "workers": workers,
         "threads_per_worker": threads_per_worker,
         "protocol": protocol,

@@ -167,10 +167,14 @@ def data_of(result: dict) -> str:
     return (result.get("options") or {}).get("data") or "frame"
 
 
-def _index_note(result: dict) -> str:
-    """How the shuffles treated the index, where ``--ignore-index`` dropped it."""
-    dropped = (result.get("options") or {}).get("ignore_index")
-    return ", shuffled with `ignore_index=True`" if dropped else ""
+def _options_note(result: dict) -> str:
+    """How the shuffles treated the index and the order, where ``--ignore-index`` dropped the
+    one or ``--no-keep-order`` let dg drop the other."""
+    options = result.get("options") or {}
+    notes = ["`ignore_index=True`"] if options.get("ignore_index") else []
+    if options.get("keep_order") is False:  # results before the option kept the order
+        notes.append("dg's with `keep_order=False`")
+    return f", shuffled with {' and '.join(notes)}" if notes else ""
 
 
 HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
@@ -272,7 +276,7 @@ def _data_line(result: dict) -> str:
     return (
         f"{d['kind']} {data} of {d['bytes'] / 1e9:.3f} GB, {d['rows']} {rows} "
         f"({d['columns']}), {d['partitions']} partitions placed round-robin on the workers"
-        f"{_index_note(result)}"
+        f"{_options_note(result)}"
     )
 
 
@@ -327,7 +331,7 @@ def _sweep_markdown(result: dict) -> str:
         f"- cluster: {_setup_line(result)}",
         f"- command: `{result['command']}`",
         f"- data: the same {data / 1e9:.3f} GB {data_of(result)} cut into {counts} partitions"
-        f"{_index_note(result)}"
+        f"{_options_note(result)}"
         if data
         else f"- data: not made ({counts} partitions asked for)",
         "",
