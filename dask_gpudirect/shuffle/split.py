@@ -7,7 +7,9 @@ many consecutive inputs as fit in ``gpudirect.shuffle.chunk-size``), not one inp
 input, so the rows bound for one worker are a single slice: one message of a few large buffers
 per destination and chunk, whatever the partition count. ``counts[k, j]`` (rows of the chunk's
 ``k``-th input for output ``j``) travels with it, so the owner can put each output's rows back in
-input order (:func:`assembly_segments`) and the same shuffle gives the same partitions.
+input order (:func:`assembly_segments`) and the same shuffle gives the same partitions. With
+``keep_order=False`` a target with a faster cut in no set order (the GPU's) uses it and counts
+the chunk's rows as its first input's.
 """
 
 from __future__ import annotations
