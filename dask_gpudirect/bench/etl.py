@@ -3,9 +3,9 @@
 The pipeline users run, from Parquet files this command writes, in one cluster and one run:
 
 - ``dg``: ``dg.read_parquet`` -> ``dg.shuffle(df, key, ignore_index=True, keep_order=False,
-  then=...)`` (a group-by needs neither row labels nor the rows' order, and Dask's own
-  group-by shuffles on cuDF keep neither), ``then`` summing each output partition by key as its
-  worker builds it, on each shuffle engine
+  then=...)`` (a group-by needs neither row labels nor the rows' order; Dask's own group-by
+  shuffles drop the labels too), ``then`` summing each output partition by key as its worker
+  builds it, on each shuffle engine
   (``gpudirect``: the package's own exchange; ``rapidsmpf``: RapidsMPF's);
   and ``combine``: each read partition summed by key first, then those partial sums shuffled
   (the package's exchange) and summed again, as Dask's and cudf-polars' group-bys do: fewer

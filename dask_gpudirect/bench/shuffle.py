@@ -526,7 +526,7 @@ def _one_method(
     default=True,
     show_default=True,
     help="--data frame: dg.shuffle's keep_order; --no-keep-order lets GPU workers cut rows in "
-    "no set order within an output (as dask_cudf's shuffles leave them)",
+    "no set order within an output (Dask's shuffles run as they always do)",
 )
 @cluster_options
 @click.option(

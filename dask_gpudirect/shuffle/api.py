@@ -81,9 +81,9 @@ def shuffle(
     keep_order
         Keep each output partition's rows in input order, so that the same shuffle of the same
         partitions gives the same partitions (the default). ``False`` lets GPU workers cut
-        their rows with one libcudf kernel, in no set order within a partition (as dask_cudf's
-        own shuffle leaves them): for group-bys, joins and anything else that does not look at
-        the rows' order. The host target keeps the order either way; the ``rapidsmpf`` engine
+        their rows with one libcudf kernel, in no set order within a partition (it differs from
+        run to run): for group-bys, joins and anything else that does not look at the rows'
+        order. The host target keeps the order either way; the ``rapidsmpf`` engine
         never does (its rows come in arrival order).
 
     Raises
