@@ -131,6 +131,11 @@ remote_rc=skipped
 if [[ $SKIP_REMOTE != 1 ]]; then
   remote_rc=0
   for store in $REMOTE_STORES; do
+    if [[ $store == s3 ]] && ! python3 -c "import boto3, moto.server" 2>/dev/null; then
+      echo "== bench read --remote s3: not run, no moto here (scripts/gpu-moto-wheels.sh) =="
+      [[ $remote_rc != 0 ]] || remote_rc="not run (no moto)"
+      continue
+    fi
     limit=$(budget "$BENCH_LIMIT")
     if (( limit < 60 )); then
       echo "== bench read --remote $store: not run, ${limit}s left =="
