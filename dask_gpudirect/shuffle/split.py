@@ -72,7 +72,7 @@ class HashSplit:
         module = targets.module(self.target)
         joined = self.join(parts)
         if not self.keep_order:
-            cut = module.hash_partition(joined, self.on, self.npartitions, self.index)
+            cut = module.hash_partition(joined, self.on, self.npartitions, self.meta, self.index)
             if cut is not None:  # counted as the chunk's first input's rows: no order to keep
                 ordered, sizes = cut
                 counts = np.zeros((len(parts), self.npartitions), dtype=np.int64)

@@ -210,17 +210,17 @@ def take_rows(frame: cudf.DataFrame, order: cupy.ndarray, index: bool = True) ->
 
 
 def hash_partition(
-    frame: cudf.DataFrame, on: list, n: int, index: bool = True
+    frame: cudf.DataFrame, on: list, n: int, meta: cudf.DataFrame, index: bool = True
 ) -> tuple[cudf.DataFrame, np.ndarray] | None:
     """``frame``'s rows grouped by output partition as Dask's hash assigns them, in no set order
-    within one (it differs from call to call), and each output's row count; None for a frame
-    whose types a pylibcudf table does not keep (the ordered split takes those).
+    within one (it differs from call to call), and each output's row count; None for frames like
+    ``meta`` whose types a pylibcudf table does not keep (the ordered split takes those).
 
     One libcudf ``hash_partition`` call: murmur3 with seed 0 over the ``on`` columns, the hash
     of cuDF's ``hash_values`` that Dask's ``partitioning_index`` takes modulo ``n``. On an H200
     it cut 54 Mi rows in 3.4-5.5 ms, where the ordered split's hash, stable sort and gather took
     14-25 ms (``scripts/split-kernels.py``)."""
-    if not _tables_keep_types(frame, index):
+    if not _tables_keep_types(meta, index):
         return None
     if len(frame) == 0:
         return frame if index else frame.reset_index(drop=True), np.zeros(n, dtype=np.int64)

@@ -158,7 +158,9 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> np.ndarray:
     return np.concatenate(runs) if runs else np.empty(0, dtype=np.int64)
 
 
-def hash_partition(frame: pd.DataFrame, on: list, n: int, index: bool = True) -> None:
+def hash_partition(
+    frame: pd.DataFrame, on: list, n: int, meta: pd.DataFrame, index: bool = True
+) -> None:
     """None: pandas has no faster cut than the ordered split, which the host target keeps."""
     return None
 

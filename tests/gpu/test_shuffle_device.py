@@ -232,7 +232,8 @@ def test_unordered_cut_puts_rows_where_dasks_hash_does(client, on, npartitions):
 
     frame = cudf.from_pandas(_keyed_frame(20_000, seed=8))
     on = on if isinstance(on, list) else [on]
-    ordered, sizes = targets.module("device").hash_partition(frame, on, npartitions, True)
+    cut = targets.module("device").hash_partition(frame, on, npartitions, frame.head(0), True)
+    ordered, sizes = cut
     assert sizes.sum() == len(frame) and len(ordered) == len(frame)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     for j in range(npartitions):
