@@ -9,6 +9,8 @@ out by the real scheduler plugin here.
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+
 import dask
 import dask.dataframe as dd
 import numpy as np
@@ -19,6 +21,7 @@ from util import partitions
 
 import dask_gpudirect as dg
 from dask_gpudirect.errors import InputError, ShuffleError
+from dask_gpudirect.shuffle import engines
 
 
 def _frame() -> dd.DataFrame:
@@ -49,6 +52,22 @@ def test_auto_and_distributed_give_the_default_partitions(tcp):
         got = partitions(tcp, dg.shuffle(df, "k", npartitions=3, client=tcp, engine=engine))
         for a, b in zip(got, default, strict=True):
             assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("target", "partitions", "keep_order"),
+    [("host", 4, False), ("device", 4, True), ("device", 17, False), ("device", 4, False)],
+)
+def test_auto_keeps_the_package_exchange_unless_rapidsmpf_can_and_is_faster(
+    target, partitions, keep_order
+):
+    """``auto`` never picks RapidsMPF for pandas, for rows that must keep their order, for more
+    partitions than it was measured faster at, nor where it is not installed (the last case;
+    tests/gpu shows it picked where it is)."""
+    if (target, partitions, keep_order) == ("device", 4, False) and find_spec("rapidsmpf"):
+        pytest.skip("RapidsMPF is installed: tests/gpu checks that auto picks it")
+    meta = _frame()._meta
+    assert engines.choose("auto", target, meta, True, partitions, keep_order) == "distributed"
 
 
 def test_rapidsmpf_op_ids_are_unique_while_in_flight_and_given_back(tcp):

@@ -66,7 +66,9 @@ def shuffle(
     engine
         Who moves the pieces: ``"distributed"`` (this package's exchange over Distributed's
         comms, both targets), ``"rapidsmpf"`` (NVIDIA's RapidsMPF shuffler; cuDF partitions on
-        GPU workers only, its rows in arrival order within a partition) or ``"auto"``;
+        GPU workers only, its rows in arrival order within a partition) or ``"auto"``
+        (``rapidsmpf`` where it was measured the faster: ``keep_order=False``, at most 16
+        partitions, no categorical columns, RapidsMPF installed; else ``distributed``);
         default: the ``gpudirect.shuffle.engine`` config.
     ignore_index
         Drop the index, as Dask's ``shuffle(..., ignore_index=True)`` does: every output
@@ -113,7 +115,8 @@ def shuffle(
     meta = df._meta.reset_index(drop=True) if ignore_index else df._meta
     out_meta = meta if then is None else _meta_of(then, meta)
     target = targets.holding(meta)
-    engine = engines.choose(engine, target)
+    partitions = max(df.npartitions, npartitions)
+    engine = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
     inputs, placed = _partitions(client, df)
     splitter = HashSplit(on, npartitions, target, meta, not ignore_index, keep_order)
     token = uuid.uuid4().hex  # each call is a new result

@@ -10,26 +10,39 @@ ran.
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import dask.config
 
+from .. import targets
 from ..errors import InputError
 from ..targets import TargetName
 
 ENGINES = ("distributed", "rapidsmpf")
-#: What ``auto`` picks on each target: the faster in the same run (``docs/benchmarks.md``).
-AUTO: dict[str, str] = {"host": "distributed", "device": "distributed"}
+#: ``auto`` hands a device shuffle that need not keep order to RapidsMPF up to this many
+#: partitions (inputs and outputs): there it took 15-26 % less time at 4 and 16 partitions of
+#: 8.6 GB and 7-12 % in ``bench etl``'s 4, and from 64 on more (``docs/benchmarks.md``,
+#: 2026-12-04, two workers on one H200).
+RAPIDSMPF_AUTO_PARTITIONS = 16
 #: The modules the ``rapidsmpf`` engine imports, and the packages that hold them.
 RAPIDSMPF_MODULES = {"rapidsmpf": "rapidsmpf-cu13", "cudf_streaming": "cudf-streaming-cu13"}
 
 
-def choose(engine: str | None, target: TargetName) -> str:
-    """The engine a shuffle of ``target`` partitions runs: ``engine``, else the
-    ``gpudirect.shuffle.engine`` config; ``auto`` made concrete, anything else an InputError
-    raised before a byte moves."""
+def choose(
+    engine: str | None,
+    target: TargetName,
+    meta: Any,
+    index: bool,
+    partitions: int,
+    keep_order: bool,
+) -> str:
+    """The engine that shuffles ``partitions`` partitions like ``meta`` (at most, of inputs and
+    outputs; with their ``index`` or not) on ``target``: ``engine``, else the
+    ``gpudirect.shuffle.engine`` config; ``auto`` made concrete (:func:`auto`), anything else
+    an InputError raised before a byte moves."""
     asked = dask.config.get("gpudirect.shuffle.engine") if engine is None else engine
     if asked == "auto":
-        return AUTO[target]
+        return auto(target, meta, index, partitions, keep_order)
     if asked not in ENGINES:
         raise InputError(
             None, f"unknown shuffle engine {asked!r}: use 'auto', {', '.join(map(repr, ENGINES))}"
@@ -50,6 +63,21 @@ def choose(engine: str | None, target: TargetName) -> str:
                 "'dask-gpudirect[rapidsmpf]'",
             )
     return asked
+
+
+def auto(target: TargetName, meta: Any, index: bool, partitions: int, keep_order: bool) -> str:
+    """``rapidsmpf`` where it was measured the faster and gives what was asked for: cuDF
+    partitions, at most :data:`RAPIDSMPF_AUTO_PARTITIONS` of them, rows in no set order
+    (``keep_order=False``: RapidsMPF's come in arrival order), types its tables carry (no
+    categories, no structs) and RapidsMPF installed; ``distributed`` everywhere else."""
+    few = target == "device" and not keep_order and partitions <= RAPIDSMPF_AUTO_PARTITIONS
+    if (
+        few
+        and all(map(_installed, RAPIDSMPF_MODULES))
+        and targets.module("device").tables_keep_types(meta, index)
+    ):
+        return "rapidsmpf"
+    return "distributed"
 
 
 def _installed(module: str) -> bool:

@@ -180,14 +180,14 @@ def concat_frames(
     frames: list[cudf.DataFrame], meta: cudf.DataFrame, index: bool = True
 ) -> cudf.DataFrame:
     """``frames`` end to end (labelled 0, 1, 2... without ``index``). One libcudf concatenate
-    of their columns where that keeps every type (:func:`_tables_keep_types`; the same types in
+    of their columns where that keeps every type (:func:`tables_keep_types`; the same types in
     every frame): ``cudf.concat`` spends about 0.2 ms a frame on its checks, this about
     0.02 ms; Dask's concat (cuDF's) for the rest."""
     from dask.dataframe.dispatch import concat
 
     if len(frames) == 1:
         return frames[0] if index else frames[0].reset_index(drop=True)
-    if _tables_keep_types(meta):
+    if tables_keep_types(meta):
         try:
             data = plc.concatenate.concatenate([plc.Table(_columns(f)) for f in frames])
             labels = _joined_index(frames) if index else []
@@ -200,7 +200,7 @@ def concat_frames(
 def take_rows(frame: cudf.DataFrame, order: cupy.ndarray, index: bool = True) -> cudf.DataFrame:
     """Rows ``order`` of ``frame``; without ``index``, labelled 0, 1, 2... and the index not
     gathered (nor made: a RangeIndex taken becomes a column of labels)."""
-    if index or not _tables_keep_types(frame, index=False):
+    if index or not tables_keep_types(frame, index=False):
         taken = frame.take(order)
         return taken if index else taken.reset_index(drop=True)
     policy = plc.copying.OutOfBoundsPolicy.DONT_CHECK
@@ -220,7 +220,7 @@ def hash_partition(
     of cuDF's ``hash_values`` that Dask's ``partitioning_index`` takes modulo ``n``. On an H200
     it cut 54 Mi rows in 3.4-5.5 ms, where the ordered split's hash, stable sort and gather took
     14-25 ms (``scripts/split-kernels.py``)."""
-    if not _tables_keep_types(meta, index):
+    if not tables_keep_types(meta, index):
         return None
     if len(frame) == 0:
         return frame if index else frame.reset_index(drop=True), np.zeros(n, dtype=np.int64)
@@ -241,7 +241,7 @@ def concat_slices(
     end, in one copy: pylibcudf views of the slices and one concatenate, where joining the
     frames and gathering from the join copies every row twice (on the H200, 5.1 against
     10.4 ms for 1 GiB in eight slices). Each view costs about 0.2 ms, so it pays for few."""
-    if _tables_keep_types(meta):
+    if tables_keep_types(meta):
         tables = [to_table(frame, index) for frame in frames]
         views = [plc.copying.slice(tables[k], [a, b])[0] for k, a, b in slices]
         try:
@@ -251,7 +251,7 @@ def concat_slices(
     return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta, index)
 
 
-def _tables_keep_types(meta: cudf.DataFrame, index: bool = True) -> bool:
+def tables_keep_types(meta: cudf.DataFrame, index: bool = True) -> bool:
     """Whether frames like ``meta`` survive a trip through pylibcudf tables (their index too,
     with ``index``): not with a categorical or struct column, whose categories or field names
     a table does not carry. Asked of a whole frame, only without ``index``: the index's types

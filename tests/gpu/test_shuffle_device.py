@@ -271,6 +271,29 @@ def test_keep_order_false_shuffles_every_row_to_its_partition(client, engine, ig
     assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
 
 
+def test_auto_hands_few_unordered_partitions_to_rapidsmpf(client):
+    """``engine="auto"`` (the default) picks RapidsMPF only where it was measured the faster and
+    gives what was asked for: ``keep_order=False`` and at most 16 partitions. Ordered rows,
+    many partitions and a categorical column (which its tables do not carry) stay on the
+    package's own exchange; the ledger says which moved the bytes, and every row arrives."""
+    _rapidsmpf()
+    ours = PATHS[client.scheduler.address.partition("://")[0]][0]
+    pdf = _frame(ROWS, 1000, seed=11)
+    categorical = pdf.assign(c=pd.Categorical(np.where(pdf["k"] % 2 == 0, "even", "odd")))
+    for frame, npartitions, keep_order, path in [
+        (pdf, 4, False, "rapidsmpf-ucx"),
+        (pdf, 4, True, ours),
+        (pdf, 64, False, ours),
+        (categorical, 4, False, ours),
+    ]:
+        client.run(_clear_ledger)
+        ddf = dd.from_pandas(frame, npartitions=4).to_backend("cudf")
+        out = dg.shuffle(ddf, "k", npartitions, client, ignore_index=True, keep_order=keep_order)
+        parts = client.gather(client.compute([out.get_partition(j) for j in range(npartitions)]))
+        assert sum(map(len, parts)) == ROWS
+        assert _moved_paths(client) == {path}, (npartitions, keep_order, list(frame.columns))
+
+
 def _sums(part):
     return part.groupby("k")["x"].sum()
 
