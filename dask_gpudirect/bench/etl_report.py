@@ -30,18 +30,15 @@ SCAN_LABELS = {
         "host": "dd.read_parquet(...).persist()",
     },
 }
+#: What the ``dg`` pipelines run, each engine named (``auto`` would pick RapidsMPF for few).
+_SHUFFLE = "dg.shuffle(engine='{}', keep_order=False, then=group-by {})"
+_OWN = f"dg.read_parquet -> {_SHUFFLE.format('distributed', 'per partition')}"
+_RAPIDSMPF = f"dg.read_parquet -> {_SHUFFLE.format('rapidsmpf', 'per partition')}"
+_SUMMED = f"dg.read_parquet -> group-by per partition -> {_SHUFFLE.format('distributed', 'again')}"
 LABELS = {
-    "gpudirect": {
-        "device": "dg.read_parquet -> dg.shuffle(then=group-by per partition)",
-        "host": "dg.read_parquet -> dg.shuffle(then=group-by per partition)",
-    },
-    "combine": {
-        "device": "dg.read_parquet -> group-by per partition -> dg.shuffle(then=group-by again)",
-    },
-    "rapidsmpf": {
-        "device": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf', then=group-by per partition)",
-        "host": "dg.read_parquet -> dg.shuffle(engine='rapidsmpf', then=group-by per partition)",
-    },
+    "gpudirect": {"device": _OWN, "host": _OWN},
+    "combine": {"device": _SUMMED},
+    "rapidsmpf": {"device": _RAPIDSMPF, "host": _RAPIDSMPF},
     "polars": {
         "device": "cudf-polars DaskEngine: scan_parquet -> group_by -> sum (RapidsMPF)",
         "host": "cudf-polars DaskEngine: scan_parquet -> group_by -> sum (RapidsMPF)",
