@@ -128,18 +128,21 @@ fi
 # --- 2b. the read benchmark from object storage (each of REMOTE_STORES: http, s3): dg against
 # cudf.read_parquet(url) and dask_cudf ---------------------------------------------------------
 remote_rc=skipped
+remote_each=""  # each store's own status, for the summary
 if [[ $SKIP_REMOTE != 1 ]]; then
   remote_rc=0
   for store in $REMOTE_STORES; do
     if [[ $store == s3 ]] && ! python3 -c "import boto3, moto.server" 2>/dev/null; then
       echo "== bench read --remote s3: not run, no moto here (scripts/gpu-moto-wheels.sh) =="
       [[ $remote_rc != 0 ]] || remote_rc="not run (no moto)"
+      remote_each+="${remote_each:+, }$store: not run (no moto)"
       continue
     fi
     limit=$(budget "$BENCH_LIMIT")
     if (( limit < 60 )); then
       echo "== bench read --remote $store: not run, ${limit}s left =="
       [[ $remote_rc != 0 ]] || remote_rc="not run (${limit}s left)"  # a failure stays
+      remote_each+="${remote_each:+, }$store: not run (${limit}s left)"
       continue
     fi
     echo "== bench read --remote $store: ${REMOTE_GIB} GiB each over loopback (limit ${limit}s) =="
@@ -150,6 +153,7 @@ if [[ $SKIP_REMOTE != 1 ]]; then
         --markdown "$OUT/remote-$store.md" ${REMOTE_ARGS:-} > "$OUT/bench-remote-$store.log" 2>&1
     rc=$?
     (( rc == 0 )) || remote_rc=$rc
+    remote_each+="${remote_each:+, }$store: exit $rc"
     echo "== bench read --remote $store: exit $rc after $((SECONDS - start))s (log: bench-remote-$store.log) =="
   done
 fi
@@ -219,7 +223,7 @@ if [[ $tests_rc == skipped ]]; then
 else
   echo "GPU tests: exit $tests_rc: $(grep -E '(passed|failed|error|skipped)' "$OUT/gpu-tests.log" | tail -1)"
 fi
-echo "bench read: exit $bench_rc; bench read --remote: exit $remote_rc; bench shuffle: exit $shuffle_rc; bench etl: exit $etl_rc;" \
+echo "bench read: exit $bench_rc; bench read --remote: exit $remote_rc${remote_each:+ ($remote_each)}; bench shuffle: exit $shuffle_rc; bench etl: exit $etl_rc;" \
   "total $((SECONDS - start))s"
 show() {  # the Markdown a benchmark wrote, else the end of its log
   if [[ -s $OUT/$1.md ]]; then
