@@ -67,7 +67,16 @@ def test_auto_keeps_the_package_exchange_unless_rapidsmpf_can_and_is_faster(
     if (target, partitions, keep_order) == ("device", 4, False) and find_spec("rapidsmpf"):
         pytest.skip("RapidsMPF is installed: tests/gpu checks that auto picks it")
     meta = _frame()._meta
-    assert engines.choose("auto", target, meta, True, partitions, keep_order) == "distributed"
+    assert engines.choose("auto", target, meta, True, partitions, keep_order) == ("distributed",)
+
+
+def test_only_the_package_exchange_spills_past_the_gpu():
+    """A worker's share beyond its GPU room but within host and disk: the package's exchange
+    spills it, RapidsMPF (which keeps all on the GPU here) cannot, so ``auto`` falls back."""
+    room = {"device": 100, "host": 50, "disk": 50}
+    assert engines.holds("rapidsmpf", 100, room) and engines.holds("distributed", 100, room)
+    assert engines.holds("distributed", 200, room) and not engines.holds("rapidsmpf", 101, room)
+    assert not engines.holds("distributed", 201, room)
 
 
 def test_rapidsmpf_op_ids_are_unique_while_in_flight_and_given_back(tcp):

@@ -68,7 +68,8 @@ def shuffle(
         comms, both targets), ``"rapidsmpf"`` (NVIDIA's RapidsMPF shuffler; cuDF partitions on
         GPU workers only, its rows in arrival order within a partition) or ``"auto"``
         (``rapidsmpf`` where it was measured the faster: ``keep_order=False``, at most 16
-        partitions, no categorical columns, RapidsMPF installed; else ``distributed``);
+        partitions, no categorical columns, RapidsMPF installed, each worker's share within
+        its GPU room, as RapidsMPF does not spill; else ``distributed``);
         default: the ``gpudirect.shuffle.engine`` config.
     ignore_index
         Drop the index, as Dask's ``shuffle(..., ignore_index=True)`` does: every output
@@ -116,13 +117,13 @@ def shuffle(
     out_meta = meta if then is None else _meta_of(then, meta)
     target = targets.holding(meta)
     partitions = max(df.npartitions, npartitions)
-    engine = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
+    candidates = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
     inputs, placed = _partitions(client, df)
     splitter = HashSplit(on, npartitions, target, meta, not ignore_index, keep_order)
     token = uuid.uuid4().hex  # each call is a new result
     name = f"gpudirect-shuffle-{token}"
     keys: list[Key] = [(name, j) for j in range(npartitions)]
-    outputs = exchange(client, inputs, splitter, keys, target, progress, engine, placed, then)
+    outputs = exchange(client, inputs, splitter, keys, target, progress, candidates, placed, then)
     with dask.config.set({"dataframe.convert-string": False}):
         # named by the call's own token: tokenizing a thousand futures for a name that is
         # unique anyway costs about 0.1 s

@@ -36,6 +36,7 @@ from ..errors import ShuffleError
 from ..phases import Phases
 from ..progress import ShuffleProgress
 from ..targets import TargetName
+from .engines import holds
 from .plugin import service
 from .split import Splitter
 from .worker import Exchange
@@ -77,15 +78,16 @@ def exchange(
     keys: list[Key],
     target: TargetName,
     progress: bool = False,
-    engine: str = "distributed",
+    engines: tuple[str, ...] = ("distributed",),
     placed: list[tuple[str, int]] | None = None,
     then: Callable[[Any], Any] | None = None,
 ) -> list[Future]:
     """Run the all-to-all of ``inputs`` (partitions, in order) through ``splitter``, moved by
-    ``engine`` (see :mod:`.engines`), each output through ``then`` where given (on its worker,
-    as it is built). Where ``placed`` says which worker computes each input and about how many
-    bytes it makes (reads pinned to their workers), the stages start at once and each takes its
-    inputs as they are computed; otherwise the inputs are waited for first.
+    the first of ``engines`` that has room for it (see :mod:`.engines`), each output through
+    ``then`` where given (on its worker, as it is built). Where ``placed`` says which worker
+    computes each input and about how many bytes it makes (reads pinned to their workers), the
+    stages start at once and each takes its inputs as they are computed; otherwise the inputs
+    are waited for first.
     ``inputs`` is emptied once the stages end, so that this function holds none of them.
 
     Returns one future per output partition, under ``keys``: what a persisted collection is
@@ -95,7 +97,7 @@ def exchange(
     """
     ensure_plugins(client, need_readers=[])  # a shuffle reads nothing
     with ShuffleProgress(client, len(inputs), progress) as shown:
-        return _exchange(client, inputs, splitter, keys, target, shown, engine, placed, then)
+        return _exchange(client, inputs, splitter, keys, target, shown, engines, placed, then)
 
 
 def _exchange(
@@ -105,7 +107,7 @@ def _exchange(
     keys: list[Key],
     target: TargetName,
     shown: ShuffleProgress,
-    engine: str,
+    engines: tuple[str, ...],
     placed: list[tuple[str, int]] | None,
     then: Callable[[Any], Any] | None,
 ) -> list[Future]:
@@ -124,7 +126,7 @@ def _exchange(
             prepared = _prepare(client, inputs, target)
     with clock("plan"):
         plan, on_worker, nbytes = _plan(
-            client, inputs, splitter, keys, target, engine, prepared, then
+            client, inputs, splitter, keys, target, engines, prepared, then
         )
     with clock("start"):
         stages = _start(client, plan, on_worker, nbytes)
@@ -172,12 +174,12 @@ def _plan(
     splitter: Splitter,
     keys: list[Key],
     target: TargetName,
-    engine: str,
+    engines: tuple[str, ...],
     prepared: dict[str, Any],
     then: Callable[[Any], Any] | None,
 ) -> tuple[Exchange, dict[str, dict[int, Future]], dict[Key, int]]:
-    """The shuffle's plan, checked against the workers' room; the inputs each worker holds (by
-    input index) and their bytes."""
+    """The shuffle's plan, on the first of ``engines`` whose workers have room for it; the
+    inputs each worker holds (by input index) and their bytes."""
     npartitions = len(keys)
     holders, nbytes, limits = prepared["who_has"], prepared["nbytes"], prepared["rooms"]
     on_worker: dict[str, dict[int, Future]] = defaultdict(dict)
@@ -190,6 +192,8 @@ def _plan(
     # Outputs built at once: about a chunk's bytes, so no worker holds more of them in hand.
     chunk = min(limit["chunk"] for limit in limits.values())
     group = max(1, min(npartitions, chunk * npartitions // max(total, 1)))
+    shares = {w: total * owners.count(w) // npartitions for w in limits}
+    engine = _engine_that_holds(engines, shares, {w: limit["room"] for w, limit in limits.items()})
     plan = Exchange(
         uuid.uuid4().hex[:12],
         participants,
@@ -202,7 +206,6 @@ def _plan(
         then,
         placed=bool(prepared["placed"]),
     )
-    _check_memory(plan, total, {w: limit["room"] for w, limit in limits.items()})
     if engine == "rapidsmpf":
         plan = _on_rapidsmpf(client, plan)
     logger.info(
@@ -311,18 +314,29 @@ def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
     return outputs
 
 
-def _check_memory(plan: Exchange, total: int, limits: dict[str, dict[str, int]]) -> None:
-    """Fail before any byte moves when a worker cannot hold its share even on disk."""
-    for worker, limit in limits.items():
-        share = total * plan.owners.count(worker) // len(plan.owners)
-        room = sum(limit.values())
-        if share > room:
-            raise ShuffleError(
-                f"shuffle cannot fit: worker {worker} would receive about {format_bytes(share)} "
-                f"but can hold {format_bytes(room)} (GPU {format_bytes(limit['device'])}, host "
-                f"{format_bytes(limit['host'])}, disk {format_bytes(limit['disk'])}); raise "
-                "gpudirect.shuffle.device-limit/host-limit/disk-limit or add workers"
-            )
+def _engine_that_holds(
+    engines: tuple[str, ...], shares: dict[str, int], rooms: dict[str, dict[str, int]]
+) -> str:
+    """The first of ``engines`` on which every worker holds its share of the bytes; where none
+    does, fail before any byte moves, naming a worker that cannot hold its share."""
+    for engine in engines:
+        short = [w for w in shares if not holds(engine, shares[w], rooms[w])]
+        if not short:
+            return engine
+    worker, room = short[0], rooms[short[0]]
+    if engine == "rapidsmpf":
+        raise ShuffleError(
+            f"shuffle cannot fit: worker {worker} would receive about "
+            f"{format_bytes(shares[worker])} but the 'rapidsmpf' engine keeps it on the GPU, "
+            f"where it can hold {format_bytes(room['device'])}; use engine='distributed' (it "
+            "spills to host and disk), raise gpudirect.shuffle.device-limit or add workers"
+        )
+    raise ShuffleError(
+        f"shuffle cannot fit: worker {worker} would receive about {format_bytes(shares[worker])} "
+        f"but can hold {format_bytes(sum(room.values()))} (GPU {format_bytes(room['device'])}, "
+        f"host {format_bytes(room['host'])}, disk {format_bytes(room['disk'])}); raise "
+        "gpudirect.shuffle.device-limit/host-limit/disk-limit or add workers"
+    )
 
 
 def _watch(

@@ -35,9 +35,10 @@ def choose(
     index: bool,
     partitions: int,
     keep_order: bool,
-) -> str:
-    """The engine that shuffles ``partitions`` partitions like ``meta`` (at most, of inputs and
-    outputs; with their ``index`` or not) on ``target``: ``engine``, else the
+) -> tuple[str, ...]:
+    """The engines that may shuffle ``partitions`` partitions like ``meta`` (at most, of inputs
+    and outputs; with their ``index`` or not) on ``target``, the preferred first: the plan
+    takes the first whose workers hold their shares (:func:`holds`). ``engine``, else the
     ``gpudirect.shuffle.engine`` config; ``auto`` made concrete (:func:`auto`), anything else
     an InputError raised before a byte moves."""
     asked = dask.config.get("gpudirect.shuffle.engine") if engine is None else engine
@@ -62,22 +63,32 @@ def choose(
                 f"shuffle engine 'rapidsmpf' needs {' and '.join(missing)}: pip install "
                 "'dask-gpudirect[rapidsmpf]'",
             )
-    return asked
+    return (asked,)
 
 
-def auto(target: TargetName, meta: Any, index: bool, partitions: int, keep_order: bool) -> str:
+def auto(
+    target: TargetName, meta: Any, index: bool, partitions: int, keep_order: bool
+) -> tuple[str, ...]:
     """``rapidsmpf`` where it was measured the faster and gives what was asked for: cuDF
     partitions, at most :data:`RAPIDSMPF_AUTO_PARTITIONS` of them, rows in no set order
     (``keep_order=False``: RapidsMPF's come in arrival order), types its tables carry (no
-    categories, no structs) and RapidsMPF installed; ``distributed`` everywhere else."""
+    categories, no structs) and RapidsMPF installed, and ``distributed`` after it where the
+    shuffle would not fit on the GPUs; ``distributed`` alone everywhere else."""
     few = target == "device" and not keep_order and partitions <= RAPIDSMPF_AUTO_PARTITIONS
     if (
         few
         and all(map(_installed, RAPIDSMPF_MODULES))
         and targets.module("device").tables_keep_types(meta, index)
     ):
-        return "rapidsmpf"
-    return "distributed"
+        return ("rapidsmpf", "distributed")
+    return ("distributed",)
+
+
+def holds(engine: str, share: int, room: dict[str, int]) -> bool:
+    """Whether a worker with ``room`` (bytes of received pieces on the GPU, in host memory, on
+    disk) holds ``share`` bytes of a shuffle on ``engine``: the package's exchange spills to
+    host and disk; RapidsMPF, as its communicator is started here, keeps all on the GPU."""
+    return share <= (room["device"] if engine == "rapidsmpf" else sum(room.values()))
 
 
 def _installed(module: str) -> bool:

@@ -294,6 +294,28 @@ def test_auto_hands_few_unordered_partitions_to_rapidsmpf(client):
         assert _moved_paths(client) == {path}, (npartitions, keep_order, list(frame.columns))
 
 
+def test_auto_falls_back_where_rapidsmpf_would_not_fit_on_the_gpu(client):
+    """RapidsMPF keeps a shuffle on the GPU: where a worker's share is beyond its GPU room
+    (``gpudirect.shuffle.device-limit``), ``auto`` runs the package's exchange (which spills),
+    and ``engine="rapidsmpf"`` fails before a byte moves, saying why; the cluster stays usable."""
+    _rapidsmpf()
+    ours = PATHS[client.scheduler.address.partition("://")[0]][0]
+    ddf = dd.from_pandas(_frame(ROWS, 1000, seed=12), npartitions=4).to_backend("cudf")
+
+    def rows_and_path(**options) -> tuple[int, set]:
+        client.run(_clear_ledger)
+        out = dg.shuffle(ddf, "k", 4, client, ignore_index=True, keep_order=False, **options)
+        parts = client.gather(client.compute([out.get_partition(j) for j in range(4)]))
+        return sum(map(len, parts)), _moved_paths(client)
+
+    client.run(dask.config.set, {"gpudirect.shuffle.device-limit": "1MiB"})
+    assert rows_and_path() == (ROWS, {ours})
+    with pytest.raises(dg.ShuffleError, match="'rapidsmpf' engine keeps it on the GPU"):
+        rows_and_path(engine="rapidsmpf")
+    client.run(dask.config.set, {"gpudirect.shuffle": DEFAULTS})
+    assert rows_and_path() == (ROWS, {"rapidsmpf-ucx"})
+
+
 def _sums(part):
     return part.groupby("k")["x"].sum()
 
