@@ -209,11 +209,12 @@ def _plan(
     if engine == "rapidsmpf":
         plan = _on_rapidsmpf(client, plan)
     logger.info(
-        "shuffle %s: %d partitions -> %d over %d workers",
+        "shuffle %s: %d partitions -> %d over %d workers, engine %s",
         plan.id,
         len(inputs),
         npartitions,
         len(participants),
+        engine,
     )
     return plan, on_worker, nbytes
 
