@@ -56,7 +56,7 @@ def test_auto_and_distributed_give_the_default_partitions(tcp):
 
 @pytest.mark.parametrize(
     ("target", "partitions", "keep_order"),
-    [("host", 4, False), ("device", 4, True), ("device", 17, False), ("device", 4, False)],
+    [("host", 4, False), ("device", 4, True), ("device", 33, False), ("device", 4, False)],
 )
 def test_auto_keeps_the_package_exchange_unless_rapidsmpf_can_and_is_faster(
     target, partitions, keep_order

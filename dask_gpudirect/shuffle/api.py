@@ -67,7 +67,7 @@ def shuffle(
         Who moves the pieces: ``"distributed"`` (this package's exchange over Distributed's
         comms, both targets), ``"rapidsmpf"`` (NVIDIA's RapidsMPF shuffler; cuDF partitions on
         GPU workers only, its rows in arrival order within a partition) or ``"auto"``
-        (``rapidsmpf`` where it was measured the faster: ``keep_order=False``, at most 16
+        (``rapidsmpf`` where it was measured the faster: ``keep_order=False``, at most 32
         partitions, no categorical columns, RapidsMPF installed, each worker's share within
         its GPU room, as RapidsMPF does not spill; else ``distributed``);
         default: the ``gpudirect.shuffle.engine`` config.

@@ -20,10 +20,10 @@ from ..targets import TargetName
 
 ENGINES = ("distributed", "rapidsmpf")
 #: ``auto`` hands a device shuffle that need not keep order to RapidsMPF up to this many
-#: partitions (inputs and outputs): there it took 15-26 % less time at 4 and 16 partitions of
-#: 8.6 GB and 7-12 % in ``bench etl``'s 4, and from 64 on more (``docs/benchmarks.md``,
+#: partitions (inputs and outputs): there it took 11-26 % less time at 4, 16 and 32 partitions
+#: of 8.6 GB and 7-12 % in ``bench etl``'s 4, and from 64 on more (``docs/benchmarks.md``,
 #: 2026-12-04, two workers on one H200).
-RAPIDSMPF_AUTO_PARTITIONS = 16
+RAPIDSMPF_AUTO_PARTITIONS = 32
 #: The modules the ``rapidsmpf`` engine imports, and the packages that hold them.
 RAPIDSMPF_MODULES = {"rapidsmpf": "rapidsmpf-cu13", "cudf_streaming": "cudf-streaming-cu13"}
 

@@ -273,7 +273,7 @@ def test_keep_order_false_shuffles_every_row_to_its_partition(client, engine, ig
 
 def test_auto_hands_few_unordered_partitions_to_rapidsmpf(client):
     """``engine="auto"`` (the default) picks RapidsMPF only where it was measured the faster and
-    gives what was asked for: ``keep_order=False`` and at most 16 partitions. Ordered rows,
+    gives what was asked for: ``keep_order=False`` and at most 32 partitions. Ordered rows,
     many partitions and a categorical column (which its tables do not carry) stay on the
     package's own exchange; the ledger says which moved the bytes, and every row arrives."""
     _rapidsmpf()
