@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
@@ -83,3 +84,37 @@ def test_ours_passes_where_p2p_does(cluster):
     assert got["v"].sum() == pytest.approx(expected)
     assert cluster.run(os.getpid) == pids, "a worker was restarted: its nanny killed it"
     del out
+
+
+def spill_at(dask_worker, fraction) -> None:
+    """Set the worker's spill threshold (``distributed.worker.memory.spill``), as it runs."""
+    dask_worker.memory_manager.memory_spill_fraction = fraction
+
+
+def spilled_bytes(client) -> int:
+    records = dg.ledger_report.records(client)
+    return int(records.loc[records["op"] == "spill", "bytes"].sum()) if len(records) else 0
+
+
+def test_pieces_leave_memory_while_the_worker_is_past_its_spill_threshold(cluster):
+    """``host-limit`` (here 512 MiB a worker) counts only the pieces, so a worker whose process
+    is past Distributed's spill threshold for other reasons must not keep them in memory too:
+    they go to disk, as the worker's own data does. Without a threshold they stay in memory.
+    Either way every row reaches its partition."""
+    pdf = part(0)[:300_000]
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=6))
+    try:
+        for fraction, to_disk in ((False, False), (0.01, True)):  # 1 %: always past it
+            cluster.run(spill_at, fraction=fraction)
+            before = spilled_bytes(cluster)
+            out = dg.shuffle(df, "k", npartitions=6, client=cluster)
+            got = cluster.compute(
+                out.map_partitions(check, 6, meta=check(pdf[:0], 1, {"number": 0}))
+            )
+            got = got.result()
+            assert got["home"].all() and got["rows"].sum() == len(pdf)
+            moved = spilled_bytes(cluster) - before
+            assert (moved >= 0.8 * pdf.memory_usage().sum()) if to_disk else moved == 0, moved
+            del out
+    finally:
+        cluster.run(spill_at, fraction=dask.config.get("distributed.worker.memory.spill"))

@@ -3,13 +3,17 @@
 Pieces stay on their device up to ``fast_limit`` bytes; past it the least recently received
 spill (as serialized frames) to host memory up to ``host_limit``, then to files in the worker's
 local directory. The first tier is the GPU on the device target and host memory on the host
-target (which then spills straight to disk). Every spill is a ledger record.
+target (which then spills straight to disk). On the host target the pieces also leave memory
+for disk whenever ``host_full`` says the worker's process is past its spill threshold, as the
+worker's own data does: ``host_limit`` counts only the pieces, not what else the process holds.
+Every spill is a ledger record.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zict
@@ -63,8 +67,10 @@ class SpillBuffer:
         fast_limit: int,
         host_limit: int,
         disk_limit: int,
+        host_full: Callable[[], bool] | None = None,
     ):
         self.directory = directory
+        self.host_full = host_full
         self.ledger, self.shuffle = ledger, shuffle
         disk = _RecordedFile(directory, ledger, shuffle, disk_limit)
         if device:
@@ -77,6 +83,8 @@ class SpillBuffer:
 
     def __setitem__(self, key: str, piece: Any) -> None:
         self._data[key] = piece
+        if self.host_full is not None and self.host_full():
+            self._data.evict_until_below_target(0)  # every piece in memory to disk
 
     def pop(self, key: str) -> Any:
         return self._data.pop(key)

@@ -525,7 +525,17 @@ class ShuffleService:
             fast_limit=limits["device"],
             host_limit=limits["host"],
             disk_limit=limits["disk"],
+            host_full=self._past_spill_threshold if target == "host" else None,
         )
+
+    def _past_spill_threshold(self) -> bool:
+        """Whether this worker's process memory is past Distributed's spill threshold
+        (``distributed.worker.memory.spill`` of its limit), where it spills its own data too."""
+        memory = self.worker.memory_manager
+        if not memory.memory_limit or not memory.memory_spill_fraction:
+            return False
+        used = self.worker.monitor.get_process_memory()
+        return used > memory.memory_spill_fraction * memory.memory_limit
 
     # --- the stage task (worker thread) -------------------------------------------------------
     def stage(self, exchange: Exchange, inputs: dict[int, tuple[Key, int]]) -> int:
