@@ -326,17 +326,20 @@ def _engine_that_holds(
             return engine
     worker, room = short[0], rooms[short[0]]
     if engine == "rapidsmpf":
-        raise ShuffleError(
-            f"shuffle cannot fit: worker {worker} would receive about "
-            f"{format_bytes(shares[worker])} but the 'rapidsmpf' engine keeps it on the GPU, "
-            f"where it can hold {format_bytes(room['device'])}; use engine='distributed' (it "
-            "spills to host and disk), raise gpudirect.shuffle.device-limit or add workers"
+        why = (
+            f"the 'rapidsmpf' engine keeps it on the GPU, where it can hold "
+            f"{format_bytes(room['device'])}; use engine='distributed' (it spills to host and "
+            "disk), raise gpudirect.shuffle.device-limit"
+        )
+    else:
+        why = (
+            f"can hold {format_bytes(sum(room.values()))} (GPU {format_bytes(room['device'])}, "
+            f"host {format_bytes(room['host'])}, disk {format_bytes(room['disk'])}); raise "
+            "gpudirect.shuffle.device-limit/host-limit/disk-limit"
         )
     raise ShuffleError(
         f"shuffle cannot fit: worker {worker} would receive about {format_bytes(shares[worker])} "
-        f"but can hold {format_bytes(sum(room.values()))} (GPU {format_bytes(room['device'])}, "
-        f"host {format_bytes(room['host'])}, disk {format_bytes(room['disk'])}); raise "
-        "gpudirect.shuffle.device-limit/host-limit/disk-limit or add workers"
+        f"but {why} or add workers"
     )
 
 
