@@ -4,9 +4,9 @@ Pieces stay on their device up to ``fast_limit`` bytes; past it the least recent
 spill (as serialized frames) to host memory up to ``host_limit``, then to files in the worker's
 local directory. The first tier is the GPU on the device target and host memory on the host
 target (which then spills straight to disk). On the host target the pieces also leave memory
-for disk whenever ``host_full`` says the worker's process is past its spill threshold, as the
-worker's own data does: ``host_limit`` counts only the pieces, not what else the process holds.
-Every spill is a ledger record.
+for disk (:meth:`SpillBuffer.relieve_host`) whenever ``host_full`` says the worker's process is
+past its spill threshold, as the worker's own data does: ``host_limit`` counts only the
+pieces, not what else the process holds. Every spill is a ledger record.
 """
 
 from __future__ import annotations
@@ -83,8 +83,12 @@ class SpillBuffer:
 
     def __setitem__(self, key: str, piece: Any) -> None:
         self._data[key] = piece
+
+    def relieve_host(self) -> None:
+        """Every piece in memory to disk where ``host_full`` says the process is past its spill
+        threshold. Asked once per received message, not per piece: it costs a system call."""
         if self.host_full is not None and self.host_full():
-            self._data.evict_until_below_target(0)  # every piece in memory to disk
+            self._data.evict_until_below_target(0)
 
     def pop(self, key: str) -> Any:
         return self._data.pop(key)

@@ -140,13 +140,14 @@ class ShuffleRun:
         holds, for outputs ``first, first + 1, ...`` of one of our groups,
         ``counts[k, j - first]`` rows of ``inputs[k]`` for output ``j``, grouped by output."""
         self.raise_if_failed()
-        for group, first, counts, rows in pieces:
-            try:
+        try:
+            for group, first, counts, rows in pieces:
                 self.buffer[f"{group}-{inputs[0]}"] = rows
-            except ShuffleError as exc:  # a limit reached here: this run fails, and says so
-                self.fail(exc)
-                raise
-            self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
+                self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
+            self.buffer.relieve_host()
+        except ShuffleError as exc:  # a limit reached here: this run fails, and says so
+            self.fail(exc)
+            raise
 
     def outputs(
         self, exchange: Exchange, groups: list[range], clock: Phases
