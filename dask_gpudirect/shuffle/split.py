@@ -9,7 +9,8 @@ per destination and chunk, whatever the partition count. ``counts[k, j]`` (rows 
 ``k``-th input for output ``j``) travels with it, so the owner can put each output's rows back in
 input order (:func:`assembly_segments`) and the same shuffle gives the same partitions. With
 ``keep_order=False`` a target with a faster cut in no set order (the GPU's) uses it and counts
-the chunk's rows as its first input's.
+the chunk's rows as its first input's: one row of counts, so a receiver's table of segments has
+a slot per chunk and output, not per input and output (half a million at 1024 partitions).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from ..targets import TargetName
 class Splitter(Protocol):
     """What the shuffle needs of a way to cut rows: every worker of a shuffle gets the same one.
 
-    ``split`` orders a chunk's rows by output (and within one output by input) and counts them;
+    ``split`` orders a chunk's rows by output (and within one output by input) and counts them,
+    a row of counts per input, or one row for the whole chunk where no input order is kept;
     ``rows`` slices that order; ``join`` concatenates pieces; ``outputs`` builds consecutive
     outputs out of the received pieces, given the segments of them (:class:`Segments`) that
     list their rows one output after another, output ``k`` being rows ``bounds[k]`` to
@@ -73,11 +75,9 @@ class HashSplit:
         joined = self.join(parts)
         if not self.keep_order:
             cut = module.hash_partition(joined, self.on, self.npartitions, self.meta, self.index)
-            if cut is not None:  # counted as the chunk's first input's rows: no order to keep
+            if cut is not None:  # no input order to keep: the chunk counts as one input
                 ordered, sizes = cut
-                counts = np.zeros((len(parts), self.npartitions), dtype=np.int64)
-                counts[0] = sizes
-                return ordered, counts
+                return ordered, sizes[np.newaxis, :]
         where = partitioning_index(joined[self.on], self.npartitions)
         lengths = [len(p) for p in parts]
         order, counts = module.group_order(where, lengths, self.npartitions)

@@ -639,6 +639,7 @@ class ShuffleService:
             with clock("split"):
                 parts = self.take_inputs(keys)
                 ordered, counts = exchange.splitter.split(list(indices), parts)
+                indices = indices[: len(counts)]  # one row: the chunk counted as its first input
                 offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
                 parts = []
             yield indices, ordered, counts, offsets

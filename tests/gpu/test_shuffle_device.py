@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask.dataframe.shuffle import partitioning_index
+from util import worker_config
 
 import dask_gpudirect as dg
 from dask_gpudirect.cuda import gpu_count
@@ -245,19 +246,24 @@ def test_unordered_cut_puts_rows_where_dasks_hash_does(client, on, npartitions):
 
 @pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
 @pytest.mark.parametrize("ignore_index", [False, True])
-def test_keep_order_false_shuffles_every_row_to_its_partition(client, engine, ignore_index):
+@pytest.mark.parametrize("chunk_size", ["auto", 1])
+def test_keep_order_false_shuffles_every_row_to_its_partition(
+    client, engine, ignore_index, chunk_size
+):
     """``dg.shuffle(..., keep_order=False)`` on the GPU, both engines: each output holds exactly
     the rows Dask's hash gives it (in any order), strings and nulls whole, labels kept or
-    dropped as asked."""
+    dropped as asked; with a 1-byte chunk, every input is cut alone and a receiver joins one
+    piece of each, from both workers in turn."""
     if engine == "rapidsmpf":
         _rapidsmpf()
     pdf = _keyed_frame(ROWS, seed=9)
     pdf.index = pd.Index(np.arange(ROWS) * 3, name="row")
     ddf = dd.from_pandas(pdf, npartitions=8).to_backend("cudf")
-    out = dg.shuffle(
-        ddf, "k", 6, client, engine=engine, ignore_index=ignore_index, keep_order=False
-    )
-    parts = client.gather(client.compute([out.get_partition(j) for j in range(6)]))
+    with worker_config(client, {"gpudirect.shuffle.chunk-size": chunk_size}):
+        out = dg.shuffle(
+            ddf, "k", 6, client, engine=engine, ignore_index=ignore_index, keep_order=False
+        )
+        parts = client.gather(client.compute([out.get_partition(j) for j in range(6)]))
     for j, part in enumerate(parts):
         assert (partitioning_index(part[["k"]], 6) == j).all()
     import cudf
