@@ -3,10 +3,10 @@
 Pieces stay on their device up to ``fast_limit`` bytes; past it the least recently received
 spill (as serialized frames) to host memory up to ``host_limit``, then to files in the worker's
 local directory. The first tier is the GPU on the device target and host memory on the host
-target (which then spills straight to disk). On the host target the pieces also leave memory
-for disk (:meth:`SpillBuffer.relieve_host`) whenever ``host_full`` says the worker's process is
-past its spill threshold, as the worker's own data does: ``host_limit`` counts only the
-pieces, not what else the process holds. Every spill is a ledger record.
+target (which then spills straight to disk). The pieces in host memory also leave it for disk
+(:meth:`SpillBuffer.relieve_host`) whenever ``host_full`` says the worker's process is past its
+spill threshold, as the worker's own data does: ``host_limit`` counts only the pieces, not what
+else the process holds. Every spill is a ledger record.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class SpillBuffer:
         fast_limit: int,
         host_limit: int,
         disk_limit: int,
-        host_full: Callable[[], bool] | None = None,
+        host_full: Callable[[], bool],
     ):
         self.directory = directory
         self.host_full = host_full
@@ -80,15 +80,17 @@ class SpillBuffer:
             self._slow = zict.Func(_to_bytes, deserialize_bytes, disk)
             fast_limit = host_limit
         self._data = zict.Buffer({}, self._slow, n=fast_limit, weight=lambda k, v: sizeof(v))
+        self._in_host_memory = host if device else self._data  # the tier relieve_host empties
 
     def __setitem__(self, key: str, piece: Any) -> None:
         self._data[key] = piece
 
     def relieve_host(self) -> None:
-        """Every piece in memory to disk where ``host_full`` says the process is past its spill
-        threshold. Asked once per received message, not per piece: it costs a system call."""
-        if self.host_full is not None and self.host_full():
-            self._data.evict_until_below_target(0)
+        """Every piece in host memory to disk where ``host_full`` says the process is past its
+        spill threshold (those on the GPU stay). Asked once per received message, not per
+        piece: it costs a system call."""
+        if self.host_full():
+            self._in_host_memory.evict_until_below_target(0)
 
     def pop(self, key: str) -> Any:
         return self._data.pop(key)

@@ -526,7 +526,7 @@ class ShuffleService:
             fast_limit=limits["device"],
             host_limit=limits["host"],
             disk_limit=limits["disk"],
-            host_full=self._past_spill_threshold if target == "host" else None,
+            host_full=self._past_spill_threshold,
         )
 
     def _past_spill_threshold(self) -> bool:
