@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from dask.dataframe.shuffle import partitioning_index
 from distributed import Client, wait
-from util import start_cluster
+from util import spill_at, start_cluster
 
 import dask_gpudirect as dg
 from dask_gpudirect.cluster import ensure_plugins
@@ -84,11 +84,6 @@ def test_ours_passes_where_p2p_does(cluster):
     assert got["v"].sum() == pytest.approx(expected)
     assert cluster.run(os.getpid) == pids, "a worker was restarted: its nanny killed it"
     del out
-
-
-def spill_at(dask_worker, fraction) -> None:
-    """Set the worker's spill threshold (``distributed.worker.memory.spill``), as it runs."""
-    dask_worker.memory_manager.memory_spill_fraction = fraction
 
 
 def spilled_bytes(client) -> int:

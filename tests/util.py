@@ -271,6 +271,11 @@ def set_config(values: dict) -> dict:
     return old
 
 
+def spill_at(dask_worker, fraction) -> None:
+    """Set the worker's spill threshold (``distributed.worker.memory.spill``), as it runs."""
+    dask_worker.memory_manager.memory_spill_fraction = fraction
+
+
 @contextlib.contextmanager
 def worker_config(client, values: dict):
     """``values`` in every worker's config (read when a shuffle run starts), then restored."""

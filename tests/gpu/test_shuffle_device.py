@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask.dataframe.shuffle import partitioning_index
-from util import worker_config
+from util import spill_at, worker_config
 
 import dask_gpudirect as dg
 from dask_gpudirect.cuda import gpu_count
@@ -397,10 +397,6 @@ def test_spills_device_to_host_to_disk_and_stays_correct(client):
     assert {"device-to-host", "host-to-disk"} <= set(spills.path)
 
 
-def _spill_at(dask_worker, fraction) -> None:
-    dask_worker.memory_manager.memory_spill_fraction = fraction
-
-
 def test_host_tier_goes_to_disk_while_the_worker_is_past_its_spill_threshold(client):
     """Pieces spilled from the GPU to host memory (``host-limit`` counts only them) leave it for
     disk while the worker's process is past Distributed's spill threshold, as its own data
@@ -412,7 +408,7 @@ def test_host_tier_goes_to_disk_while_the_worker_is_past_its_spill_threshold(cli
     kept = client.run(lambda dask_worker: dask_worker.memory_manager.memory_spill_fraction)
     try:
         for fraction in (False, 0.01):  # 1 %: always past it
-            client.run(_spill_at, fraction=fraction)
+            client.run(spill_at, fraction=fraction)
             client.run(_clear_ledger)
             _check_hash_shuffle(client, _frame(ROWS, 1000, seed=4), 8, 8)
             spills = dg.ledger_report.records(client).query("op == 'spill'")
@@ -422,7 +418,7 @@ def test_host_tier_goes_to_disk_while_the_worker_is_past_its_spill_threshold(cli
             assert (to_disk >= 0.9 * to_host) if fraction else to_disk == 0, (to_host, to_disk)
     finally:
         for worker, fraction in kept.items():
-            client.run(_spill_at, fraction=fraction, workers=[worker])
+            client.run(spill_at, fraction=fraction, workers=[worker])
 
 
 def test_shuffle_array_is_a_seeded_permutation_on_the_gpu(client):
