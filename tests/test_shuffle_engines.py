@@ -70,13 +70,36 @@ def test_auto_keeps_the_package_exchange_unless_rapidsmpf_can_and_is_faster(
     assert engines.choose("auto", target, meta, True, partitions, keep_order) == ("distributed",)
 
 
-def test_only_the_package_exchange_spills_past_the_gpu():
-    """A worker's share beyond its GPU room but within host and disk: the package's exchange
-    spills it, RapidsMPF (which keeps all on the GPU here) cannot, so ``auto`` falls back."""
+def test_only_the_package_exchange_spills_to_disk():
+    """A worker's share beyond its GPU room: RapidsMPF spills it to host memory, the package's
+    exchange to host memory and disk; without spilling (what ``auto`` asks of RapidsMPF) only
+    the GPU's room counts."""
     room = {"device": 100, "host": 50, "disk": 50}
-    assert engines.holds("rapidsmpf", 100, room) and engines.holds("distributed", 100, room)
-    assert engines.holds("distributed", 200, room) and not engines.holds("rapidsmpf", 101, room)
-    assert not engines.holds("distributed", 201, room)
+    for engine in engines.ENGINES:
+        assert engines.holds(engine, 100, room, spilling=False)
+        assert not engines.holds(engine, 101, room, spilling=False)
+    assert engines.holds("rapidsmpf", 150, room) and not engines.holds("rapidsmpf", 151, room)
+    assert engines.holds("distributed", 200, room) and not engines.holds("distributed", 201, room)
+
+
+def test_auto_prefers_rapidsmpf_only_where_it_need_not_spill():
+    """The plan takes ``auto``'s RapidsMPF only where every share fits its GPU room, else the
+    package's exchange; an explicit RapidsMPF spills to host, and past that is refused, saying
+    why and what to do."""
+    from dask_gpudirect.shuffle.coordinator import _engine_that_holds
+
+    rooms = {
+        "a": {"device": 100, "host": 50, "disk": 1000},
+        "b": {"device": 200, "host": 0, "disk": 0},
+    }
+    auto = ("rapidsmpf", "distributed")
+    assert _engine_that_holds(auto, {"a": 100, "b": 100}, rooms) == "rapidsmpf"
+    assert _engine_that_holds(auto, {"a": 101, "b": 100}, rooms) == "distributed"
+    assert _engine_that_holds(("rapidsmpf",), {"a": 150, "b": 200}, rooms) == "rapidsmpf"
+    with pytest.raises(
+        ShuffleError, match="worker a .* 'rapidsmpf' engine spills to host memory, not to disk"
+    ):
+        _engine_that_holds(("rapidsmpf",), {"a": 151, "b": 0}, rooms)
 
 
 def test_rapidsmpf_op_ids_are_unique_while_in_flight_and_given_back(tcp):

@@ -69,7 +69,8 @@ def shuffle(
         GPU workers only, its rows in arrival order within a partition) or ``"auto"``
         (``rapidsmpf`` where it was measured the faster: ``keep_order=False``, at most 32
         partitions, no categorical columns, RapidsMPF installed, each worker's share within
-        its GPU room, as RapidsMPF does not spill; else ``distributed``);
+        its GPU room, where it need not spill; else ``distributed``). RapidsMPF spills to host
+        memory past ``gpudirect.shuffle.device-limit``, the package's exchange on to disk too;
         default: the ``gpudirect.shuffle.engine`` config.
     ignore_index
         Drop the index, as Dask's ``shuffle(..., ignore_index=True)`` does: every output

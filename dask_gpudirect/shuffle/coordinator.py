@@ -318,18 +318,22 @@ def _publish_outputs(client: Client, plan: Exchange) -> list[Future]:
 def _engine_that_holds(
     engines: tuple[str, ...], shares: dict[str, int], rooms: dict[str, dict[str, int]]
 ) -> str:
-    """The first of ``engines`` on which every worker holds its share of the bytes; where none
-    does, fail before any byte moves, naming a worker that cannot hold its share."""
+    """The first of ``engines`` on which every worker holds its share of the bytes (on the GPU
+    alone for all but the last: ``auto`` prefers RapidsMPF only where it need not spill); where
+    none does, fail before any byte moves, naming a worker that cannot hold its share."""
     for engine in engines:
-        short = [w for w in shares if not holds(engine, shares[w], rooms[w])]
+        spilling = engine == engines[-1]
+        short = [w for w in shares if not holds(engine, shares[w], rooms[w], spilling)]
         if not short:
             return engine
     worker, room = short[0], rooms[short[0]]
     if engine == "rapidsmpf":
         why = (
-            f"the 'rapidsmpf' engine keeps it on the GPU, where it can hold "
-            f"{format_bytes(room['device'])}; use engine='distributed' (it spills to host and "
-            "disk), raise gpudirect.shuffle.device-limit"
+            f"the 'rapidsmpf' engine spills to host memory, not to disk, and can hold "
+            f"{format_bytes(room['device'] + room['host'])} (GPU "
+            f"{format_bytes(room['device'])}, host {format_bytes(room['host'])}); use "
+            "engine='distributed' (it spills to disk too), raise "
+            "gpudirect.shuffle.device-limit/host-limit"
         )
     else:
         why = (

@@ -73,7 +73,8 @@ def auto(
     partitions, at most :data:`RAPIDSMPF_AUTO_PARTITIONS` of them, rows in no set order
     (``keep_order=False``: RapidsMPF's come in arrival order), types its tables carry (no
     categories, no structs) and RapidsMPF installed, and ``distributed`` after it where the
-    shuffle would not fit on the GPUs; ``distributed`` alone everywhere else."""
+    shuffle would not fit on the GPUs (RapidsMPF was measured there only, not spilling);
+    ``distributed`` alone everywhere else."""
     few = target == "device" and not keep_order and partitions <= RAPIDSMPF_AUTO_PARTITIONS
     if (
         few
@@ -84,11 +85,13 @@ def auto(
     return ("distributed",)
 
 
-def holds(engine: str, share: int, room: dict[str, int]) -> bool:
+def holds(engine: str, share: int, room: dict[str, int], spilling: bool = True) -> bool:
     """Whether a worker with ``room`` (bytes of received pieces on the GPU, in host memory, on
     disk) holds ``share`` bytes of a shuffle on ``engine``: the package's exchange spills to
-    host and disk; RapidsMPF, as its communicator is started here, keeps all on the GPU."""
-    return share <= (room["device"] if engine == "rapidsmpf" else sum(room.values()))
+    host and disk, RapidsMPF to host memory only; without ``spilling``, on the GPU alone."""
+    if not spilling:
+        return share <= room["device"]
+    return share <= room["device"] + room["host"] + (room["disk"] if engine == "distributed" else 0)
 
 
 def _installed(module: str) -> bool:

@@ -14,7 +14,9 @@ scheduler plugin that fails a shuffle whose worker left, the client's abort, the
 
 What differs: rows within an output partition come in the order their pieces arrived, not in
 input order; which worker builds which output is RapidsMPF's choice (contiguous runs by rank);
-and a failed or timed-out stage drops its communicator, so the next shuffle starts a new one.
+past ``gpudirect.shuffle.device-limit`` RapidsMPF spills pieces to host memory, not on to disk
+(its spills are ledger records, from its statistics); and a failed or timed-out stage drops its
+communicator, so the next shuffle starts a new one.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def _join(root_address: bytes, members: tuple[str, ...], dask_worker: Worker) ->
     import ucxx._lib.libucxx as ucx_api
     from rapidsmpf.communicator.ucxx import barrier
     from rapidsmpf.memory.buffer_resource import BufferResource
+    from rapidsmpf.statistics import Statistics
 
     comm = getattr(dask_worker, ROOT, None)
     if comm is None:
@@ -113,7 +116,11 @@ def _join(root_address: bytes, members: tuple[str, ...], dask_worker: Worker) ->
     else:
         delattr(dask_worker, ROOT)
     barrier(comm)
-    buffers = BufferResource(rmm.mr.get_current_device_resource())
+    # The resource tracks RapidsMPF's own allocations only (it is not made the worker's): its
+    # device limit, set by each stage, bounds the pieces RapidsMPF keeps on the GPU.
+    buffers = BufferResource(
+        rmm.mr.get_current_device_resource(), statistics=Statistics(enable=True)
+    )
     setattr(dask_worker, RANKS, Ranks(members, comm, buffers))
     return comm.rank
 
@@ -131,7 +138,12 @@ def exchange_on_rapidsmpf(
     ``service`` is the worker's ShuffleService and ``run`` its run of this shuffle, which an
     abort (the client's, or the scheduler's when a worker leaves) fails.
     """
-    from cudf_streaming.partition_utils import split_and_pack, unpack_and_concat
+    from cudf_streaming.partition_utils import (
+        split_and_pack,
+        split_and_pack_cost,
+        unpack_and_concat,
+    )
+    from rapidsmpf.memory.buffer import MemoryType
     from rapidsmpf.memory.spill import unspill_partitions
     from rapidsmpf.shuffler import PartitionAssignment, Shuffler
     from rmm.pylibrmm.stream import DEFAULT_STREAM
@@ -145,6 +157,8 @@ def exchange_on_rapidsmpf(
             "workers (one restarted since it began?)"
         )
     npartitions = len(exchange.keys)
+    ranks.buffers.set_memory_limit(MemoryType.DEVICE, service.limits("device")["device"])
+    spilled = _spilled_bytes(ranks.buffers)
     shuffler = Shuffler(
         ranks.comm, exchange.op_id, npartitions, ranks.buffers, PartitionAssignment.CONTIGUOUS
     )
@@ -157,13 +171,20 @@ def exchange_on_rapidsmpf(
                 rows = counts.sum(axis=0)
                 table = device.to_table(ordered, exchange.splitter.index)
                 splits = offsets[1:-1].tolist()
-                shuffler.insert_chunks(split_and_pack(table, splits, DEFAULT_STREAM, ranks.buffers))
+                room = ranks.buffers.reserve_device_memory_and_spill(  # spills to make room
+                    split_and_pack_cost(table, DEFAULT_STREAM, ranks.buffers),
+                    allow_overbooking=True,
+                )
+                shuffler.insert_chunks(
+                    split_and_pack(table, splits, DEFAULT_STREAM, ranks.buffers, room)
+                )
                 _record(service, exchange, sizeof(ordered), rows, mine)
             table = ordered = None
             run.raise_if_failed()
         shuffler.insert_finished()
         with clock("wait for peers"):
             _wait(shuffler, run, exchange.id)
+        _record_spills(service, exchange, _spilled_bytes(ranks.buffers) - spilled)
         built = 0
         local = list(shuffler.local_partitions())
         for first in range(0, len(local), exchange.group):  # as the distributed engine groups
@@ -212,6 +233,27 @@ def _wait(shuffler: Any, run: Any, shuffle_id: str) -> None:
                 )
     finally:
         waiter.shutdown(wait=False)
+
+
+def _spilled_bytes(buffers: Any) -> int:
+    """Bytes RapidsMPF has copied off the GPU through ``buffers`` (its spills), by its
+    statistics (``copy-device-to-host-bytes``, and ``-pinned_host-`` where it has a pool)."""
+    return int(
+        sum(
+            stat["value"]
+            for name, stat in buffers.statistics.to_dict().items()
+            if name.startswith("copy-device-to-") and name.endswith("-bytes")
+        )
+    )
+
+
+def _record_spills(service: Any, exchange: Any, spilled: int) -> None:
+    """The ledger's record of the bytes RapidsMPF spilled to host memory during the stage (a
+    concurrent shuffle's spills on the same workers count here too)."""
+    if spilled > 0:
+        service.ledger.add(
+            op="spill", path="device-to-host", nbytes=spilled, seconds=0.0, shard=exchange.id
+        )
 
 
 def _record(service: Any, exchange: Any, nbytes: int, rows: np.ndarray, mine: np.ndarray) -> None:

@@ -300,26 +300,35 @@ def test_auto_hands_few_unordered_partitions_to_rapidsmpf(client):
         assert _moved_paths(client) == {path}, (npartitions, keep_order, list(frame.columns))
 
 
-def test_auto_falls_back_where_rapidsmpf_would_not_fit_on_the_gpu(client):
-    """RapidsMPF keeps a shuffle on the GPU: where a worker's share is beyond its GPU room
-    (``gpudirect.shuffle.device-limit``), ``auto`` runs the package's exchange (which spills),
-    and ``engine="rapidsmpf"`` fails before a byte moves, saying why; the cluster stays usable."""
+def test_auto_falls_back_where_rapidsmpf_would_spill_and_rapidsmpf_spills_to_host(client):
+    """Where a worker's share is beyond its GPU room (``gpudirect.shuffle.device-limit``),
+    ``auto`` runs the package's exchange (RapidsMPF was measured only where it need not spill);
+    ``engine="rapidsmpf"`` spills to host memory, and says so in the ledger; beyond host room
+    too it fails before a byte moves, saying why, and the cluster stays usable."""
     _rapidsmpf()
     ours = PATHS[client.scheduler.address.partition("://")[0]][0]
     ddf = dd.from_pandas(_frame(ROWS, 1000, seed=12), npartitions=4).to_backend("cudf")
 
-    def rows_and_path(**options) -> tuple[int, set]:
+    def rows_paths_spilled(**options) -> tuple[int, set, int]:
         client.run(_clear_ledger)
         out = dg.shuffle(ddf, "k", 4, client, ignore_index=True, keep_order=False, **options)
         parts = client.gather(client.compute([out.get_partition(j) for j in range(4)]))
-        return sum(map(len, parts)), _moved_paths(client)
+        records = dg.ledger_report.records(client)
+        spilled = records.query("op == 'spill' and path == 'device-to-host'").bytes.sum()
+        return sum(map(len, parts)), _moved_paths(client), int(spilled)
 
     client.run(dask.config.set, {"gpudirect.shuffle.device-limit": "1MiB"})
-    assert rows_and_path() == (ROWS, {ours})
-    with pytest.raises(dg.ShuffleError, match="'rapidsmpf' engine keeps it on the GPU"):
-        rows_and_path(engine="rapidsmpf")
+    rows, paths, _ = rows_paths_spilled()
+    assert (rows, paths) == (ROWS, {ours})
+    rows, paths, spilled = rows_paths_spilled(engine="rapidsmpf")
+    assert (rows, paths) == (ROWS, {"rapidsmpf-ucx"}) and spilled > 0
+    client.run(dask.config.set, {"gpudirect.shuffle.host-limit": "1MiB"})
+    with pytest.raises(dg.ShuffleError, match="'rapidsmpf' engine spills to host memory, not"):
+        rows_paths_spilled(engine="rapidsmpf")
+    assert rows_paths_spilled(engine="distributed")[:2] == (ROWS, {ours})  # through disk
     client.run(dask.config.set, {"gpudirect.shuffle": DEFAULTS})
-    assert rows_and_path() == (ROWS, {"rapidsmpf-ucx"})
+    rows, paths, spilled = rows_paths_spilled()
+    assert (rows, paths, spilled) == (ROWS, {"rapidsmpf-ucx"}, 0)
 
 
 def _sums(part):
