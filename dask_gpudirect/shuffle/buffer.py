@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import zict
 from dask.sizeof import sizeof
 from distributed.protocol import deserialize_bytes, serialize_bytelist
+from distributed.protocol.serialize import merge_and_deserialize
 
 from ..errors import ShuffleError
 from ..ledger import Ledger
@@ -35,7 +37,7 @@ class _RecordedFile(zict.File):
         self.ledger, self.shuffle, self.limit, self.written = ledger, shuffle, limit, 0
 
     def __setitem__(self, key: str, value: _Bytes | list[_Bytes] | tuple[_Bytes, ...]) -> None:
-        nbytes = sum(map(len, value)) if isinstance(value, (list, tuple)) else len(value)
+        nbytes = _nbytes(value)
         if self.written + nbytes > self.limit:
             raise ShuffleError(
                 f"shuffle {self.shuffle}: spilling {nbytes} more bytes to {self.directory} "
@@ -72,12 +74,12 @@ class SpillBuffer:
         self.directory = directory
         self.host_full = host_full
         self.ledger, self.shuffle = ledger, shuffle
-        disk = _RecordedFile(directory, ledger, shuffle, disk_limit)
+        disk: Any = _RecordedFile(directory, ledger, shuffle, disk_limit)  # bytes or lists of them
         if device:
-            host = zict.Buffer({}, disk, n=host_limit, weight=lambda k, v: len(v))
-            self._slow = zict.Func(self._device_to_host, deserialize_bytes, host)
+            host = zict.Buffer({}, disk, n=host_limit, weight=lambda k, v: _nbytes(v))
+            self._slow = zict.Func(self._device_to_host, _from_frames, host)
         else:
-            self._slow = zict.Func(_to_bytes, deserialize_bytes, disk)
+            self._slow = zict.Func(_to_frames, _from_frames, disk)
             fast_limit = host_limit
         self._data = zict.Buffer({}, self._slow, n=fast_limit, weight=lambda k, v: sizeof(v))
         self._in_host_memory = host if device else self._data  # the tier relieve_host empties
@@ -95,9 +97,9 @@ class SpillBuffer:
     def pop(self, key: str) -> Any:
         return self._data.pop(key)
 
-    def _device_to_host(self, piece: Any) -> bytes:
+    def _device_to_host(self, piece: Any) -> list[_Bytes]:
         start = time.perf_counter()
-        frames = _to_bytes(piece)
+        frames = _to_frames(piece)
         self.ledger.add(
             op="spill",
             path="device-to-host",
@@ -112,6 +114,24 @@ class SpillBuffer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _to_bytes(piece: Any) -> bytes:
-    """One host buffer holding ``piece`` (Dask's serializers copy device frames to the host)."""
-    return b"".join(serialize_bytelist(piece))
+def _to_frames(piece: Any) -> list[_Bytes]:
+    """``piece`` as host buffers (Dask's serializers copy device frames to the host), as
+    :func:`serialize_bytelist` lays them out for one file, neither compressed nor joined: each
+    is another pass over every byte. With both, two workers on one H200 spilling 3.3 GB each
+    (``device-limit`` 1 GiB) shuffled 8.6 GB in 8.4 s; without, in 3.6 s."""
+    return serialize_bytelist(piece, compression=False)
+
+
+def _from_frames(frames: list[_Bytes] | bytearray) -> Any:
+    """The piece :func:`_to_frames` wrote: its buffers as they are in memory, or read back from
+    disk as one."""
+    if not isinstance(frames, list):
+        return deserialize_bytes(frames)
+    header = msgpack.loads(frames[1], raw=False, use_list=False)  # [0]: the buffers' lengths
+    return merge_and_deserialize(header, frames[2:])
+
+
+def _nbytes(value: _Bytes | list[_Bytes] | tuple[_Bytes, ...]) -> int:
+    """Bytes of a buffer or of a list of them (``len`` of a memoryview counts items)."""
+    frames = value if isinstance(value, (list, tuple)) else [value]
+    return sum(memoryview(f).nbytes for f in frames)
