@@ -25,6 +25,7 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -128,6 +129,27 @@ def hold_thread(started: str, release: str) -> None:
     deadline = time.monotonic() + HANG_GUARD
     while not os.path.exists(release) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def note_the_loop_during_the_next_store(dask_worker) -> None:
+    """Make this worker's next keeping of received pieces wait (a minute at most) for a callback
+    on its event loop, and note whether it ran: it can only if pieces are kept off the loop."""
+    from dask_gpudirect.shuffle.buffer import SpillBuffer
+
+    update = SpillBuffer.update
+
+    def update_once(self, pieces):
+        SpillBuffer.update = update
+        ran = threading.Event()
+        dask_worker.loop.add_callback(ran.set)
+        dask_worker.loop_ran_during_store = ran.wait(60)
+        update(self, pieces)
+
+    SpillBuffer.update = update_once
+
+
+def loop_ran_during_store(dask_worker) -> bool | None:
+    return getattr(dask_worker, "loop_ran_during_store", None)
 
 
 def reader_threads(dask_worker) -> int:
@@ -335,6 +357,18 @@ def test_slow_peer_is_waited_for(cluster):
     moved = moved[moved["peer"] == victim]
     assert len(moved) >= 1
     assert (moved["worker"] != victim).all() and (moved["seconds"] >= 1.5).all()
+
+
+def test_received_pieces_are_kept_off_the_event_loop(cluster):
+    """Keeping received pieces, spilling them to disk here, runs in a thread of its own: the
+    worker's event loop goes on meanwhile (its comms, heartbeats, other shuffles), and every
+    row still lands in its partition."""
+    victim = sorted(cluster.nthreads())[0]
+    cluster.run(note_the_loop_during_the_next_store, workers=[victim])
+    pdf = frame(2000, keys=97, seed=7)
+    out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=4, client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+    assert cluster.run(loop_ran_during_store, workers=[victim]) == {victim: True}
 
 
 def test_a_slow_shuffle_lets_go_of_its_data_without_the_garbage_collector(cluster):

@@ -59,7 +59,7 @@ def test_three_tiers_give_every_piece_back(tmp_path, fast, host, paths):
     given = pieces(8)
     spill, ledger = buffer(tmp_path, device=True, fast=fast, host=host)
     for key, piece in given.items():
-        spill[key] = piece
+        spill.update({key: piece})
     assert set(spilled(ledger)) == paths
     for key in reversed(list(given)):  # back out of every tier, the last written first
         pd.testing.assert_frame_equal(spill.pop(key), given[key])
@@ -71,8 +71,7 @@ def test_host_tier_goes_to_disk_when_the_process_is_past_its_threshold(tmp_path)
     given = pieces(4)
     spill, ledger = buffer(tmp_path, device=True, fast=1, host=1 << 30, full=True)
     for key, piece in given.items():
-        spill[key] = piece
-        spill.relieve_host()
+        spill.update({key: piece})
     moved = spilled(ledger)
     assert moved["host-to-disk"] >= 0.9 * moved["device-to-host"]  # all of it, serialized
     for key, piece in given.items():
@@ -82,11 +81,19 @@ def test_host_tier_goes_to_disk_when_the_process_is_past_its_threshold(tmp_path)
 def test_host_target_spills_straight_to_disk_within_its_limit(tmp_path):
     given = pieces(4)
     spill, ledger = buffer(tmp_path, device=False, fast=1 << 30, host=1)
-    for key, piece in given.items():
-        spill[key] = piece
+    spill.update(given)
     assert set(spilled(ledger)) == {"host-to-disk"}
     for key, piece in given.items():
         pd.testing.assert_frame_equal(spill.pop(key), piece)
     small, _ = buffer(tmp_path / "small", device=False, fast=1, host=1, disk=1000)
     with pytest.raises(ShuffleError, match="would pass the disk limit of 1000 bytes"):
-        small["p0"] = given["p0"]
+        small.update({"p0": given["p0"]})
+
+
+def test_a_closed_buffer_refuses_pieces_and_leaves_no_files(tmp_path):
+    """A piece that arrives as its run ends (its store thread late) is refused, not written."""
+    spill, _ = buffer(tmp_path, device=False, fast=1, host=1)
+    spill.close()
+    with pytest.raises(ShuffleError, match="shuffle s has ended here"):
+        spill.update(pieces(1))
+    assert not os.path.exists(tmp_path / "spill")

@@ -220,7 +220,7 @@ def delay_receive(dask_worker, seconds: float) -> None:
 
     async def receive(**msg):
         await asyncio.sleep(seconds)
-        return service.receive(**msg)
+        return await service.receive(**msg)
 
     dask_worker.handlers[RECEIVE] = receive
 

@@ -7,11 +7,16 @@ target (which then spills straight to disk). The pieces in host memory also leav
 (:meth:`SpillBuffer.relieve_host`) whenever ``host_full`` says the worker's process is past its
 spill threshold, as the worker's own data does: ``host_limit`` counts only the pieces, not what
 else the process holds. Every spill is a ledger record.
+
+Pieces are kept from a thread of their own (spilling copies and writes bytes; on the event loop
+it would stall every receive) and taken back from the stage's thread, so each call holds a lock,
+and a buffer that is closed refuses pieces rather than leave files behind.
 """
 
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,20 +87,25 @@ class SpillBuffer:
             self._slow = zict.Func(_to_frames, _from_frames, disk)
             fast_limit = host_limit
         self._data = zict.Buffer({}, self._slow, n=fast_limit, weight=lambda k, v: sizeof(v))
-        self._in_host_memory = host if device else self._data  # the tier relieve_host empties
+        self._in_host_memory = host if device else self._data  # the tier emptied when full
+        self._lock = threading.Lock()
+        self._closed = False
 
-    def __setitem__(self, key: str, piece: Any) -> None:
-        self._data[key] = piece
-
-    def relieve_host(self) -> None:
-        """Every piece in host memory to disk where ``host_full`` says the process is past its
-        spill threshold (those on the GPU stay). Asked once per received message, not per
+    def update(self, pieces: dict[str, Any]) -> None:
+        """Keep ``pieces`` (one received message's) by key, spilling older ones past the limits;
+        then, where ``host_full`` says the process is past its spill threshold, every piece in
+        host memory goes to disk (those on the GPU stay). Asked once per message, not per
         piece: it costs a system call."""
-        if self.host_full():
-            self._in_host_memory.evict_until_below_target(0)
+        with self._lock:
+            if self._closed:
+                raise ShuffleError(f"shuffle {self.shuffle} has ended here", secondary=True)
+            self._data.update(pieces)
+            if self.host_full():
+                self._in_host_memory.evict_until_below_target(0)
 
     def pop(self, key: str) -> Any:
-        return self._data.pop(key)
+        with self._lock:
+            return self._data.pop(key)
 
     def _device_to_host(self, piece: Any) -> list[_Bytes]:
         start = time.perf_counter()
@@ -110,8 +120,10 @@ class SpillBuffer:
         return frames
 
     def close(self) -> None:
-        self._data.clear()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        with self._lock:
+            self._closed = True
+            self._data.clear()
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _to_frames(piece: Any) -> list[_Bytes]:

@@ -11,7 +11,8 @@ inputs a chunk at a time (on the GPU for cuDF/CuPy; ``gpudirect.shuffle.chunk-si
 consecutive inputs), sends each destination one message per chunk, and builds its outputs a
 group at a time from what arrived, so its work grows with the bytes and the partition count, not
 with their product. Sends go to the event loop, the stage blocking while the bytes in flight are
-at ``gpudirect.shuffle.max-in-flight``; every handler and all run state live on the loop.
+at ``gpudirect.shuffle.max-in-flight``. Every handler and the run's state live on the loop,
+but for the received pieces: those are kept (and spilled) in a thread of their own.
 
 Memory stays bounded, as in Distributed's P2P shuffle: an input is let go once it is split (so
 the worker may spill it), received pieces spill past ``gpudirect.shuffle.host-limit``, and the
@@ -30,6 +31,7 @@ import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import dask.config
@@ -135,19 +137,26 @@ class ShuffleRun:
         # the wire follows: every send in flight ends within it).
         self.timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
 
-    def put(self, inputs: tuple[int, ...], pieces: list[Piece]) -> None:
+    async def put(self, inputs: tuple[int, ...], pieces: list[Piece]) -> None:
         """Keep the rows of a chunk of ``inputs``: each piece ``(group, first, counts, rows)``
         holds, for outputs ``first, first + 1, ...`` of one of our groups,
-        ``counts[k, j - first]`` rows of ``inputs[k]`` for output ``j``, grouped by output."""
+        ``counts[k, j - first]`` rows of ``inputs[k]`` for output ``j``, grouped by output.
+        Kept in the service's store thread, where spilling them costs the loop nothing; the
+        caller (a sender waiting for our answer) hears back once they are kept, so a peer that
+        says it has finished has nothing left on its way."""
         self.raise_if_failed()
         try:
-            for group, first, counts, rows in pieces:
-                self.buffer[f"{group}-{inputs[0]}"] = rows
-                self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
-            self.buffer.relieve_host()
+            await asyncio.get_running_loop().run_in_executor(
+                self.service.store_thread, self._keep, inputs, pieces
+            )
         except ShuffleError as exc:  # a limit reached here: this run fails, and says so
             self.fail(exc)
             raise
+
+    def _keep(self, inputs: tuple[int, ...], pieces: list[Piece]) -> None:
+        self.buffer.update({f"{group}-{inputs[0]}": rows for group, _, _, rows in pieces})
+        for group, first, counts, _ in pieces:
+            self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
     def outputs(
         self, exchange: Exchange, groups: list[range], clock: Phases
@@ -331,6 +340,8 @@ class ShuffleService:
         # an event set when one of them changes state (then replaced by a fresh one)
         self.awaited: collections.Counter[Key] = collections.Counter()
         self.input_changed = asyncio.Event()
+        # where received pieces are kept (and spilled), one message after another
+        self.store_thread = ThreadPoolExecutor(1, thread_name_prefix="gpudirect-shuffle-store")
 
     def handlers(self) -> dict[str, Any]:
         """The comm handlers peers call."""
@@ -341,7 +352,7 @@ class ShuffleService:
         }
 
     # --- handlers (event loop) ---------------------------------------------------------------
-    def receive(
+    async def receive(
         self,
         shuffle_id: str,
         target: TargetName,
@@ -352,7 +363,7 @@ class ShuffleService:
         rows: list,
     ) -> None:
         pieces = list(zip(groups, firsts, counts, rows, strict=True))
-        self.run(shuffle_id, target).put(inputs, pieces)
+        await self.run(shuffle_id, target).put(inputs, pieces)
 
     def peer_finished(self, shuffle_id: str, target: TargetName, source: str) -> None:
         run = self.run(shuffle_id, target)
@@ -429,6 +440,7 @@ class ShuffleService:
             self.close(shuffle_id, "the plugin was removed")
         for shuffle_id in list(self.built):
             self._drop_built(shuffle_id)
+        self.store_thread.shutdown(wait=False, cancel_futures=True)
 
     def task_changed(self, key: Key) -> None:
         """A task of this worker changed state (the plugin's hook): wake the stages waiting for
