@@ -4,7 +4,7 @@ Pieces stay on their device up to ``fast_limit`` bytes; past it the least recent
 spill (as serialized frames) to host memory up to ``host_limit``, then to files in the worker's
 local directory. The first tier is the GPU on the device target and host memory on the host
 target (which then spills straight to disk). The pieces in host memory also leave it for disk
-(:meth:`SpillBuffer.relieve_host`) whenever ``host_full`` says the worker's process is past its
+(:meth:`SpillBuffer.update`) whenever ``host_full`` says the worker's process is past its
 spill threshold, as the worker's own data does: ``host_limit`` counts only the pieces, not what
 else the process holds. Every spill is a ledger record.
 
