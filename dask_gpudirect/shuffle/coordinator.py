@@ -207,7 +207,7 @@ def _plan(
         placed=bool(prepared["placed"]),
     )
     if engine == "rapidsmpf":
-        plan = _on_rapidsmpf(client, plan)
+        plan = _on_rapidsmpf(client, plan, {w: limit["rapidsmpf"] for w, limit in limits.items()})
     logger.info(
         "shuffle %s: %d partitions -> %d over %d workers, engine %s",
         plan.id,
@@ -271,15 +271,16 @@ def _start(
     return client.sync(submit)
 
 
-def _on_rapidsmpf(client: Client, plan: Exchange) -> Exchange:
-    """``plan`` with an op id of its own, its workers sharing one RapidsMPF communicator."""
+def _on_rapidsmpf(client: Client, plan: Exchange, members: dict[str, Any]) -> Exchange:
+    """``plan`` with an op id of its own, its workers sharing one RapidsMPF communicator (the
+    one ``members`` says they have, or a new one)."""
     from .rapidsmpf_engine import ensure_ranks, op_id_limit
 
     op_id = client.sync(
         client.scheduler.gpudirect_shuffle_op_id, shuffle_id=plan.id, limit=op_id_limit()
     )
     try:
-        ensure_ranks(client, plan.participants)
+        ensure_ranks(client, plan.participants, members)
     except Exception:
         _end(client, plan)  # gives the op id back
         raise

@@ -61,11 +61,11 @@ def op_id_limit() -> int:
     return int(Shuffler.max_concurrent_shuffles)
 
 
-def ensure_ranks(client: Client, participants: tuple[str, ...]) -> None:
-    """Start a communicator over ``participants`` unless every one already has it: one call to
-    see, and two to start (the root, then every rank at once: they meet at a barrier)."""
-    members = client.run(_members, workers=list(participants))
-    if all(found == participants for found in members.values()):
+def ensure_ranks(client: Client, participants: tuple[str, ...], known: dict[str, Any]) -> None:
+    """Start a communicator over ``participants`` unless every one already has it, as
+    ``known`` says (each one's :func:`members`, from the room it told the plan): two calls to
+    start (the root, then every rank at once: they meet at a barrier), none where they have."""
+    if all(tuple(known.get(w) or ()) == participants for w in participants):
         return
     root = participants[0]
     address = client.run(_start_root, len(participants), workers=[root])[root]
@@ -75,7 +75,8 @@ def ensure_ranks(client: Client, participants: tuple[str, ...]) -> None:
 # --- on the workers: the communicator -----------------------------------------------------------
 
 
-def _members(dask_worker: Worker) -> tuple[str, ...] | None:
+def members(dask_worker: Worker) -> tuple[str, ...] | None:
+    """The workers of this worker's communicator; None where it has none."""
     ranks = getattr(dask_worker, RANKS, None)
     return None if ranks is None else ranks.members
 

@@ -130,6 +130,33 @@ def test_rapidsmpf_engine_matches_pandas_and_the_distributed_engine(client):
     assert "rapidsmpf-ucx" in moved
 
 
+def _mark_communicator(dask_worker) -> bool:
+    """Mark this worker's RapidsMPF communicator; False where it has none."""
+    from dask_gpudirect.shuffle.rapidsmpf_engine import RANKS
+
+    ranks = getattr(dask_worker, RANKS, None)
+    if ranks is not None:
+        ranks.marked = True
+    return ranks is not None
+
+
+def _marked_communicator(dask_worker) -> bool:
+    from dask_gpudirect.shuffle.rapidsmpf_engine import RANKS
+
+    return getattr(getattr(dask_worker, RANKS, None), "marked", False)
+
+
+def test_rapidsmpf_keeps_one_communicator_for_the_same_workers(client):
+    """A RapidsMPF shuffle on workers that already share a communicator starts none: the plan
+    learns it from the room each worker reports, and every row still lands in its partition."""
+    engine = _rapidsmpf()
+    pdf = _frame(ROWS, 1000, seed=9)
+    _check_hash_shuffle(client, pdf, 4, 4, engine=engine)
+    assert all(client.run(_mark_communicator).values())
+    _check_hash_shuffle(client, pdf, 6, 3, engine=engine)
+    assert all(client.run(_marked_communicator).values())
+
+
 def test_rapidsmpf_engine_one_skewed_many_and_empty_partitions(client):
     engine = _rapidsmpf()
     pdf = _frame(ROWS, 1000, seed=5)
