@@ -142,9 +142,9 @@ class ShuffleRun:
         """Keep the rows of a chunk of ``inputs``: each piece ``(group, first, counts, rows)``
         holds, for outputs ``first, first + 1, ...`` of one of our groups,
         ``counts[k, j - first]`` rows of ``inputs[k]`` for output ``j``, grouped by output.
-        Kept in the service's store thread, where spilling them costs the loop nothing; the
-        caller (a sender waiting for our answer) hears back once they are kept, so a peer that
-        says it has finished has nothing left on its way."""
+        Kept in the service's store thread, not on the loop (spilling copies and writes their
+        bytes); the caller (a sender waiting for our answer) hears back once they are kept, so
+        a peer that says it has finished has nothing left on its way."""
         self.raise_if_failed()
         try:
             await asyncio.get_running_loop().run_in_executor(
