@@ -16,6 +16,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+from dask.dataframe.shuffle import partitioning_index
 from dask.sizeof import sizeof
 from distributed import futures_of, wait
 from pandas.testing import assert_frame_equal, assert_series_equal
@@ -131,6 +132,29 @@ def test_several_on_columns(client):
     assert_hash_partitions(parts, pdf, ["k", "s"], 6)
     pairs = [set(zip(p["k"], p["s"], strict=True)) for p in parts]
     assert sum(map(len, pairs)) == len(set().union(*pairs)) == 4 * 7  # no pair in two partitions
+
+
+@pytest.mark.parametrize("keep_order", [True, False])
+@pytest.mark.parametrize("on", ["row", ["k", "row"], ["row", "s"]], ids=str)
+def test_on_the_index(client, on, keep_order):
+    """The index's name in ``on``, as Dask's shuffle takes it: the index is hashed after the
+    columns named with it, and every row keeps its label."""
+    pdf = sample_frame(2000, keys=50, seed=4)
+    df = dd.from_pandas(pdf, npartitions=4)
+    out = dg.shuffle(df, on, npartitions=5, client=client, keep_order=keep_order)
+    columns = [c for c in ([on] if isinstance(on, str) else on) if c != "row"]
+    where = np.asarray(partitioning_index(pdf.reset_index()[[*columns, "row"]], 5))
+    parts = partitions(client, out)
+    assert len(parts) == 5
+    for j, part in enumerate(parts):
+        assert_frame_equal(part, pdf[where == j])
+
+
+def test_a_column_named_as_the_index_is_the_column(client):
+    """Where a column and the index share a name, ``on`` means the column (as in Dask)."""
+    pdf = sample_frame(600, keys=20, seed=6).rename_axis("k")
+    df = dd.from_pandas(pdf, npartitions=3)
+    assert_hash_partitions(partitions(client, dg.shuffle(df, "k", client=client)), pdf, "k", 3)
 
 
 def test_result_is_a_dataframe_to_keep_computing_on(client):

@@ -731,7 +731,8 @@ def test_worker_lost_while_only_its_stage_is_left():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"on": "nope"}, r"columns \['nope'\] are not in"),
+        ({"on": "nope"}, r"columns \['nope'\] are not in \['k', 'v'\] or the index 'row'"),
+        ({"on": "row", "ignore_index": True}, "cannot shuffle on the index 'row' with ignore_"),
         ({"on": ["k", "nope"]}, r"columns \['nope'\] are not in"),
         ({"on": []}, "name at least one column"),
         ({"on": "k", "npartitions": 0}, "bad npartitions 0"),
@@ -749,10 +750,17 @@ def test_worker_lost_while_only_its_stage_is_left():
 )
 def test_bad_shuffle_options(tcp, kwargs, match):
     clear_ledgers(tcp)
-    df = dd.from_pandas(frame(100, keys=5), npartitions=2)
+    df = dd.from_pandas(frame(100, keys=5).rename_axis("row"), npartitions=2)
     with pytest.raises(dg.InputError, match=match):
         dg.shuffle(df, client=tcp, **kwargs)
     assert ledger_report.records(tcp).empty
+
+
+def test_shuffle_on_a_series_names_what_it_takes(tcp):
+    """Dask's shuffle also takes a Series to hash; ``dg.shuffle`` says to make it a column."""
+    df = dd.from_pandas(frame(100, keys=5), npartitions=2)
+    with pytest.raises(dg.InputError, match=r"on a Series: .*df.assign\(key=...\)"):
+        dg.shuffle(df, df["k"] % 3, client=tcp)
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,8 @@ def shuffle(
     df
         A Dask DataFrame of pandas or cuDF partitions.
     on
-        Column name(s) to hash.
+        Column name(s) to hash, or the index's name among them: as in Dask's shuffle, the index
+        is hashed after the columns, and it stays the index.
     npartitions
         Output partitions (default: as many as ``df`` has).
     client
@@ -100,17 +101,16 @@ def shuffle(
     if not isinstance(df, dd.DataFrame):
         raise InputError(None, f"dg.shuffle needs a Dask DataFrame, not {type(df).__name__}")
     client = connected(client)
-    on = list(on) if isinstance(on, list | tuple) else [on]
-    if not on:
-        raise InputError(None, "cannot shuffle on []: name at least one column")
-    missing = [c for c in on if c not in df.columns]
-    if missing:
-        raise InputError(
-            None, f"cannot shuffle on {on}: columns {missing} are not in {list(df.columns)}"
-        )
+    on = _keys(df, on)
     for option, value in (("ignore_index", ignore_index), ("keep_order", keep_order)):
         if not isinstance(value, bool):
             raise InputError(None, f"{option} must be True or False, not {value!r}")
+    if ignore_index and df.index.name in on and df.index.name not in df.columns:
+        raise InputError(
+            None,
+            f"cannot shuffle on the index {df.index.name!r} with ignore_index=True, which drops "
+            "its labels: leave ignore_index False, or make it a column (df.reset_index())",
+        )
     if npartitions is None:
         npartitions = df.npartitions
     npartitions = _integer(npartitions, "npartitions", 1, "a positive integer")
@@ -137,6 +137,29 @@ def shuffle(
             _determ_token=token,
         )
         return new_collection(graph)
+
+
+def _keys(df: dd.DataFrame, on: Any) -> list:
+    """``on`` as a list of names, each a column of ``df`` or its index's name (as Dask's
+    shuffle takes them)."""
+    on = list(on) if isinstance(on, list | tuple) else [on]
+    if not on:
+        raise InputError(None, "cannot shuffle on []: name at least one column")
+    for key in on:
+        if dask.is_dask_collection(key):
+            raise InputError(
+                None,
+                f"cannot shuffle on a {type(key).__name__}: on= takes column names or the "
+                "index's name; add the values as a column first (df.assign(key=...))",
+            )
+    names = [*df.columns, *([df.index.name] if df.index.name is not None else [])]
+    missing = [c for c in on if c not in names]
+    if missing:
+        index = f" or the index {df.index.name!r}" if df.index.name is not None else ""
+        raise InputError(
+            None, f"cannot shuffle on {on}: columns {missing} are not in {list(df.columns)}{index}"
+        )
+    return on
 
 
 def _meta_of(then: Callable[[Any], Any], meta: Any) -> Any:

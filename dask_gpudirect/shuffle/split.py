@@ -53,7 +53,8 @@ class Splitter(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class HashSplit:
-    """Output partition ``j`` gets the rows whose hash of ``on`` modulo ``npartitions`` is ``j``.
+    """Output partition ``j`` gets the rows whose hash of ``on`` modulo ``npartitions`` is ``j``;
+    ``on`` names columns, or the index (hashed after them, as in Dask's shuffle).
 
     The hash is Dask's own (``partitioning_index``, dispatched to pandas or cuDF), so a user can
     tell which partition holds a key with the same function.
@@ -73,12 +74,17 @@ class HashSplit:
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
         module = targets.module(self.target)
         joined = self.join(parts)
-        if not self.keep_order:
+        columns = [c for c in self.on if c in self.meta.columns]
+        if not self.keep_order and len(columns) == len(self.on):
             cut = module.hash_partition(joined, self.on, self.npartitions, self.meta, self.index)
             if cut is not None:  # no input order to keep: the chunk counts as one input
                 ordered, sizes = cut
                 return ordered, sizes[np.newaxis, :]
-        where = partitioning_index(joined[self.on], self.npartitions)
+        if len(columns) == len(self.on):
+            keys = joined[columns]
+        else:  # the index is named too: hashed after the columns, as Dask's shuffle does
+            keys = joined[columns].reset_index()[[*columns, self.meta.index.name]]
+        where = partitioning_index(keys, self.npartitions)
         lengths = [len(p) for p in parts]
         order, counts = module.group_order(where, lengths, self.npartitions)
         return module.take_rows(joined, order, self.index), counts

@@ -304,6 +304,29 @@ def test_keep_order_false_shuffles_every_row_to_its_partition(
     assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
 
 
+@pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
+@pytest.mark.parametrize("keep_order", [True, False])
+@pytest.mark.parametrize("on", ["row", ["s", "row"]], ids=str)
+def test_on_the_index_of_cudf_partitions(client, engine, keep_order, on):
+    """The index's name in ``on`` on the GPU, as on the host: hashed after the columns (where
+    Dask's hash of them puts each row), labels kept, both engines."""
+    if engine == "rapidsmpf":
+        _rapidsmpf()
+    pdf = _keyed_frame(20_000, seed=10)
+    pdf.index = pd.Index(np.arange(len(pdf)) * 3, name="row")
+    ddf = dd.from_pandas(pdf, npartitions=6).to_backend("cudf")
+    kwargs = {"keep_order": keep_order} if engine == "distributed" else {"keep_order": False}
+    out = dg.shuffle(ddf, on, 5, client, engine=engine, **kwargs)
+    parts = client.gather(client.compute([out.get_partition(j) for j in range(5)]))
+    columns = [c for c in ([on] if isinstance(on, str) else on) if c != "row"]
+    for j, part in enumerate(parts):
+        assert (partitioning_index(part[columns].reset_index()[[*columns, "row"]], 5) == j).all()
+    import cudf
+
+    got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")
+    pd.testing.assert_frame_equal(got, cudf.from_pandas(pdf).to_pandas(), check_dtype=False)
+
+
 def test_auto_hands_few_unordered_partitions_to_rapidsmpf(client):
     """``engine="auto"`` (the default) picks RapidsMPF only where it was measured the faster and
     gives what was asked for: ``keep_order=False`` and at most 32 partitions. Ordered rows,
