@@ -22,6 +22,8 @@ import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from dask.utils import natural_sort_key
+
 from . import access, remote
 from .errors import InputError
 
@@ -109,13 +111,13 @@ def absolute(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str
 
 
 def data_files(directory: str, listing: Listing = FLAT) -> list[str]:
-    """The entries a read of ``directory`` takes, sorted: not those starting with ``.`` or ``_``
+    """The entries a read of ``directory`` takes: not those starting with ``.`` or ``_``
     (hidden files, ``_metadata``, ``_SUCCESS``), with ``listing.extensions`` only those ending
     in one of them (as Dask's ``parquet_file_extension``), and subdirectories' files only where
-    ``listing.recursive`` (each subdirectory's after the files beside it, by name)."""
+    ``listing.recursive``. In no set order: :func:`merge` orders every entry's files."""
     files, folders = [], []
-    with os.scandir(directory) as found:  # file types from the listing: no stat per name
-        entries = sorted(found, key=lambda entry: entry.name)
+    with os.scandir(directory) as listed:  # file types from the listing: no stat per name
+        entries = list(listed)
     for entry in entries:
         if listing.hidden(entry.name):
             continue
@@ -136,7 +138,7 @@ def view(entry: str, listing: Listing = FLAT) -> View:
         return View(REFUSED)
     try:
         if glob.has_magic(entry):
-            kind, candidates = GLOB, sorted(glob.glob(entry))
+            kind, candidates = GLOB, glob.glob(entry)
         elif os.path.isdir(entry):
             kind, candidates = DIRECTORY, data_files(entry, listing)
         elif os.path.lexists(entry):
@@ -195,7 +197,9 @@ def views(entries: list[str], listing: Listing = FLAT) -> list[View]:
 
 
 def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FLAT) -> Found:
-    """The files of ``entries`` over all workers' views ``seen`` (worker -> one view per entry)."""
+    """The files of ``entries`` over all workers' views ``seen`` (worker -> one view per entry):
+    the entries in the order given, each one's files in the natural order of their paths, as
+    Dask orders a dataset's (``part.2`` before ``part.10``, ``month=2/`` before ``month=10/``)."""
     found = Found(readable={worker: set() for worker in seen})
     files: dict[str, None] = {}  # an ordered set
     sizes: dict[str, dict[str, int]] = {}
@@ -213,7 +217,7 @@ def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FL
             names.update(v.refused)
         if not names:
             raise _nothing_found(entry, {v.kind for v in here.values()}, listing.extensions)
-        files.update(dict.fromkeys(sorted(names)))
+        files.update(dict.fromkeys(sorted(names, key=natural_sort_key)))
     for path in files:
         if path not in sizes:  # only ever refused: inside the roots by name, outside in fact
             raise access.Refused(path)

@@ -3,9 +3,9 @@
 A local path is listed by every worker (each sees its own disks, :mod:`.discovery`); an
 ``s3://`` prefix or glob is the same bucket for all, so one ListObjectsV2 walk here stands for
 every worker's view, and placement then balances the objects' bytes over all workers. Listing
-follows the rules of a local directory read (:meth:`.discovery.Listing.hidden`, ``takes``, the
-order of :func:`.discovery.data_files`); a glob matches one key segment per pattern segment, as
-``glob.glob`` does one path component. HTTP(S) has no listing: a URL names one file.
+follows the rules of a local directory read (:meth:`.discovery.Listing.hidden`, ``takes``; every
+read's files are ordered by :func:`.discovery.merge`); a glob matches one key segment per pattern
+segment, as ``glob.glob`` does one path component. HTTP(S) has no listing: a URL names one file.
 """
 
 from __future__ import annotations
@@ -68,16 +68,10 @@ def view(entry: str, listing: Listing, store: remote.Store) -> View:
     raise remote.error(entry, FileNotFoundError(entry), store)
 
 
-def _order(parts: list[str]) -> tuple[tuple[bool, str], ...]:
-    """Where a key of ``parts`` under a prefix sorts: a folder's files before its subfolders,
-    each by name (as :func:`.discovery.data_files` orders a local directory)."""
-    return tuple((i < len(parts) - 1, part) for i, part in enumerate(parts))
-
-
 def _listed(
     fs: pafs.S3FileSystem, prefix: str, listing: Listing
 ) -> tuple[tuple[str, int, int], ...]:
-    """The objects under ``prefix`` a read of it takes, in directory-read order."""
+    """The objects under ``prefix`` a read of it takes."""
     import pyarrow.fs as pafs
 
     selector = pafs.FileSelector(prefix, recursive=listing.recursive)
@@ -87,12 +81,12 @@ def _listed(
         if info.type != pafs.FileType.File or any(map(Listing.hidden, parts)):
             continue
         if listing.takes(parts[-1]):
-            found.append((_order(parts), ("s3://" + info.path, info.size, 0)))
-    return tuple(file for _, file in sorted(found))
+            found.append(("s3://" + info.path, info.size, 0))
+    return tuple(found)
 
 
 def _globbed(entry: str, fs: pafs.S3FileSystem, pattern: str) -> tuple[tuple[str, int, int], ...]:
-    """The objects matching ``pattern`` (``bucket/a/*/b*.parquet``), sorted."""
+    """The objects matching ``pattern`` (``bucket/a/*/b*.parquet``)."""
     import pyarrow.fs as pafs
 
     segments = pattern.split("/")
@@ -109,7 +103,7 @@ def _globbed(entry: str, fs: pafs.S3FileSystem, pattern: str) -> tuple[tuple[str
                 found.append(("s3://" + info.path, info.size, 0))
     if not found and fs.get_file_info(base.split("/")[0]).type == pafs.FileType.NotFound:
         raise InputError(entry, f"no such bucket {base.split('/')[0]!r}")
-    return tuple(sorted(found))
+    return tuple(found)
 
 
 def _matches(name: str, pattern: str) -> bool:

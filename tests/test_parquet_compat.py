@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -75,6 +76,22 @@ def test_a_folder_takes_its_parquet_files(tcp, tmp_path):
     readme = os.fspath(tmp_path / "README.txt")
     with pytest.raises(dg.InputError, match=f"{readme}: not a valid Parquet file"):
         dg.read_parquet(tmp_path, parquet_file_extension=None, client=tcp)  # every file
+
+
+@pytest.mark.parametrize("how", ["folder", "glob", "hive"])
+def test_files_come_in_dasks_order(tcp, tmp_path, how):
+    """As Dask orders a dataset's files (their paths' natural order): Dask's ``to_parquet``
+    writes ``part.0`` to ``part.11``, and ``part.10`` comes after ``part.9``, not after
+    ``part.1``; hive folders ``n=2`` before ``n=10``. Rows then come in the order Dask gives."""
+    for i in range(12):
+        folder = tmp_path / f"n={i}" if how == "hive" else tmp_path
+        folder.mkdir(exist_ok=True)
+        write(folder / f"part.{i}.parquet", frame(50 * i))
+    path = tmp_path / "*.parquet" if how == "glob" else tmp_path
+    got = compute(tcp, dg.read_parquet(path, columns=["id", "x", "s"], client=tcp))
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0, 600))
+    theirs = dd.read_parquet(path, columns=["id", "x", "s"]).compute(scheduler="sync")
+    assert theirs["id"].tolist() == got["id"].tolist()
 
 
 def test_a_folder_without_parquet_files_says_so(tcp, tmp_path):
