@@ -249,6 +249,21 @@ def test_pandas_nullable_types_in_meta_and_partitions(tcp, tmp_path):
     assert dtypes_of(tcp, df) == [want, want]
 
 
+def test_the_unnamed_index_dask_stored_comes_back_unnamed(tcp, tmp_path):
+    """Dask's ``to_parquet`` stores an unnamed index as a column ``__null_dask_index__``;
+    ``dd.read_parquet`` indexes by it and unnames it, and so does ``dg.read_parquet``."""
+    keys = np.random.default_rng(1).permutation(1000)[:300]
+    pdf = pd.DataFrame({"x": np.arange(300.0)}, index=keys)
+    dd.from_pandas(pdf, npartitions=3).to_parquet(tmp_path, compute_kwargs={"scheduler": "sync"})
+    theirs = dd.read_parquet(tmp_path)
+    df = dg.read_parquet(tmp_path, client=tcp)
+    assert df.index.name is None and theirs.index.name is None
+    assert list(df.columns) == list(theirs.columns) == ["x"]
+    got = compute(tcp, df)
+    assert got.index.name is None
+    pd.testing.assert_frame_equal(got, theirs.compute(scheduler="sync"))
+
+
 def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
     """``df.set_index("key").to_parquet(...)``: indexed by ``key`` again, as pandas reads it
     (dd.read_parquet of this Dask names no index and fails to compute it); an unnamed index

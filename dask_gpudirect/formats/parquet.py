@@ -151,12 +151,17 @@ def finished(
     return indexed(frame, index)
 
 
+#: The column Dask's ``to_parquet`` stores an unnamed index in (``dd.read_parquet`` unnames it).
+DASK_UNNAMED_INDEX = "__null_dask_index__"
+
+
 def indexed(frame: Frame, index: str | None) -> Frame:
-    """``frame`` indexed by the column ``index`` (pandas' ``__index_level_0__`` unnamed)."""
+    """``frame`` indexed by the column ``index``; unnamed where pandas or Dask stored an
+    unnamed index (``__index_level_0__``, ``__null_dask_index__``)."""
     if index is None:
         return frame
     frame = frame.set_index(index)
-    if index.startswith("__index_level_"):
+    if index.startswith("__index_level_") or index == DASK_UNNAMED_INDEX:
         frame.index.name = None
     return frame
 
