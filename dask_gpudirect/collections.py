@@ -218,7 +218,8 @@ def read_parquet(
         Columns to load (default: all); one name gives a Series, as in Dask.
     filters
         pyarrow DNF filters, e.g. ``[("x", ">", 3)]``: row groups whose statistics rule them
-        out are never read, and the remaining rows are filtered exactly. Terms on hive keys
+        out are never read, and the remaining rows are filtered exactly; ``("x", "is", None)``
+        and ``"is not"`` test for nulls, as in Dask. Terms on hive keys
         are decided per folder at planning. A file ruled out
         whole gives one empty partition, whose task checks that the file is still the one
         planned (its footer, size and modification time).

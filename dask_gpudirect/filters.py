@@ -2,7 +2,9 @@
 
 One evaluator serves pandas and cuDF frames alike, so both targets filter rows the same way.
 Nulls follow pyarrow: a comparison with null never matches; ``in`` matches a null only when
-None is among the values, and ``not in`` keeps it unless None is (pyarrow's ``is_in``).
+None is among the values, and ``not in`` keeps it unless None is (pyarrow's ``is_in``). As in
+Dask, ``(column, "is", None)`` keeps the nulls (and NaNs) and ``"is not"`` the others, and a
+comparison with None is refused: it would keep no row.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ COMPARE = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-OPERATORS = frozenset(COMPARE) | {"in", "not in"}
+OPERATORS = frozenset(COMPARE) | {"in", "not in", "is", "is not"}
 
 Filters = list[list[tuple[str, str, Any]]]
 
@@ -50,6 +52,12 @@ def normalize(filters: Any, columns: list[str], path: str | None = None) -> Filt
                 )
             if op in ("in", "not in") and not isinstance(value, (list, tuple, set, frozenset)):
                 raise InputError(None, f"filter {term!r}: {op!r} needs a list of values")
+            if op in ("is", "is not") and not _null(value):
+                raise InputError(None, f"filter {term!r}: {op!r} compares with None only")
+            if op in COMPARE and _null(value):
+                raise InputError(
+                    None, f"filter {term!r}: nothing equals None; use 'is' or 'is not' for nulls"
+                )
             terms.append((column, op, value))
         out.append(terms)
     return out
@@ -64,13 +72,29 @@ def columns_of(filters: Filters | None) -> list[str]:
     return list(seen)
 
 
-def to_expression(filters: Filters | None) -> Any:
-    """The pyarrow expression for ``filters``, used to prune row groups by their statistics."""
+def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset()) -> Any:
+    """The pyarrow expression for ``filters``, used to prune row groups by their statistics.
+    ``floats``: the floating-point columns, whose NaNs ``"is"`` keeps but no statistic counts
+    (a row group without nulls may hold them), so it prunes nothing there."""
     if filters is None:
         return None
+    import functools
+
+    import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    return pq.filters_to_expression(filters)
+    def term(column: str, op: str, value: Any) -> Any:
+        if op == "is" and column in floats:
+            return ds.scalar(True)
+        if op in ("is", "is not"):  # pyarrow's DNF has no null test
+            null = ds.field(column).is_null(nan_is_null=True)
+            return null if op == "is" else ~null
+        return pq.filters_to_expression([[(column, op, value)]])
+
+    return functools.reduce(
+        operator.or_,
+        (functools.reduce(operator.and_, (term(*t) for t in c)) for c in filters),
+    )
 
 
 def apply(frame: Any, filters: Filters | None) -> Any:
@@ -85,6 +109,8 @@ def apply(frame: Any, filters: Filters | None) -> Any:
             if op in ("in", "not in"):
                 term = _isin(series, value)
                 term = ~term if op == "not in" else term
+            elif op in ("is", "is not"):
+                term = series.isna() if op == "is" else series.notna()
             else:
                 term = COMPARE[op](series, value).fillna(False).astype(bool) & series.notna()
             mask = term if mask is None else mask & term
@@ -99,3 +125,8 @@ def _isin(series: Any, values: Any) -> Any:
     if any(v is None for v in values):
         return found | series.isna()
     return found & series.notna()
+
+
+def _null(value: Any) -> bool:
+    """None, or a float NaN (Dask's null test takes either)."""
+    return value is None or (isinstance(value, float) and value != value)

@@ -323,10 +323,12 @@ def test_filter_on_unknown_column(tcp, good):
         [("id", "~", 1)],
         [("id", ">")],
         [("id", "in", 3)],
+        [("id", "==", None)],
+        [("id", "is", 3)],
         "id > 3",
         [],
     ],
-    ids=["operator", "two-items", "in-scalar", "string", "empty"],
+    ids=["operator", "two-items", "in-scalar", "equals-none", "is-not-none", "string", "empty"],
 )
 def test_malformed_filters(tcp, good, filters):
     with pytest.raises(dg.InputError, match="filter"):

@@ -230,6 +230,48 @@ def test_filters_match_pyarrow(client, tmp_path, filters):
     assert_same_frame(got, expected, by="id")
 
 
+NULL_FILTERS = [
+    pytest.param([("text", "is", None)], id="is-none"),
+    pytest.param([("f32", "is", None)], id="is-none-float"),
+    pytest.param([("f32", "is not", None)], id="is-not-none"),
+    pytest.param([("f64", "is", None)], id="is-none-keeps-nan"),
+    pytest.param([("f64", "is not", np.nan)], id="is-not-nan"),
+    pytest.param([[("text", "is", None)], [("id", "<", 5)]], id="or"),
+]
+
+
+@pytest.mark.parametrize("filters", NULL_FILTERS)
+def test_null_filters_as_dask(client, tmp_path, filters):
+    """Dask's null test: ``(column, "is", None)`` keeps the nulls, and a float column's NaNs
+    (Dask's ``nan_is_null``), ``"is not"`` the others. Row groups without nulls are pruned by
+    their null counts, but not for a float column: no statistic counts NaNs (Dask prunes them
+    there, and so loses NaN rows where a row group holds no null)."""
+    n = 600  # nulls only in the first half's row groups; NaNs in f64 everywhere
+    table = pa.table(
+        {
+            "id": np.arange(n),
+            "f32": pa.array([None if i % 7 == 3 and i < 300 else i / 3 for i in range(n)]),
+            "f64": np.where(np.arange(n) % 11 == 0, np.nan, np.arange(n) * 0.5),
+            "text": pa.array([None if i % 5 == 0 and i < 300 else f"t{i}" for i in range(n)]),
+        }
+    )
+    path = write(tmp_path / "nulls.parquet", table, row_group_size=100)
+    frame = table.to_pandas()
+    keep = None
+    for conjunction in filters if isinstance(filters[0], list) else [filters]:
+        mask = np.ones(n, dtype=bool)
+        for column, op, _ in conjunction:
+            if op in ("is", "is not"):
+                mask &= frame[column].isna() if op == "is" else frame[column].notna()
+            else:
+                mask &= frame[column] < 5
+        keep = mask if keep is None else keep | mask
+    got = read(client, path, filters=filters)
+    assert sorted(got["id"]) == frame["id"][keep].tolist()
+    if filters == [("text", "is", None)]:  # the null counts rule out rows 300 and on
+        assert dg.read_parquet(path, filters=filters, blocksize=1, client=client).npartitions == 3
+
+
 def test_filters_prune_row_groups(tcp, tmp_path):
     """Row groups ruled out by statistics are never read: fewer partitions, fewer bytes."""
     path = write(tmp_path / "sorted.parquet", rich_table(1000), row_group_size=100)

@@ -84,6 +84,10 @@ def test_a_null_partition_value(tcp, tmp_path):
     others = dg.read_parquet(tmp_path, filters=[("region", "not in", ["eu"])], client=tcp)
     kept = compute(tcp, others)["region"]
     assert kept.isna().sum() == 2 * 40 and set(kept.dropna()) == {"us"}
+    for op, nulls in (("is", True), ("is not", False)):  # Dask's null test, decided by folder
+        kept = compute(tcp, dg.read_parquet(tmp_path, filters=[("region", op, None)], client=tcp))
+        assert len(kept) == (2 * 40 if nulls else len(rows) - 2 * 40)
+        assert kept["region"].isna().all() if nulls else kept["region"].notna().all()
 
 
 @pytest.mark.parametrize(

@@ -548,7 +548,8 @@ def _file_shards(
     ``out``."""
     blocksize, per_shard, target, ranged, store = args
     part = dict(part, layout=_layout(footer.file))
-    expression = dnf.to_expression(part["filters"])
+    floats = frozenset(f.name for f in footer.schema if pa.types.is_floating(f.type))
+    expression = dnf.to_expression(part["filters"], floats)
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     store = remote.store_of(path, store)
     leaves = _top_level_columns(footer.file)
