@@ -196,6 +196,7 @@ def read_parquet(
     client: Client | None = None,
     *,
     index: str | list[str] | bool | None = None,
+    calculate_divisions: bool = False,
     parquet_file_extension: str | tuple[str, ...] | None = compat.PARQUET_EXTENSIONS,
     split_row_groups: bool | int | str = "infer",
     dtype_backend: str | None = None,
@@ -239,6 +240,11 @@ def read_parquet(
         As in Dask: ``None`` restores the index pandas stored in the files (one column; not
         where ``columns`` names it), ``False`` gives a fresh RangeIndex per partition (stored
         index columns become columns), a column name indexes by that column.
+    calculate_divisions
+        As in Dask: the divisions of the index from the files' statistics (each partition's
+        smallest index value, then the last one's largest), known where every partition's
+        values start at or after the largest of the one before; unknown otherwise, or where a
+        statistic is missing. Lets Dask select by index and join on it without a shuffle.
     parquet_file_extension
         The files a directory read takes, as in Dask: those ending in one of these (``None``:
         every file). Files starting with ``.`` or ``_`` are skipped either way.
@@ -261,6 +267,10 @@ def read_parquet(
     """
     compat.check_kwargs("read_parquet", kwargs)
     compat.check_filesystem(filesystem)
+    if not isinstance(calculate_divisions, bool):
+        raise InputError(
+            None, f"calculate_divisions must be True or False, not {calculate_divisions!r}"
+        )
     per_shard = compat.row_groups_per_partition(split_row_groups)
     listing = discovery.Listing(compat.extensions_of(parquet_file_extension), recursive=True)
     clock = Phases()
@@ -293,6 +303,7 @@ def read_parquet(
             load_partition,
             partitions,
             meta=meta,
+            divisions=parquet.divisions(partitions, plan) if calculate_divisions else None,
             label="gpudirect-read-parquet",
             enforce_metadata=False,
         ).expr
@@ -300,7 +311,8 @@ def read_parquet(
     # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
     # object column to strings, turning decimals, lists and bytes into text.
     with clock("partitions"), dask.config.set({"dataframe.convert-string": False}):
-        expr = read_plans.reads.collection(found, parquet.plan, args, (at_least, spread), build)
+        cut = (at_least, spread, calculate_divisions)
+        expr = read_plans.reads.collection(found, parquet.plan, args, cut, build)
         frame = new_collection(expr)
     last_phases.clear()
     last_phases.update(clock.seconds)

@@ -17,7 +17,6 @@ PARQUET_EXTENSIONS = (".parq", ".parquet", ".pq")
 REFUSED = {
     "engine": "dask-gpudirect decodes with pyarrow (host target) and libcudf (device target)",
     "open_file_options": "dask-gpudirect opens each file itself, to check gpudirect.allowed-roots",
-    "calculate_divisions": "partitions carry no divisions (not supported yet)",
     "ignore_metadata_file": "a _metadata file is never read: each file's own footer is",
     "metadata_task_size": "footers are read by the workers that can read the files",
     "aggregate_files": "small files are always joined up to blocksize, in file order",

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
-from util import compute
+from util import compute, partitions
 
 import dask_gpudirect as dg
 
@@ -143,7 +143,7 @@ def test_one_column_name_gives_a_series(tcp, tmp_path):
         ({"split_row_groups": 0}, "split_row_groups=0: use 'infer', 'adaptive', True, False"),
         ({"split_row_groups": "yes"}, "split_row_groups='yes': use"),
         ({"storage_options": {"anonymous": True}}, "storage_options: anonymous not taken"),
-        ({"calculate_divisions": True}, "calculate_divisions= is not supported"),
+        ({"calculate_divisions": "yes"}, "calculate_divisions must be True or False, not 'yes'"),
         ({"dtype_backend": "arrow"}, "dtype_backend='arrow': use None, 'numpy_nullable'"),
         ({"index": ["id", "x"]}, "one column only"),
         ({"filesystem": "s3"}, "filesystem='s3' is not supported"),
@@ -247,6 +247,47 @@ def test_pandas_nullable_types_in_meta_and_partitions(tcp, tmp_path):
     want = {"a": pd.Int32Dtype(), "b": pd.Int64Dtype()}
     assert df.dtypes.to_dict() == want
     assert dtypes_of(tcp, df) == [want, want]
+
+
+INDEXES = {
+    "int": pd.Index(np.arange(600) * 3, name="t"),
+    "tz-timestamp": pd.date_range("2026-01-01", periods=600, freq="h", tz="UTC", name="ts"),
+}
+
+
+@pytest.mark.parametrize("kind", list(INDEXES))
+def test_calculate_divisions_as_dask(tcp, tmp_path, kind):
+    """``calculate_divisions=True`` on a sorted dataset Dask wrote: one partition a file, the
+    divisions Dask finds; the files joined (the default blocksize), each partition's index
+    within its divisions; selecting by index gives Dask's rows. Without it, none known."""
+    pdf = pd.DataFrame({"x": np.arange(600.0)}, index=INDEXES[kind])
+    dd.from_pandas(pdf, npartitions=12).to_parquet(tmp_path, compute_kwargs={"scheduler": "sync"})
+    theirs = dd.read_parquet(tmp_path, calculate_divisions=True)
+    assert theirs.known_divisions
+    each = dg.read_parquet(tmp_path, calculate_divisions=True, blocksize=1, client=tcp)
+    assert each.divisions == theirs.divisions
+    assert not dg.read_parquet(tmp_path, blocksize=1, client=tcp).known_divisions
+
+    joined = dg.read_parquet(tmp_path, calculate_divisions=True, client=tcp)
+    assert 1 < joined.npartitions < 12 and joined.known_divisions
+    assert joined.divisions[0] == pdf.index[0] and joined.divisions[-1] == pdf.index[-1]
+    parts = partitions(tcp, joined)
+    for part, low, high in zip(parts, joined.divisions, joined.divisions[1:], strict=False):
+        assert part.index[0] == low and part.index[-1] <= high
+    low, high = pdf.index[100], pdf.index[250]
+    pd.testing.assert_frame_equal(
+        compute(tcp, joined.loc[low:high]), pdf.loc[low:high], check_freq=False
+    )
+
+
+def test_divisions_unknown_where_files_overlap(tcp, tmp_path):
+    """As in Dask: where a file's index values start before the last one's end, no divisions."""
+    write(tmp_path / "part.0.parquet", frame(100))
+    write(tmp_path / "part.1.parquet", frame(0))
+    theirs = dd.read_parquet(tmp_path, index="id", calculate_divisions=True)
+    ours = dg.read_parquet(tmp_path, index="id", calculate_divisions=True, blocksize=1, client=tcp)
+    assert not theirs.known_divisions and not ours.known_divisions
+    assert sorted(compute(tcp, ours).index) == list(range(50)) + list(range(100, 150))
 
 
 def test_the_unnamed_index_dask_stored_comes_back_unnamed(tcp, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,9 @@ class ParquetPart:
     # check the file is still the one planned, and gives no rows of this (output) schema.
     empty: pa.Schema | None = None
     index: str | None = None  # the column (one of ``columns``) every partition is indexed by
+    # the index column's (smallest, largest) value in these row groups, from the footer's
+    # statistics (None where one lacks them): what calculate_divisions builds divisions of
+    index_range: tuple[Any, Any] | None = None
     # (first value, step, name) of the RangeIndex pandas stored as metadata, at the first row
     # of these row groups: the index is rebuilt before filtering, so kept rows keep their labels
     range_index: tuple[int, int, str | None] | None = None
@@ -531,6 +535,44 @@ _WIDTHS = {
 }
 
 
+def _index_range(
+    meta: pq.FileMetaData, leaves: list[str], index: str | None, row_groups: list[int]
+) -> tuple[Any, Any] | None:
+    """The index column's smallest and largest value in ``row_groups``, from the footer's
+    statistics; None where any row group lacks them (or the index is not one leaf column)."""
+    if index is None or leaves.count(index) != 1:
+        return None
+    j = leaves.index(index)
+    lows, highs = [], []
+    for i in row_groups:
+        stats = meta.row_group(i).column(j).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    return min(lows), max(highs)
+
+
+def divisions(partitions: Sequence[Sequence[Shard]], plan: ParquetPlan) -> tuple | None:
+    """The divisions of ``partitions`` (each a run of shards) as ``dd.read_parquet(...,
+    calculate_divisions=True)`` finds them: each partition's smallest index value and the last
+    one's largest, where every partition's values start at or after the largest of the one
+    before (Dask's ``sorted_columns``); None where they do not, where a statistic is missing,
+    or where there is no plain index column. Shards that filters ruled out hold no rows."""
+    if plan.index is None or pa.types.is_dictionary(plan.schema.field(plan.index).type):
+        return None
+    bounds = []
+    for shards in partitions:
+        ranges = [s.part.index_range for s in shards if s.part.empty is None]
+        if not ranges or None in ranges:
+            return None
+        bounds.append((min(low for low, _ in ranges), max(high for _, high in ranges)))
+    if not bounds or any(b[0] < a[1] for a, b in itertools.pairwise(bounds)):
+        return None
+    values = [low for low, _ in bounds] + [bounds[-1][1]]
+    return tuple(pa.array(values, type=plan.schema.field(plan.index).type).to_pandas())
+
+
 def _decoded_size(column: pq.ColumnChunkMetaData) -> int:
     """About a column chunk's bytes in memory: its values at their width, or its size
     uncompressed where that is more. A dictionary-encoded chunk is far smaller than its values
@@ -597,6 +639,7 @@ def _file_shards(
                 decoded=n,
                 nulls=nulls,
                 range_index=_range_at(footer, ranged, g[0]),
+                index_range=_index_range(meta, leaves, part["index"], g),
                 **part,
             ),
             target=target,

@@ -107,3 +107,22 @@ def test_files_a_pandas_user_writes_read_as_dask_cudf_reads_them(cuda_tcp, tmp_p
     assert (
         type(series).__name__ == "Series" and series.to_arrow().to_pylist() == [0.5] * 3 + [1.5] * 3
     )
+
+
+def test_calculate_divisions_as_dask_cudf(cuda_tcp, tmp_path):
+    """``calculate_divisions=True`` on the device target, a sorted dataset Dask wrote (files
+    ``part.0`` to ``part.11``, read in that order): the divisions ``dask_cudf.read_parquet``
+    finds, and selecting by index gives its rows."""
+    import dask.dataframe as dd
+    import dask_cudf
+    import pandas as pd
+
+    pdf = pd.DataFrame({"x": np.arange(600.0)}, index=pd.Index(np.arange(600) * 3, name="t"))
+    dd.from_pandas(pdf, npartitions=12).to_parquet(tmp_path, compute_kwargs={"scheduler": "sync"})
+    theirs = dask_cudf.read_parquet(str(tmp_path), calculate_divisions=True)
+    df = dg.read_parquet(
+        str(tmp_path), calculate_divisions=True, blocksize=1, target="device", client=cuda_tcp
+    )
+    assert theirs.known_divisions and df.divisions == theirs.divisions
+    got = cuda_tcp.compute(df.loc[300:750]).result()
+    assert got.index.to_arrow().to_pylist() == list(range(300, 751, 3))
