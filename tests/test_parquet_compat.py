@@ -280,6 +280,48 @@ def test_calculate_divisions_as_dask(tcp, tmp_path, kind):
     )
 
 
+def test_files_filters_rule_out_leave_no_partition_of_their_own(tcp, tmp_path):
+    """As Dask drops them: a file ruled out whole joins the next partition with rows (its
+    footer still checked there), so the divisions stay known; Dask's partitions and divisions,
+    one file a partition. Where its file changed since planning, that partition's read says so.
+    """
+    pdf = pd.DataFrame({"x": np.arange(600.0)}, index=pd.Index(np.arange(600) * 3, name="t"))
+    dd.from_pandas(pdf, npartitions=12).to_parquet(tmp_path, compute_kwargs={"scheduler": "sync"})
+    later = [("t", ">=", 900)]  # the first six files ruled out
+    theirs = dd.read_parquet(tmp_path, filters=later, calculate_divisions=True)
+    ours = dg.read_parquet(
+        tmp_path, filters=later, calculate_divisions=True, blocksize=1, client=tcp
+    )
+    assert ours.npartitions == theirs.npartitions == 6
+    assert ours.divisions == theirs.divisions
+    pd.testing.assert_frame_equal(compute(tcp, ours), pdf.loc[900:])
+    dd.from_pandas(pdf + 1, npartitions=12).to_parquet(
+        tmp_path, compute_kwargs={"scheduler": "sync"}
+    )  # every file rewritten: the first partition's read checks the ruled-out ones too
+    with pytest.raises(dg.InputError, match="part.0.parquet"):
+        compute(tcp, ours.partitions[0])
+
+
+def test_a_ruled_out_file_joins_only_a_partition_one_worker_reads_whole(tmp_path):
+    """Files on different nodes: a ruled-out file joins the next partition with rows only
+    where one worker can read both files, else the one before, else it stays alone."""
+    from dask_gpudirect.formats import parquet
+
+    files = [write(tmp_path / f"{i}.parquet", frame(50 * i)) for i in range(4)]
+    plan = parquet.plan(files, None, [("id", ">=", 100), ("id", "<", 150)], 1, "host")
+    partitions = [(shard,) for shard in plan.shards]  # only file 2 has rows
+    assert [s.part.empty is None for s in plan.shards] == [False, False, True, False]
+
+    def folded(readable):
+        out = parquet.fold_ruled_out(partitions, readable)
+        return [[os.path.basename(s.path) for s in p] for p in out]
+
+    everyone = {"a": set(files), "b": set(files)}
+    assert folded(everyone) == [["0.parquet", "1.parquet", "2.parquet", "3.parquet"]]
+    split = {"a": set(files[:2]), "b": set(files[2:])}
+    assert folded(split) == [["0.parquet"], ["1.parquet"], ["2.parquet", "3.parquet"]]
+
+
 def test_divisions_unknown_where_files_overlap(tcp, tmp_path):
     """As in Dask: where a file's index values start before the last one's end, no divisions."""
     write(tmp_path / "part.0.parquet", frame(100))
