@@ -184,6 +184,17 @@ def test_several_files(client, tmp_path):
     assert_same_array(compute(client, reversed_), np.concatenate(parts[::-1]))
 
 
+def test_numbered_files_in_number_order(tcp, tmp_path):
+    """``shard-2.npy`` before ``shard-10.npy``: a folder's or a glob's files in the natural
+    order of their names, as Dask orders a dataset's."""
+    parts = [np.full((3, 2), k, dtype="<i8") for k in range(12)]
+    for k, part in enumerate(parts):
+        np.save(tmp_path / f"shard-{k}.npy", part)
+    for paths in (tmp_path, os.path.join(tmp_path, "shard-*.npy")):
+        got = compute(tcp, dg.read_binary(paths, client=tcp))
+        assert_same_array(got, np.concatenate(parts))
+
+
 def small_files(root, counts=(50, 20, 30, 40, 10, 50)) -> tuple[list[str], list[np.ndarray]]:
     """``.npy`` files of 24-byte records, as many records in each as ``counts`` says."""
     root.mkdir(exist_ok=True)
