@@ -9,6 +9,7 @@ comparison with None is refused: it would keep no row.
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -78,8 +79,6 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
     (a row group without nulls may hold them), so it prunes nothing there."""
     if filters is None:
         return None
-    import functools
-
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 

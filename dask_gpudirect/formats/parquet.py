@@ -594,7 +594,8 @@ def divisions(partitions: Sequence[Sequence[Shard]], plan: ParquetPlan) -> tuple
     before (Dask's ``sorted_columns``); None where they do not, where a statistic is missing,
     or where there is no plain index column. Shards that filters ruled out hold no rows
     (:func:`fold_ruled_out` leaves no partition of only those)."""
-    if plan.index is None or pa.types.is_dictionary(plan.schema.field(plan.index).type):
+    kind = plan.schema.field(plan.index).type if plan.index is not None else None
+    if kind is None or pa.types.is_dictionary(kind):
         return None
     bounds = []
     for shards in partitions:
@@ -605,7 +606,7 @@ def divisions(partitions: Sequence[Sequence[Shard]], plan: ParquetPlan) -> tuple
     if not bounds or any(b[0] < a[1] for a, b in itertools.pairwise(bounds)):
         return None
     values = [low for low, _ in bounds] + [bounds[-1][1]]
-    return tuple(pa.array(values, type=plan.schema.field(plan.index).type).to_pandas())
+    return tuple(pa.array(values, type=kind).to_pandas())
 
 
 def _decoded_size(column: pq.ColumnChunkMetaData) -> int:
