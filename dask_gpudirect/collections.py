@@ -31,7 +31,7 @@ from .errors import InputError
 from .formats import binary, hive, parquet
 from .loading import load_chunk, load_partition
 from .phases import Phases
-from .placement import assign, join_small, planners
+from .placement import assign, fold_rowless, join_small, planners
 from .shards import P, combine, shared
 
 if TYPE_CHECKING:
@@ -298,7 +298,8 @@ def read_parquet(
             joined = join_small(plan.shards, blocksize, found.readable, at_least, spread=spread)
         else:  # the row groups asked for, each run its own partition
             joined = [(shard,) for shard in plan.shards]
-        partitions = assign(parquet.fold_ruled_out(joined, found.readable), found.readable)
+        folded = fold_rowless(joined, found.readable, lambda shard: shard.part.empty is not None)
+        partitions = assign(folded, found.readable)
         return dd.from_map(
             load_partition,
             partitions,

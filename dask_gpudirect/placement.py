@@ -13,6 +13,7 @@ leaves: then any worker may run it, and the read says why it ran there.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from time import time
@@ -28,9 +29,14 @@ from .loading import load_chunk, load_partition
 from .shards import Shard
 
 
+def _readers(paths: list[str], readable: dict[str, set[str]]) -> list[str]:
+    """The workers that can read every one of ``paths``."""
+    return [w for w, seen in readable.items() if all(path in seen for path in paths)]
+
+
 def _least_loaded(paths: list[str], load: dict[str, int], readable: dict[str, set[str]]) -> str:
     """The worker of ``load`` that can read all ``paths`` and has least load (ties: by name)."""
-    able = [w for w in load if all(path in readable[w] for path in paths)]
+    able = _readers(paths, {w: readable[w] for w in load})
     if not able:
         unread = next((p for p in paths if not any(p in readable[w] for w in load)), paths[0])
         raise InputError(
@@ -104,6 +110,38 @@ def join_small(
             able = readers
         previous = index
     return [tuple(p) for p in partitions]
+
+
+def fold_rowless(
+    partitions: list[tuple[Shard, ...]],
+    readable: dict[str, set[str]],
+    rowless: Callable[[Shard], bool],
+) -> list[tuple[Shard, ...]]:
+    """``partitions`` with each one of ``rowless`` shards only (a Parquet file that filters ruled
+    out whole) joined to the next one that has rows, else the one before, where a worker can
+    read the files of both: Dask drops such partitions, and they hold no index values to divide
+    by; here their files are still checked. Unchanged where no partition has rows."""
+    with_rows = [i for i, p in enumerate(partitions) if not all(map(rowless, p))]
+    if not with_rows:
+        return partitions
+    # each partition with rows, and the rowless ones joined before and after it, in file order
+    joined: dict[int, tuple[list[Shard], ...]] = {
+        i: ([], list(partitions[i]), []) for i in with_rows
+    }
+    alone: dict[int, tuple[list[Shard], ...]] = {}
+    for i in sorted(set(range(len(partitions))) - set(with_rows), reverse=True):
+        after = next((j for j in with_rows if j > i), None)
+        before = next((j for j in reversed(with_rows) if j < i), None)
+        for j, side in ((after, 0), (before, 2)):
+            if j is None:
+                continue
+            shards = [*partitions[i], *itertools.chain(*joined[j])]
+            if _readers([s.path for s in shards], readable):
+                joined[j][side][0:0] = partitions[i]
+                break
+        else:
+            alone[i] = (list(partitions[i]),)
+    return [tuple(itertools.chain(*p)) for _, p in sorted({**joined, **alone}.items())]
 
 
 def assign(

@@ -306,6 +306,7 @@ def test_a_ruled_out_file_joins_only_a_partition_one_worker_reads_whole(tmp_path
     """Files on different nodes: a ruled-out file joins the next partition with rows only
     where one worker can read both files, else the one before, else it stays alone."""
     from dask_gpudirect.formats import parquet
+    from dask_gpudirect.placement import fold_rowless
 
     files = [write(tmp_path / f"{i}.parquet", frame(50 * i)) for i in range(4)]
     plan = parquet.plan(files, None, [("id", ">=", 100), ("id", "<", 150)], 1, "host")
@@ -313,7 +314,7 @@ def test_a_ruled_out_file_joins_only_a_partition_one_worker_reads_whole(tmp_path
     assert [s.part.empty is None for s in plan.shards] == [False, False, True, False]
 
     def folded(readable):
-        out = parquet.fold_ruled_out(partitions, readable)
+        out = fold_rowless(partitions, readable, lambda shard: shard.part.empty is not None)
         return [[os.path.basename(s.path) for s in p] for p in out]
 
     everyone = {"a": set(files), "b": set(files)}

@@ -553,47 +553,13 @@ def _index_range(
     return min(lows), max(highs)
 
 
-def fold_ruled_out(
-    partitions: list[tuple[Shard, ...]], readable: dict[str, set[str]]
-) -> list[tuple[Shard, ...]]:
-    """``partitions`` with each one whose files filters ruled out whole (footer-only shards, no
-    rows) joined to the next one that has rows, else the one before, where a worker can read
-    the files of both: Dask drops such partitions, and they hold no index values to divide
-    by; here their files are still checked. Unchanged where no partition has rows."""
-
-    def rowless(partition: Sequence[Shard]) -> bool:
-        return all(s.part.empty is not None for s in partition)
-
-    def read_together(shards: list[Shard]) -> bool:
-        return any(all(s.path in seen for s in shards) for seen in readable.values())
-
-    with_rows = [i for i, p in enumerate(partitions) if not rowless(p)]
-    if not with_rows:
-        return partitions
-    # each partition with rows, and the rowless ones joined before and after it, in file order
-    joined: dict[int, tuple[list[Shard], ...]] = {
-        i: ([], list(partitions[i]), []) for i in with_rows
-    }
-    alone: dict[int, tuple[list[Shard], ...]] = {}
-    for i in sorted(set(range(len(partitions))) - set(with_rows), reverse=True):
-        after = next((j for j in with_rows if j > i), None)
-        before = next((j for j in reversed(with_rows) if j < i), None)
-        for j, side in ((after, 0), (before, 2)):
-            if j is not None and read_together([*partitions[i], *itertools.chain(*joined[j])]):
-                joined[j][side][0:0] = partitions[i]
-                break
-        else:
-            alone[i] = (list(partitions[i]),)
-    return [tuple(itertools.chain(*p)) for _, p in sorted({**joined, **alone}.items())]
-
-
 def divisions(partitions: Sequence[Sequence[Shard]], plan: ParquetPlan) -> tuple | None:
     """The divisions of ``partitions`` (each a run of shards) as ``dd.read_parquet(...,
     calculate_divisions=True)`` finds them: each partition's smallest index value and the last
     one's largest, where every partition's values start at or after the largest of the one
     before (Dask's ``sorted_columns``); None where they do not, where a statistic is missing,
     or where there is no plain index column. Shards that filters ruled out hold no rows
-    (:func:`fold_ruled_out` leaves no partition of only those)."""
+    (:func:`.placement.fold_rowless` leaves no partition of only those)."""
     kind = plan.schema.field(plan.index).type if plan.index is not None else None
     if kind is None or pa.types.is_dictionary(kind):
         return None
