@@ -15,7 +15,10 @@ from .errors import (
 )
 from .ledger_report import report
 from .plugin import GPUDirectPlugin
+from .shuffle import dask_method
 from .shuffle.api import shuffle, shuffle_array
+
+dask_method.install()  # Dask's shuffle_method="gpudirect"
 
 __all__ = [
     "ClusterError",

@@ -21,7 +21,7 @@ from dask_gpudirect.bench.datasets import dataset
 from dask_gpudirect.bench.etl import _pipeline, etl
 from dask_gpudirect.bench.etl_report import checks_of, sweep
 
-METHODS = ["gpudirect", "combine", "tasks", "p2p"]
+METHODS = ["gpudirect", "combine", "tasks", "p2p", "dask-gpudirect"]
 #: dg.read_parquet's planning phases, in order (``dask_gpudirect.collections.last_phases``).
 READ_PHASES = ("survey", "footers", "meta", "partitions")
 #: The group-bys of a sweep of two key counts (``--keys 16,256``); "scan" is the read alone.
@@ -106,9 +106,13 @@ def test_bench_etl_host(tmp_path):
 
     checks = {c["check"]: c for c in result["checks"]}
     for query in QUERIES:
-        agree = checks[f"{query}: combine, gpudirect, p2p, tasks give one result"]
+        agree = checks[f"{query}: combine, dask-gpudirect, gpudirect, p2p, tasks give one result"]
         assert agree["result"] == "pass"
-        for method, name in [("gpudirect", "dg"), ("combine", "dg, summed before the shuffle")]:
+        for method, name in [
+            ("gpudirect", "dg"),
+            ("combine", "dg, summed before the shuffle"),
+            ("dask-gpudirect", "Dask's group-by on dg's shuffle"),
+        ]:
             speedup = checks[f"{query}: {name}'s speed-up over Dask's task shuffle"]
             ratio = by[query, "tasks"]["seconds"] / by[query, method]["seconds"]
             assert speedup["ratio"] == pytest.approx(ratio)
@@ -126,7 +130,7 @@ def test_bench_etl_host(tmp_path):
     sweep = markdown[markdown.index("Seconds by distinct keys") :].splitlines()[2:7]
     assert sweep[0] == (
         "| query | distinct keys | dg, s | dg, summed before the shuffle, s "
-        "| Dask's task shuffle, s | Dask's P2P shuffle, s |"
+        "| Dask's task shuffle, s | Dask's P2P shuffle, s | Dask's group-by on dg's shuffle, s |"
     )
     for line, query in zip(sweep[2:], QUERIES, strict=True):
         cells = line.strip("| ").split(" | ")

@@ -25,6 +25,7 @@ WORKER_SIDE = (
 CLIENT_SIDE = (
     "discovery", "remote_listing", "read_plans", "placement", "collections", "cluster",
     "connection", "dashboard", "progress", "ledger_report", "shuffle.api", "shuffle.coordinator",
+    "shuffle.dask_method",
 )  # fmt: skip
 
 

@@ -28,6 +28,7 @@ from util import (
     owner_of_rows,
     partitions,
     received_pieces,
+    sample_frame,
     worker_config,
 )
 
@@ -37,23 +38,6 @@ from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.shuffle.plugin import service
 
 REMOTE = {"tcp": "tcp-host", "ucxx": "ucx-host"}  # the ledger path of a piece that moved
-
-
-def sample_frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:
-    """Keys, values of several dtypes (nulls included) and a named, non-default index."""
-    rng = np.random.default_rng(seed)
-    k = rng.integers(0, keys, n)
-    return pd.DataFrame(
-        {
-            "k": k,
-            "s": pd.array([f"s{i % 7}" for i in range(n)], dtype="string"),
-            "v": rng.random(n),
-            "n": pd.array([None if i % 5 == 0 else i for i in range(n)], dtype="Int64"),
-            "c": pd.Categorical([("x", "y", "z")[i % 3] for i in range(n)]),
-            "t": pd.Timestamp("2024-01-01") + pd.to_timedelta(rng.integers(0, 10**6, n), "s"),
-        },
-        index=pd.Index(np.arange(n) * 3 + 1, name="row"),
-    )
 
 
 def test_hash_shuffle_matches_pandas(client):

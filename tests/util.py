@@ -99,6 +99,23 @@ def assert_same_frame(got: pd.DataFrame, expected: pd.DataFrame, by=None) -> Non
     assert_frame_equal(got.reset_index(drop=True), expected.reset_index(drop=True))
 
 
+def sample_frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:
+    """Keys, values of several dtypes (nulls included) and a named, non-default index."""
+    rng = np.random.default_rng(seed)
+    k = rng.integers(0, keys, n)
+    return pd.DataFrame(
+        {
+            "k": k,
+            "s": pd.array([f"s{i % 7}" for i in range(n)], dtype="string"),
+            "v": rng.random(n),
+            "n": pd.array([None if i % 5 == 0 else i for i in range(n)], dtype="Int64"),
+            "c": pd.Categorical([("x", "y", "z")[i % 3] for i in range(n)]),
+            "t": pd.Timestamp("2024-01-01") + pd.to_timedelta(rng.integers(0, 10**6, n), "s"),
+        },
+        index=pd.Index(np.arange(n) * 3 + 1, name="row"),
+    )
+
+
 def owner_of_rows(pdf: pd.DataFrame, on, npartitions: int) -> np.ndarray:
     """The output partition of each row: Dask's ``partitioning_index`` of the ``on`` columns."""
     on = list(on) if isinstance(on, (list, tuple)) else [on]

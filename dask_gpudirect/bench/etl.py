@@ -11,8 +11,9 @@ The pipeline users run, from Parquet files this command writes, in one cluster a
   (the package's exchange) and summed again, as Dask's and cudf-polars' group-bys do: fewer
   rows to move where keys repeat, one more group-by where they do not;
 - Dask: ``dd.read_parquet(...).groupby(key).sum(split_out=N, shuffle_method=...)`` with the task
-  shuffle and (host target) P2P; on the device target ``dd`` reads with the cuDF backend, which
-  is what ``dask_cudf.read_parquet`` does;
+  shuffle, (host target) P2P, and ``dask-gpudirect``: the package's exchange as Dask's method
+  (``shuffle_method="gpudirect"``), a user's Dask code unchanged; on the device target ``dd``
+  reads with the cuDF backend, which is what ``dask_cudf.read_parquet`` does;
 - cudf-polars' ``DaskEngine`` (device target): ``pl.scan_parquet(...).group_by(key).agg(sums)``
   run by NVIDIA's multi-GPU streaming engine on RapidsMPF, in a cluster of its own started the
   same way (it replaces each worker's RMM memory resource), its result kept on the GPUs
@@ -58,6 +59,7 @@ from .common import (
 )
 from .datasets import dataset, key_column
 from .etl_report import (
+    DASK_SHUFFLES,
     DEVICE_ONLY,
     DG_METHODS,
     METHODS,
@@ -78,8 +80,8 @@ if TYPE_CHECKING:
 
     from ..targets import Frame
 
-#: Measurement order per query: P2P, the slowest, last.
-RUN_ORDER = ("gpudirect", "combine", "rapidsmpf", "tasks", "p2p")
+#: Measurement order per query: P2P, the slowest, after the others of Dask's shuffles.
+RUN_ORDER = ("gpudirect", "combine", "rapidsmpf", "tasks", "dask-gpudirect", "p2p")
 #: Measured in a cluster of their own, after the others.
 OWN_CLUSTER = ("polars",)
 #: The fingerprint's key weight: keys are folded below this prime so the weighted sum fits int64.
@@ -171,7 +173,8 @@ def _pipeline(
     df = dd.read_parquet(paths, columns=columns)
     if query == SCAN:
         return df.npartitions, df.persist(), {}, {}
-    out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=method)
+    shuffle = DASK_SHUFFLES.get(method, method)
+    out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=shuffle)
     return df.npartitions, out.persist(), {}, {}
 
 

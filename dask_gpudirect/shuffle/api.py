@@ -119,24 +119,40 @@ def shuffle(
     target = targets.holding(meta)
     partitions = max(df.npartitions, npartitions)
     candidates = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
-    inputs, placed = _partitions(client, df)
     splitter = HashSplit(on, npartitions, target, meta, not ignore_index, keep_order)
+    with dask.config.set({"dataframe.convert-string": False}):
+        return new_collection(exchanged(client, df, splitter, out_meta, candidates, progress, then))
+
+
+def exchanged(
+    client: Client,
+    df: dd.DataFrame,
+    splitter: HashSplit,
+    meta: Any,
+    engines: tuple[str, ...],
+    progress: bool = False,
+    then: Callable[[Any], Any] | None = None,
+) -> Computed:
+    """``df``'s partitions cut by ``splitter`` and moved now: the expression of the computed
+    outputs (each like ``meta``)."""
+    inputs, placed = _partitions(client, df)
     token = uuid.uuid4().hex  # each call is a new result
     name = f"gpudirect-shuffle-{token}"
-    keys: list[Key] = [(name, j) for j in range(npartitions)]
-    outputs = exchange(client, inputs, splitter, keys, target, progress, candidates, placed, then)
+    keys: list[Key] = [(name, j) for j in range(splitter.npartitions)]
+    outputs = exchange(
+        client, inputs, splitter, keys, splitter.target, progress, engines, placed, then
+    )
     with dask.config.set({"dataframe.convert-string": False}):
         # named by the call's own token: tokenizing a thousand futures for a name that is
         # unique anyway costs about 0.1 s
-        graph = Computed(
+        return Computed(
             layer=dict(zip(keys, outputs, strict=True)),
-            _meta=out_meta,
-            divisions=(None,) * (npartitions + 1),
+            _meta=meta,
+            divisions=(None,) * (splitter.npartitions + 1),
             keys=keys,
             name_prefix=name,
             _determ_token=token,
         )
-        return new_collection(graph)
 
 
 def _keys(df: dd.DataFrame, on: Any) -> list:

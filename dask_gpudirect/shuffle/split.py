@@ -74,20 +74,23 @@ class HashSplit:
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
         module = targets.module(self.target)
         joined = self.join(parts)
-        columns = [c for c in self.on if c in self.meta.columns]
-        if not self.keep_order and len(columns) == len(self.on):
+        if not self.keep_order and all(c in self.meta.columns for c in self.on):
             cut = module.hash_partition(joined, self.on, self.npartitions, self.meta, self.index)
             if cut is not None:  # no input order to keep: the chunk counts as one input
                 ordered, sizes = cut
                 return ordered, sizes[np.newaxis, :]
+        lengths = [len(p) for p in parts]
+        order, counts = module.group_order(self.destinations(joined), lengths, self.npartitions)
+        return module.take_rows(joined, order, self.index), counts
+
+    def destinations(self, joined: Any) -> Any:
+        """Each row's output partition, a Series of ``joined``'s target."""
+        columns = [c for c in self.on if c in self.meta.columns]
         if len(columns) == len(self.on):
             keys = joined[columns]
         else:  # the index is named too: hashed after the columns, as Dask's shuffle does
             keys = joined[columns].reset_index()[[*columns, self.meta.index.name]]
-        where = partitioning_index(keys, self.npartitions)
-        lengths = [len(p) for p in parts]
-        order, counts = module.group_order(where, lengths, self.npartitions)
-        return module.take_rows(joined, order, self.index), counts
+        return partitioning_index(keys, self.npartitions)
 
     def rows(self, part: Any, start: int, stop: int) -> Any:
         return part.iloc[start:stop]
@@ -107,6 +110,21 @@ class HashSplit:
             positions = segments.positions(self.target)
             ordered = module.take_rows(self.join(pieces), positions, self.index)
         return module.cut_frame(ordered, bounds, self.index)
+
+
+@dataclasses.dataclass(frozen=True)
+class AssignedSplit(HashSplit):
+    """Output partition ``j`` gets the rows whose column ``on[0]`` holds ``j``: partitions Dask
+    has already assigned (the ``_partitions`` column its shuffles add: by Dask's hash for
+    group-bys and merges, by divisions for ``set_index`` and ``sort_values``). Rows keep their
+    input order within an output, as in Dask's task shuffle."""
+
+    def __post_init__(self) -> None:
+        if not self.keep_order:  # the GPU's unordered cut hashes the columns itself
+            raise ValueError("AssignedSplit keeps the rows' order")
+
+    def destinations(self, joined: Any) -> Any:
+        return joined[self.on[0]].astype("int64")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -328,6 +328,31 @@ def test_on_the_index_of_cudf_partitions(client, engine, keep_order, on):
     pd.testing.assert_frame_equal(got, cudf.from_pandas(pdf).to_pandas(), check_dtype=False)
 
 
+def test_dasks_shuffle_method_on_cudf_partitions(client):
+    """``shuffle_method="gpudirect"`` on dask_cudf frames: ``df.shuffle`` gives, partition for
+    partition, what Dask's task shuffle gives, and a group-by with ``split_out`` and a merge
+    give pandas' results."""
+    from dask_gpudirect.shuffle.api import Computed
+
+    pdf = _keyed_frame(20_000, seed=12)
+    ddf = dd.from_pandas(pdf, npartitions=6).to_backend("cudf")
+    ours = ddf.shuffle("s", npartitions=5, shuffle_method="gpudirect").optimize()
+    assert any(isinstance(e, Computed) for e in ours.expr.walk())
+    tasks = ddf.shuffle("s", npartitions=5, shuffle_method="tasks")
+    got = client.gather(client.compute(ours.to_delayed()))
+    expected = client.gather(client.compute(tasks.to_delayed()))
+    for mine, dasks in zip(got, expected, strict=True):
+        pd.testing.assert_frame_equal(mine.to_pandas(), dasks.to_pandas())
+    right = pd.DataFrame({"k": np.arange(0, 1000, 3), "w": np.arange(334) * 0.5})
+    with dask.config.set({"dataframe.shuffle.method": "gpudirect"}):
+        sums = ddf.groupby("k").x.sum(split_out=4).compute().to_pandas()
+        joined = ddf.merge(dd.from_pandas(right, 3).to_backend("cudf"), on="k").compute()
+    pd.testing.assert_series_equal(sums.sort_index(), pdf.groupby("k").x.sum(), rtol=1e-12)
+    expected_join = pdf.merge(right, on="k").sort_values("i").reset_index(drop=True)
+    got_join = joined.to_pandas().sort_values("i").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got_join[expected_join.columns], expected_join, check_dtype=False)
+
+
 def test_auto_hands_few_unordered_partitions_to_rapidsmpf(client):
     """``engine="auto"`` (the default) picks RapidsMPF only where it was measured the faster and
     gives what was asked for: ``keep_order=False`` and at most 32 partitions. Ordered rows,

@@ -1,0 +1,104 @@
+"""Dask's own shuffles with ``shuffle_method="gpudirect"``: group-bys, merges, ``set_index``,
+``sort_values`` and ``df.shuffle`` run this package's exchange between the worker processes of
+the session clusters, and give what Dask's task shuffle gives."""
+
+from __future__ import annotations
+
+import dask
+import dask.dataframe as dd
+import distributed
+import numpy as np
+import pandas as pd
+import pytest
+from pandas.testing import assert_frame_equal, assert_series_equal
+from util import assert_released, compute, partitions, sample_frame
+
+import dask_gpudirect as dg
+from dask_gpudirect.shuffle.api import Computed
+
+METHOD = {"dataframe.shuffle.method": "gpudirect"}
+
+
+def lowered(collection) -> dd.DataFrame:
+    """``collection`` lowered, which runs its gpudirect shuffles; checked that it did: the
+    shuffles' outputs are in the expression, computed."""
+    lowered = collection.optimize()
+    assert any(isinstance(e, Computed) for e in lowered.expr.walk())
+    return lowered
+
+
+@pytest.mark.parametrize("npartitions,ignore_index", [(11, False), (3, True)])
+def test_the_task_shuffles_partitions(client, npartitions, ignore_index):
+    """``df.shuffle(..., shuffle_method="gpudirect")`` gives, partition by partition, the frames
+    Dask's task shuffle gives: the same rows, in the same order, with the same index (with
+    ``ignore_index``, labelled 0, 1, 2... where Dask's labels each piece from 0)."""
+    df = dd.from_pandas(sample_frame(3000, keys=40), npartitions=8)
+    asked = {"npartitions": npartitions, "ignore_index": ignore_index}
+    ours = lowered(df.shuffle("k", shuffle_method="gpudirect", **asked))
+    tasks = df.shuffle("k", shuffle_method="tasks", **asked)
+    got, expected = partitions(client, ours), partitions(client, tasks)
+    assert len(got) == npartitions
+    for mine, dasks in zip(got, expected, strict=True):
+        assert_frame_equal(mine, dasks.reset_index(drop=True) if ignore_index else dasks)
+
+
+def test_group_by_merge_and_sort_through_the_config(tcp):
+    """With ``dataframe.shuffle.method: gpudirect`` Dask's group-by with ``split_out``, merge,
+    ``set_index``, ``sort_values`` and ``drop_duplicates`` shuffle through the package and give
+    pandas' results."""
+    pdf = sample_frame(4000, keys=300, seed=1)
+    right = pd.DataFrame({"k": np.arange(0, 300, 2), "w": np.arange(150) * 0.5})
+    df = dd.from_pandas(pdf, npartitions=6)
+    with dask.config.set(METHOD):
+        sums = lowered(df.groupby("k").v.sum(split_out=4))
+        merged = lowered(df.merge(dd.from_pandas(right, npartitions=3), on="k"))
+        indexed = lowered(df.set_index("v"))
+        ordered = lowered(df.sort_values("v"))
+        firsts = lowered(df.drop_duplicates(subset="k", split_out=3))
+    assert_series_equal(compute(tcp, sums).sort_index(), pdf.groupby("k").v.sum(), rtol=1e-12)
+    expected = pdf.merge(right, on="k").sort_values("v").reset_index(drop=True)
+    assert_frame_equal(compute(tcp, merged).sort_values("v").reset_index(drop=True), expected)
+    assert_frame_equal(compute(tcp, indexed), pdf.set_index("v").sort_index())
+    assert indexed.known_divisions
+    assert_frame_equal(compute(tcp, ordered), pdf.sort_values("v"))
+    assert_frame_equal(compute(tcp, firsts).sort_index(), pdf.drop_duplicates(subset="k"))
+
+
+def _shuffle_keys_held(dask_worker) -> list:
+    return [k for k in dask_worker.data if "gpudirect-shuffle" in str(k)]
+
+
+def test_outputs_are_let_go_of_once_the_result_is_computed(tcp):
+    """The shuffle's outputs live as long as the graph that uses them: computing a group-by
+    leaves nothing of the shuffle on the workers."""
+    df = dd.from_pandas(sample_frame(2000, keys=50, seed=2), npartitions=5)
+    sums = compute(tcp, df.groupby("k").v.sum(split_out=3, shuffle_method="gpudirect"))
+    assert len(sums) == 50
+    assert_released(tcp, _shuffle_keys_held)
+
+
+def _breaks_on_big(part: pd.DataFrame) -> pd.DataFrame:
+    if part.index.max() > 3000:
+        raise ValueError(f"partition with rows up to {part.index.max()} is corrupt")
+    return part
+
+
+def test_a_failed_input_raises_its_own_error(tcp):
+    """A partition that fails before the shuffle raises its own error in the user's process,
+    and the cluster shuffles again."""
+    pdf = sample_frame(2000, keys=50, seed=3)
+    df = dd.from_pandas(pdf, npartitions=4)
+    broken = df.map_partitions(_breaks_on_big, meta=df._meta)
+    with pytest.raises(ValueError, match="partition with rows up to .* is corrupt"):
+        compute(tcp, broken.groupby("k").v.sum(split_out=2, shuffle_method="gpudirect"))
+    again = compute(tcp, df.groupby("k").v.sum(split_out=2, shuffle_method="gpudirect"))
+    assert_series_equal(again.sort_index(), pdf.groupby("k").v.sum(), rtol=1e-12)
+
+
+def test_without_a_client_the_error_says_to_start_one():
+    """The method needs a Dask cluster: without a client it says so, not Dask's
+    'gpudirect not supported'."""
+    assert distributed.client._get_global_client() is None  # no test left a default client
+    df = dd.from_pandas(sample_frame(100, keys=5), npartitions=2)
+    with pytest.raises(dg.ClusterError, match="no distributed Client is connected"):
+        df.shuffle("k", shuffle_method="gpudirect").compute(scheduler="sync")
