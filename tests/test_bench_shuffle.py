@@ -14,7 +14,7 @@ import sys
 import pytest
 from util import CLIENT_PHASES, GC, HANG_GUARD, UCX_CPU_ENV, UCX_PROGRESS_ENV
 
-METHODS = ["gpudirect", "tasks", "p2p", "raw"]
+METHODS = ["gpudirect", "dask-gpudirect", "tasks", "p2p", "raw"]
 #: The ledger path of a host transfer between the two workers, by protocol.
 WIRE_PATH = {"tcp": "tcp-host", "ucxx": "ucx-host"}
 
@@ -87,7 +87,11 @@ def test_bench_shuffle_host(tmp_path, protocol):
         assert sum(client.values()) - client[f"client: {GC}"] <= seconds, phases
 
     checks = {c["check"]: c for c in result["checks"]}
-    assert sorted(checks) == ["faster of Dask's shuffles", "raw single-buffer transfer"]
+    assert sorted(checks) == [
+        "Dask's df.shuffle on dg's exchange",
+        "faster of Dask's shuffles",
+        "raw single-buffer transfer",
+    ]
     faster = max(("tasks", "p2p"), key=lambda k: records[k]["gbps_per_gpu"])
     assert checks["faster of Dask's shuffles"]["baseline"] == faster
     for check in checks.values():  # ratios on the host target, targets only on the device

@@ -28,15 +28,21 @@ def lowered(collection) -> dd.DataFrame:
     return lowered
 
 
-@pytest.mark.parametrize("npartitions,ignore_index", [(11, False), (3, True)])
-def test_the_task_shuffles_partitions(client, npartitions, ignore_index):
+@pytest.mark.parametrize(
+    "on,npartitions,ignore_index",
+    [("k", 11, False), ("k", 3, True), (["s", "k"], 8, False), ("row", 5, False)],
+    ids=str,
+)
+def test_the_task_shuffles_partitions(client, on, npartitions, ignore_index):
     """``df.shuffle(..., shuffle_method="gpudirect")`` gives, partition by partition, the frames
     Dask's task shuffle gives: the same rows, in the same order, with the same index (with
-    ``ignore_index``, labelled 0, 1, 2... where Dask's labels each piece from 0)."""
+    ``ignore_index``, labelled 0, 1, 2... where Dask's labels each piece from 0). On columns
+    (hashed on the workers as Dask hashes them, numbers as float64) and on the index's name
+    (by the column of each row's output Dask adds)."""
     df = dd.from_pandas(sample_frame(3000, keys=40), npartitions=8)
     asked = {"npartitions": npartitions, "ignore_index": ignore_index}
-    ours = lowered(df.shuffle("k", shuffle_method="gpudirect", **asked))
-    tasks = df.shuffle("k", shuffle_method="tasks", **asked)
+    ours = lowered(df.shuffle(on, shuffle_method="gpudirect", **asked))
+    tasks = df.shuffle(on, shuffle_method="tasks", **asked)
     got, expected = partitions(client, ours), partitions(client, tasks)
     assert len(got) == npartitions
     for mine, dasks in zip(got, expected, strict=True):

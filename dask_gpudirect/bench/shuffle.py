@@ -4,7 +4,8 @@ On one cluster and one frame it measures:
 
 - ``dg.shuffle(df, "key")``;
 - Dask's task shuffle and P2P shuffle, ``df.shuffle("key", shuffle_method=...).persist()`` (on the
-  device target ``df`` is a dask_cudf frame);
+  device target ``df`` is a dask_cudf frame), and the same call with ``shuffle_method="gpudirect"``
+  (``dask-gpudirect``: the package's exchange under Dask's own expression);
 - a raw worker-to-worker transfer of one large buffer (CuPy on the device target, NumPy on the
   host), the wire's ceiling for a Dask transfer;
 
@@ -88,7 +89,7 @@ if TYPE_CHECKING:
 ROW_BYTES = 32
 KEY_RANGE = 1 << 62
 #: Measurement order: the raw transfer before the frame exists; P2P, the slowest, last.
-RUN_ORDER = ("raw", "gpudirect", "rapidsmpf", "tasks", "p2p")
+RUN_ORDER = ("raw", "gpudirect", "rapidsmpf", "dask-gpudirect", "tasks", "p2p")
 #: Seconds kept back from --time-limit to write the outputs and close the cluster.
 RESERVE_S = 15.0
 #: What --time-limit must still leave for a method to start.
@@ -320,7 +321,8 @@ def _shuffle_run(
                 ignore_index=ignore_index,
                 keep_order=keep_order,
             )
-        return df.shuffle("key", shuffle_method=method, ignore_index=ignore_index).persist()
+        dasks = "gpudirect" if method == "dask-gpudirect" else method
+        return df.shuffle("key", shuffle_method=dasks, ignore_index=ignore_index).persist()
 
     def run() -> dict:
         if method == "gpudirect":

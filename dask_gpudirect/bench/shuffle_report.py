@@ -9,7 +9,7 @@ from __future__ import annotations
 from .tables import between_runs_note, footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
-METHODS = ("gpudirect", "rapidsmpf", "tasks", "p2p", "raw")
+METHODS = ("gpudirect", "rapidsmpf", "dask-gpudirect", "tasks", "p2p", "raw")
 #: The methods of ``--data array``: RapidsMPF shuffles cuDF tables and Dask's array shuffle is
 #: a task graph only.
 ARRAY_METHODS = ("gpudirect", "tasks", "raw")
@@ -20,6 +20,10 @@ LABELS = {
     "rapidsmpf": {
         "device": "dg.shuffle(df, 'key', engine='rapidsmpf')",
         "host": "dg.shuffle(df, 'key', engine='rapidsmpf')",
+    },
+    "dask-gpudirect": {
+        "device": "dask_cudf df.shuffle('key', shuffle_method='gpudirect')",
+        "host": "df.shuffle('key', shuffle_method='gpudirect')",
     },
     "tasks": {
         "device": "dask_cudf df.shuffle('key', shuffle_method='tasks')",
@@ -137,6 +141,8 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
         pairs.append(("raw single-buffer transfer", by["raw"], TARGET_VS_RAW))
     if "rapidsmpf" in by:  # which engine is faster: no target, the figure sets the default
         pairs.append(("dg.shuffle on the rapidsmpf engine", by["rapidsmpf"], None))
+    if "dask-gpudirect" in by:  # what Dask's own expression costs around the same exchange
+        pairs.append(("Dask's df.shuffle on dg's exchange", by["dask-gpudirect"], None))
     for name, base, factor in pairs:
         want = factor if target == "device" and workers > 1 and factor else None
         ratio = None

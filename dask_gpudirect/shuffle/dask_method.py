@@ -1,14 +1,17 @@
 """``shuffle_method="gpudirect"``: Dask's own shuffles through this package's exchange.
 
-Dask's group-bys with ``split_out``, its merges, ``set_index``, ``sort_values`` and
-``df.shuffle`` all come down to one expression, ``Shuffle``, of a frame whose ``_partitions``
-column says which output each row goes to; its ``_lower`` picks the tasks of the method asked
-for. That method is wrapped here, as dask-cuda wrapped it for its explicit-comms shuffle:
-``shuffle_method="gpudirect"`` (or the config ``dataframe.shuffle.method: gpudirect``) runs the
-all-to-all at once, while Dask lowers the graph on the client (in ``compute``, ``persist`` or
-``optimize``), and puts the computed outputs in its place, as ``dg.shuffle`` returns them.
-Rows go where Dask put them, in input order within a partition, as in Dask's task shuffle.
-Every other method is left to Dask.
+Dask's group-bys with ``split_out``, its merges, ``drop_duplicates``, ``set_index``,
+``sort_values`` and ``df.shuffle`` all come down to two expressions: ``RearrangeByColumn``
+(shuffle on these columns), which Dask lowers to a ``_partitions`` column of each row's output
+and a ``Shuffle`` of that, which the sorts make directly from their divisions. Their
+``_lower`` picks the tasks of the method asked for, and is wrapped here, as dask-cuda wrapped
+it for its explicit-comms shuffle: ``shuffle_method="gpudirect"`` (or the config
+``dataframe.shuffle.method: gpudirect``) runs the all-to-all at once, while Dask lowers the
+graph on the client (in ``compute``, ``persist`` or ``optimize``), and puts the computed
+outputs in its place, as ``dg.shuffle`` returns them. A shuffle on columns is cut by Dask's
+own hash on the workers (no task per partition to add the column, none to drop it); the rest
+by the ``_partitions`` column. Rows go where Dask puts them, in input order within a partition,
+as in Dask's task shuffle. Every other method is left to Dask.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from dask.dataframe.dask_expr._collection import new_collection
-from dask.dataframe.dask_expr._shuffle import Shuffle
+from dask.dataframe.dask_expr._shuffle import RearrangeByColumn, Shuffle, ShuffleBase
 from dask.utils import get_default_shuffle_method
 from distributed import Client, default_client
 
@@ -24,35 +27,49 @@ from .. import targets
 from ..errors import ClusterError
 from . import engines
 from .api import Computed, exchanged
-from .split import AssignedSplit
+from .split import AssignedSplit, DaskHashSplit, HashSplit
 
 #: The name Dask's ``shuffle_method`` takes for this package's exchange.
 METHOD = "gpudirect"
 
 _dask_lower = Shuffle._lower
+_dask_rearrange = RearrangeByColumn._lower
 
 
 def _lower(self: Shuffle) -> Any:
-    if (self.method or get_default_shuffle_method()) != METHOD:
+    if not _asked(self):
         return _dask_lower(self)
-    return run(self)
+    return run(self, AssignedSplit)  # by Dask's "_partitions" column: each row's output
+
+
+def _rearrange(self: RearrangeByColumn) -> Any:
+    on = self._partitioning_index
+    hashed = self.frame.ndim == 2 and isinstance(on, list) and set(on) <= set(self.frame.columns)
+    if not (_asked(self) and hashed and not self.index_shuffle):
+        return _dask_rearrange(self)  # on the index, an expression or a Series: via Shuffle
+    return run(self, DaskHashSplit)
 
 
 def install() -> None:
     """Route Dask's ``shuffle_method="gpudirect"`` here (done on ``import dask_gpudirect``)."""
     Shuffle._lower = _lower  # type: ignore[method-assign]
+    RearrangeByColumn._lower = _rearrange  # type: ignore[method-assign]
 
 
-def run(shuffle: Shuffle) -> Computed:
-    """``shuffle``, done now by the workers: its outputs, computed."""
+def _asked(shuffle: ShuffleBase) -> bool:
+    return (shuffle.method or get_default_shuffle_method()) == METHOD
+
+
+def run(shuffle: ShuffleBase, cut: type[HashSplit]) -> Computed:
+    """``shuffle``, done now by the workers, each row sent where ``cut`` says: its outputs,
+    computed (with ``ignore_index``, each labelled 0, 1, 2...)."""
     meta = shuffle.frame._meta
     if shuffle.ignore_index:
         meta = meta.reset_index(drop=True)
     target = targets.holding(meta)
     npartitions = shuffle.npartitions_out
-    (column,) = shuffle._partitioning_index  # Dask's "_partitions": each row's output
     index = not shuffle.ignore_index
-    splitter = AssignedSplit([column], npartitions, target, meta, index)
+    splitter = cut(list(shuffle._partitioning_index), npartitions, target, meta, index)
     partitions = max(shuffle.frame.npartitions, npartitions)
     candidates = engines.choose(None, target, meta, index, partitions, keep_order=True)
     frame = new_collection(shuffle.frame)

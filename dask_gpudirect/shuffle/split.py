@@ -18,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
+from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
 from dask.dataframe.shuffle import partitioning_index
 
 from .. import targets
@@ -70,11 +71,15 @@ class HashSplit:
     #: Whether each output's rows come in input order (the same shuffle, the same partitions);
     #: without, a target that has a faster cut in no set order (the GPU's) uses it.
     keep_order: bool = True
+    #: Whether the target's unordered cut (libcudf's ``hash_partition`` of the ``on`` columns)
+    #: sends each row where :meth:`destinations` does.
+    unordered_cut: ClassVar[bool] = True
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
         module = targets.module(self.target)
         joined = self.join(parts)
-        if not self.keep_order and all(c in self.meta.columns for c in self.on):
+        hashed = self.unordered_cut and all(c in self.meta.columns for c in self.on)
+        if not self.keep_order and hashed:
             cut = module.hash_partition(joined, self.on, self.npartitions, self.meta, self.index)
             if cut is not None:  # no input order to keep: the chunk counts as one input
                 ordered, sizes = cut
@@ -113,15 +118,28 @@ class HashSplit:
 
 
 @dataclasses.dataclass(frozen=True)
+class DaskHashSplit(HashSplit):
+    """Output partition ``j`` gets the rows Dask's own shuffle puts there: its hash of the
+    ``on`` columns after casting numeric ones to float64 (Dask's ``AssignPartitioningIndex``),
+    so that what is shuffled here lines up with what Dask shuffled. ``meta`` holds the
+    columns' types as Dask sees them."""
+
+    unordered_cut: ClassVar[bool] = False
+
+    def destinations(self, joined: Any) -> Any:
+        assigned = AssignPartitioningIndex.operation(
+            joined[self.on], self.on, "_partitions", self.npartitions, self.meta, False
+        )
+        return assigned["_partitions"]
+
+
+@dataclasses.dataclass(frozen=True)
 class AssignedSplit(HashSplit):
     """Output partition ``j`` gets the rows whose column ``on[0]`` holds ``j``: partitions Dask
-    has already assigned (the ``_partitions`` column its shuffles add: by Dask's hash for
-    group-bys and merges, by divisions for ``set_index`` and ``sort_values``). Rows keep their
-    input order within an output, as in Dask's task shuffle."""
+    has already assigned (the ``_partitions`` column its shuffles add: by divisions for
+    ``set_index`` and ``sort_values``, by Dask's hash for the rest)."""
 
-    def __post_init__(self) -> None:
-        if not self.keep_order:  # the GPU's unordered cut hashes the columns itself
-            raise ValueError("AssignedSplit keeps the rows' order")
+    unordered_cut: ClassVar[bool] = False
 
     def destinations(self, joined: Any) -> Any:
         return joined[self.on[0]].astype("int64")
