@@ -49,6 +49,19 @@ def test_the_task_shuffles_partitions(client, on, npartitions, ignore_index):
         assert_frame_equal(mine, dasks.reset_index(drop=True) if ignore_index else dasks)
 
 
+def test_a_series_and_an_expression_as_the_task_shuffle_cuts_them(tcp):
+    """What Dask shuffles by the column it adds (a Series on its index, a frame on an
+    expression of its columns) gives the task shuffle's partitions too."""
+    df = dd.from_pandas(sample_frame(2000, keys=30, seed=4), npartitions=5)
+    for make in (
+        lambda method: df.v.shuffle(on_index=True, npartitions=3, shuffle_method=method),
+        lambda method: df.shuffle(df.k % 7, shuffle_method=method),
+    ):
+        got = partitions(tcp, lowered(make("gpudirect")))
+        for mine, dasks in zip(got, partitions(tcp, make("tasks")), strict=True):
+            assert mine.equals(dasks)
+
+
 def test_group_by_merge_and_sort_through_the_config(tcp):
     """With ``dataframe.shuffle.method: gpudirect`` Dask's group-by with ``split_out``, merge,
     ``set_index``, ``sort_values`` and ``drop_duplicates`` shuffle through the package and give
