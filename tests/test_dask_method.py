@@ -4,18 +4,34 @@ the session clusters, and give what Dask's task shuffle gives."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+from distributed import Client
 from pandas.testing import assert_frame_equal, assert_series_equal
-from util import assert_released, compute, partitions, sample_frame
+from util import (
+    HANG_GUARD,
+    assert_released,
+    compute,
+    delay_receive,
+    partitions,
+    sample_frame,
+    start_cluster,
+)
 
+from dask_gpudirect import ShuffleError
+from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.shuffle.api import Computed
+from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
 METHOD = {"dataframe.shuffle.method": "gpudirect"}
 
@@ -129,3 +145,42 @@ def test_without_a_client_the_error_says_to_start_one():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "no distributed Client is connected: start one" in done.stdout
+
+
+def _runs(dask_worker) -> list:
+    return sorted(shuffle_service(dask_worker).runs)
+
+
+def test_a_worker_killed_mid_shuffle_fails_the_compute_naming_it():
+    """SIGKILL a worker while a Dask group-by's gpudirect shuffle waits on it: the user's
+    ``compute()`` raises a ShuffleError naming that worker, soon, and the same group-by then
+    runs on the cluster that is left."""
+    with start_cluster("tcp", threads=1) as lc, Client(lc, set_as_default=False) as client:
+        victim, _ = sorted(client.nthreads())
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        ensure_plugins(client)
+        client.run(delay_receive, seconds=60, workers=[victim])
+        pdf = sample_frame(2000, keys=97, seed=6)
+        df = client.persist(dd.from_pandas(pdf, npartitions=4))
+        sums = df.groupby("k").v.sum(split_out=4, shuffle_method="gpudirect")
+
+        def run():
+            with client.as_current():
+                return compute(client, sums)
+
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(run)
+            deadline = time.monotonic() + HANG_GUARD
+            while not client.run(_runs, workers=[victim])[victim]:
+                assert not running.done(), running.exception()
+                assert time.monotonic() < deadline, "the shuffle never started on the victim"
+                time.sleep(0.05)
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            with pytest.raises(ShuffleError, match="no output was returned") as info:
+                running.result(timeout=HANG_GUARD)
+        assert time.monotonic() - killed < 30  # the loss is found, not waited out
+        assert victim in str(info.value)
+        with client.as_current():
+            again = compute(client, sums)
+        assert_series_equal(again.sort_index(), pdf.groupby("k").v.sum(), rtol=1e-12)
