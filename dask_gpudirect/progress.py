@@ -2,8 +2,9 @@
 
 Loads are lazy Dask collections, so Dask's own ``distributed.progress(df.persist())`` shows them.
 ``dg.shuffle`` runs its all-to-all inside the call, where no Dask bar can reach it, so it takes
-``progress=True`` and shows it here: the input partitions computed, then the pieces that reached
-the workers owning them. The CLI turns these bars on by default.
+``progress=True`` (or the ``gpudirect.shuffle.progress`` config, which Dask's own shuffles on
+``shuffle_method="gpudirect"`` follow) and shows it here: the input partitions computed, then
+the pieces that reached the workers owning them. The CLI turns these bars on by default.
 
 Where the output is not a terminal (CI logs, captured output), a bar is a plain line every
 ``LINE_INTERVAL`` seconds and one at the end: no carriage returns, no escape codes.

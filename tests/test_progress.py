@@ -13,12 +13,13 @@ import re
 import subprocess
 import sys
 
+import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
 from rich.console import Console
-from util import HANG_GUARD, assert_hash_partitions, partitions
+from util import HANG_GUARD, assert_hash_partitions, compute, partitions
 
 import dask_gpudirect as dg
 from dask_gpudirect import progress
@@ -67,6 +68,19 @@ def test_shuffle_without_progress_is_silent(tcp, capsys):
     out = dg.shuffle(dd.from_pandas(pdf, npartitions=2), "k")
     assert "dg.shuffle" not in capsys.readouterr().err
     assert_hash_partitions(partitions(tcp, out), pdf, "k", 2)
+
+
+def test_the_config_turns_progress_on_for_dasks_own_shuffles(tcp, capsys):
+    """``gpudirect.shuffle.progress`` shows the bar where no ``progress=`` can be passed: a Dask
+    group-by on ``shuffle_method="gpudirect"``."""
+    pdf = frame()
+    df = dd.from_pandas(pdf, npartitions=4)
+    sums = df.groupby("k").v.sum(split_out=3, shuffle_method="gpudirect")
+    with dask.config.set({"gpudirect.shuffle.progress": True}):
+        got = compute(tcp, sums)
+    err = capsys.readouterr().err
+    assert "dg.shuffle: input partitions: 4/4 (100%)" in err, err
+    assert len(got) == pdf["k"].nunique()
 
 
 def test_plain_lines_are_rate_limited(monkeypatch):

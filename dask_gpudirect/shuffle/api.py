@@ -34,7 +34,7 @@ def shuffle(
     on: Hashable | Sequence[Hashable],
     npartitions: int | None = None,
     client: Client | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
     engine: str | None = None,
     ignore_index: bool = False,
     then: Callable[[Any], Any] | None = None,
@@ -63,7 +63,8 @@ def shuffle(
         The Dask client (default: the current one).
     progress
         Show a progress bar on stderr (a live bar in terminals and notebooks, plain lines
-        elsewhere): the input partitions computed, then the pieces received.
+        elsewhere): the input partitions computed, then the pieces received. Default: the
+        ``gpudirect.shuffle.progress`` config (off).
     engine
         Who moves the pieces: ``"distributed"`` (this package's exchange over Distributed's
         comms, both targets), ``"rapidsmpf"`` (NVIDIA's RapidsMPF shuffler; cuDF partitions on
@@ -130,7 +131,7 @@ def exchanged(
     splitter: HashSplit,
     meta: Any,
     engines: tuple[str, ...],
-    progress: bool = False,
+    progress: bool | None = None,
     then: Callable[[Any], Any] | None = None,
 ) -> Computed:
     """``df``'s partitions cut by ``splitter`` and moved now: the expression of the computed
@@ -214,7 +215,10 @@ class Computed(FromGraph):
 
 
 def shuffle_array(
-    arr: da.Array, seed: int | None = None, client: Client | None = None, progress: bool = False
+    arr: da.Array,
+    seed: int | None = None,
+    client: Client | None = None,
+    progress: bool | None = None,
 ) -> da.Array:
     """A uniformly random permutation of ``arr``'s records (axis 0) across all workers.
 
@@ -233,7 +237,8 @@ def shuffle_array(
     client
         The Dask client (default: the current one).
     progress
-        Show a progress bar on stderr, as ``dg.shuffle`` does.
+        Show a progress bar on stderr, as ``dg.shuffle`` does (default: the
+        ``gpudirect.shuffle.progress`` config).
     """
     if not isinstance(arr, da.Array):
         raise InputError(None, f"dg.shuffle_array needs a Dask Array, not {type(arr).__name__}")

@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import dask.config
 from dask.typing import Key
 from dask.utils import format_bytes
 from distributed import Client, Future
@@ -77,7 +78,7 @@ def exchange(
     splitter: Splitter,
     keys: list[Key],
     target: TargetName,
-    progress: bool = False,
+    progress: bool | None = None,
     engines: tuple[str, ...] = ("distributed",),
     placed: list[tuple[str, int]] | None = None,
     then: Callable[[Any], Any] | None = None,
@@ -93,9 +94,12 @@ def exchange(
     Returns one future per output partition, under ``keys``: what a persisted collection is
     made of. (Not tasks that take the stage futures as arguments: a Future inside a graph that
     reaches a scheduler in this process is unpickled as a new Future, which keeps the stage's
-    results alive long after the user dropped the output.) ``progress`` shows a bar on stderr.
+    results alive long after the user dropped the output.) ``progress`` shows a bar on stderr
+    (None: as ``gpudirect.shuffle.progress`` says).
     """
     ensure_plugins(client, need_readers=[])  # a shuffle reads nothing
+    if progress is None:
+        progress = bool(dask.config.get("gpudirect.shuffle.progress"))
     with ShuffleProgress(client, len(inputs), progress) as shown:
         return _exchange(client, inputs, splitter, keys, target, shown, engines, placed, then)
 
