@@ -78,10 +78,14 @@ def test_a_series_and_an_expression_as_the_task_shuffle_cuts_them(tcp):
             assert mine.equals(dasks)
 
 
+def _span(group: pd.DataFrame) -> float:
+    return group["v"].max() - group["v"].min()
+
+
 def test_group_by_merge_and_sort_through_the_config(tcp):
     """With ``dataframe.shuffle.method: gpudirect`` Dask's group-by with ``split_out``, merge,
-    ``set_index``, ``sort_values`` and ``drop_duplicates`` shuffle through the package and give
-    pandas' results."""
+    ``set_index``, ``sort_values``, ``drop_duplicates`` and a group-by's ``apply`` shuffle through
+    the package and give pandas' results."""
     pdf = sample_frame(4000, keys=300, seed=1)
     right = pd.DataFrame({"k": np.arange(0, 300, 2), "w": np.arange(150) * 0.5})
     df = dd.from_pandas(pdf, npartitions=6)
@@ -91,6 +95,7 @@ def test_group_by_merge_and_sort_through_the_config(tcp):
         indexed = lowered(df.set_index("v"))
         ordered = lowered(df.sort_values("v"))
         firsts = lowered(df.drop_duplicates(subset="k", split_out=3))
+        spans = lowered(df.groupby("k").apply(_span, meta=("v", "f8")))
     assert_series_equal(compute(tcp, sums).sort_index(), pdf.groupby("k").v.sum(), rtol=1e-12)
     expected = pdf.merge(right, on="k").sort_values("v").reset_index(drop=True)
     assert_frame_equal(compute(tcp, merged).sort_values("v").reset_index(drop=True), expected)
@@ -98,6 +103,8 @@ def test_group_by_merge_and_sort_through_the_config(tcp):
     assert indexed.known_divisions
     assert_frame_equal(compute(tcp, ordered), pdf.sort_values("v"))
     assert_frame_equal(compute(tcp, firsts).sort_index(), pdf.drop_duplicates(subset="k"))
+    expected_spans = pdf.groupby("k").apply(_span).rename("v")
+    assert_series_equal(compute(tcp, spans).sort_index(), expected_spans)
 
 
 def _shuffle_keys_held(dask_worker) -> list:
