@@ -109,8 +109,8 @@ def checks_of(result: dict, target: str, workers: int) -> list[dict]:
         want = TARGET_VS_TASKS if target == "device" and workers > 1 else None
         for engine in DG_METHODS:
             checks += _speedups(query, engine, by, {"tasks": want, "polars": want and 1.0})
-        checks += _speedups(query, "dask-gpudirect", by, {"tasks": None})  # no target: a user's
-        # unchanged Dask code, shuffled by the package
+        # a user's unchanged Dask code on the package's shuffle: shown, no target
+        checks += _speedups(query, "dask-gpudirect", by, {"tasks": None})
     return checks
 
 

@@ -121,8 +121,7 @@ def shuffle(
     partitions = max(df.npartitions, npartitions)
     candidates = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
     splitter = HashSplit(on, npartitions, target, meta, not ignore_index, keep_order)
-    with dask.config.set({"dataframe.convert-string": False}):
-        return new_collection(exchanged(client, df, splitter, out_meta, candidates, progress, then))
+    return new_collection(exchanged(client, df, splitter, out_meta, candidates, progress, then))
 
 
 def exchanged(
