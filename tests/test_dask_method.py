@@ -16,6 +16,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+from dask.dataframe.dask_expr._merge import BroadcastJoin
 from distributed import Client
 from pandas.testing import assert_frame_equal, assert_series_equal
 from util import (
@@ -105,6 +106,23 @@ def test_group_by_merge_and_sort_through_the_config(tcp):
     assert_frame_equal(compute(tcp, firsts).sort_index(), pdf.drop_duplicates(subset="k"))
     expected_spans = pdf.groupby("k").apply(_span).rename("v")
     assert_series_equal(compute(tcp, spans).sort_index(), expected_spans)
+
+
+def test_a_frame_of_few_partitions_is_broadcast_as_on_dasks_methods(tcp):
+    """A merge with a frame of few partitions takes Dask's broadcast join on this method too
+    (nothing shuffled), as on the task shuffle; ``broadcast=False`` shuffles both sides here.
+    Both give pandas' join."""
+    pdf = sample_frame(4000, keys=100, seed=8)
+    small = pd.DataFrame({"k": np.arange(100), "w": np.arange(100) * 0.5})
+    big, few = dd.from_pandas(pdf, npartitions=64), dd.from_pandas(small, npartitions=2)
+    expected = pdf.merge(small, on="k").sort_values("v").reset_index(drop=True)
+    for broadcast, joins in ((None, BroadcastJoin), (False, Computed)):
+        merged = big.merge(few, on="k", shuffle_method="gpudirect", broadcast=broadcast)
+        plan = merged.optimize()
+        assert any(isinstance(e, joins) for e in plan.expr.walk()), broadcast
+        assert any(isinstance(e, Computed) for e in plan.expr.walk()) == (joins is Computed)
+        got = compute(tcp, plan).sort_values("v").reset_index(drop=True)
+        assert_frame_equal(got, expected)
 
 
 def _shuffle_keys_held(dask_worker) -> list:

@@ -11,14 +11,17 @@ graph on the client (in ``compute``, ``persist`` or ``optimize``), and puts the 
 outputs in its place, as ``dg.shuffle`` returns them. A shuffle on columns is cut by Dask's
 own hash on the workers (no task per partition to add the column, none to drop it); the rest
 by the ``_partitions`` column. Rows go where Dask puts them, in input order within a partition,
-as in Dask's task shuffle. Every other method is left to Dask.
+as in Dask's task shuffle. A merge with a frame of few partitions still takes Dask's broadcast
+join, as it does on Dask's own methods. Every other method is left to Dask.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from dask.dataframe.dask_expr._collection import new_collection
+from dask.dataframe.dask_expr._merge import Merge
 from dask.dataframe.dask_expr._shuffle import RearrangeByColumn, Shuffle, ShuffleBase
 from dask.utils import get_default_shuffle_method
 from distributed import Client, default_client
@@ -34,10 +37,11 @@ METHOD = "gpudirect"
 
 _dask_lower = Shuffle._lower
 _dask_rearrange = RearrangeByColumn._lower
+_dask_broadcast = Merge.__dict__["is_broadcast_join"]
 
 
 def _lower(self: Shuffle) -> Any:
-    if not _asked(self):
+    if not _asked(self.method):
         return _dask_lower(self)
     return run(self, AssignedSplit)  # by Dask's "_partitions" column: each row's output
 
@@ -45,19 +49,34 @@ def _lower(self: Shuffle) -> Any:
 def _rearrange(self: RearrangeByColumn) -> Any:
     on = self._partitioning_index
     hashed = self.frame.ndim == 2 and isinstance(on, list) and set(on) <= set(self.frame.columns)
-    if not (_asked(self) and hashed and not self.index_shuffle):
+    if not (_asked(self.method) and hashed and not self.index_shuffle):
         return _dask_rearrange(self)  # on the index, an expression or a Series: via Shuffle
     return run(self, DaskHashSplit)
+
+
+def _broadcast(self: Merge) -> bool:
+    """Whether a merge sends its smaller frame whole to each partition of the other rather than
+    shuffle both: Dask decides so for its own methods only, and on this one as on its task
+    shuffle (a frame of few partitions, or ``broadcast=True``)."""
+    merge = (
+        self.substitute_parameters({"shuffle_method": "tasks"})
+        if _asked(self.shuffle_method)
+        else self
+    )
+    return _dask_broadcast.func(merge)
 
 
 def install() -> None:
     """Route Dask's ``shuffle_method="gpudirect"`` here (done on ``import dask_gpudirect``)."""
     Shuffle._lower = _lower  # type: ignore[method-assign]
     RearrangeByColumn._lower = _rearrange  # type: ignore[method-assign]
+    broadcast = functools.cached_property(_broadcast)
+    broadcast.__set_name__(Merge, "is_broadcast_join")
+    Merge.is_broadcast_join = broadcast  # type: ignore[assignment]
 
 
-def _asked(shuffle: ShuffleBase) -> bool:
-    return (shuffle.method or get_default_shuffle_method()) == METHOD
+def _asked(method: str | None) -> bool:
+    return (method or get_default_shuffle_method()) == METHOD
 
 
 def run(shuffle: ShuffleBase, cut: type[HashSplit]) -> Computed:
