@@ -108,15 +108,17 @@ def test_group_by_merge_and_sort_through_the_config(tcp):
     assert_series_equal(compute(tcp, spans).sort_index(), expected_spans)
 
 
-def test_a_frame_of_few_partitions_is_broadcast_as_on_dasks_methods(tcp):
-    """A merge with a frame of few partitions takes Dask's broadcast join on this method too
-    (nothing shuffled), as on the task shuffle; ``broadcast=False`` shuffles both sides here.
-    Both give pandas' join."""
+def test_a_merge_broadcasts_where_asked(tcp):
+    """A merge shuffles both sides through the package by default, even with a frame of few
+    partitions (where Dask's own methods broadcast it), and takes Dask's broadcast join where
+    asked (``broadcast=True``), nothing shuffled. Both give pandas' join."""
     pdf = sample_frame(4000, keys=100, seed=8)
     small = pd.DataFrame({"k": np.arange(100), "w": np.arange(100) * 0.5})
     big, few = dd.from_pandas(pdf, npartitions=64), dd.from_pandas(small, npartitions=2)
+    dasks = big.merge(few, on="k", shuffle_method="tasks").optimize()
+    assert any(isinstance(e, BroadcastJoin) for e in dasks.expr.walk())  # Dask's would broadcast
     expected = pdf.merge(small, on="k").sort_values("v").reset_index(drop=True)
-    for broadcast, joins in ((None, BroadcastJoin), (False, Computed)):
+    for broadcast, joins in ((None, Computed), (True, BroadcastJoin)):
         merged = big.merge(few, on="k", shuffle_method="gpudirect", broadcast=broadcast)
         plan = merged.optimize()
         assert any(isinstance(e, joins) for e in plan.expr.walk()), broadcast
