@@ -330,8 +330,8 @@ def test_on_the_index_of_cudf_partitions(client, engine, keep_order, on):
 
 def test_dasks_shuffle_method_on_cudf_partitions(client):
     """``shuffle_method="gpudirect"`` on dask_cudf frames: ``df.shuffle`` gives, partition for
-    partition, what Dask's task shuffle gives, and a group-by with ``split_out`` and a merge
-    give pandas' results."""
+    partition, the rows Dask's task shuffle gives (in input order, where dask_cudf's own cut
+    keeps none), and a group-by with ``split_out`` and a merge give pandas' results."""
     from dask_gpudirect.shuffle.api import Computed
 
     pdf = _keyed_frame(20_000, seed=12)
@@ -342,7 +342,9 @@ def test_dasks_shuffle_method_on_cudf_partitions(client):
     got = client.gather(client.compute(ours.to_delayed()))
     expected = client.gather(client.compute(tasks.to_delayed()))
     for mine, dasks in zip(got, expected, strict=True):
-        pd.testing.assert_frame_equal(mine.to_pandas(), dasks.to_pandas())
+        mine = mine.to_pandas()
+        assert mine["i"].is_monotonic_increasing  # input order
+        pd.testing.assert_frame_equal(mine, dasks.to_pandas().sort_values("i"))
     right = pd.DataFrame({"k": np.arange(0, 1000, 3), "w": np.arange(334) * 0.5})
     with dask.config.set({"dataframe.shuffle.method": "gpudirect"}):
         sums = ddf.groupby("k").x.sum(split_out=4).compute().to_pandas()
