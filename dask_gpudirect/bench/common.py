@@ -349,6 +349,12 @@ def write_outputs(
         draw(result, plot_path)
 
 
+def dask_shuffle_method(method: str) -> str:
+    """The ``shuffle_method`` a Dask pipeline of a benchmark's ``method`` passes: its own name,
+    but ``dask-gpudirect``, Dask's own call on the package's exchange (``"gpudirect"``)."""
+    return "gpudirect" if method == "dask-gpudirect" else method
+
+
 #: What happens between two timed runs of a method (:func:`wait_released`), as results say.
 BETWEEN_RUNS = "the run's keys released and its garbage collected in the client and the workers"
 

@@ -45,6 +45,7 @@ from .common import (
     TARGET_OPTION,
     cluster_options,
     counts_option,
+    dask_shuffle_method,
     device_names,
     device_only,
     finish,
@@ -59,7 +60,6 @@ from .common import (
 )
 from .datasets import dataset, key_column
 from .etl_report import (
-    DASK_SHUFFLES,
     DEVICE_ONLY,
     DG_METHODS,
     METHODS,
@@ -173,8 +173,7 @@ def _pipeline(
     df = dd.read_parquet(paths, columns=columns)
     if query == SCAN:
         return df.npartitions, df.persist(), {}, {}
-    shuffle = DASK_SHUFFLES.get(method, method)
-    out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=shuffle)
+    out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=dask_shuffle_method(method))
     return df.npartitions, out.persist(), {}, {}
 
 

@@ -56,8 +56,6 @@ LABELS = {
         "host": "dd.read_parquet -> groupby(split_out=N, shuffle_method='gpudirect')",
     },
 }
-#: The ``shuffle_method`` a Dask pipeline passes, where it is not the method's own name.
-DASK_SHUFFLES = {"dask-gpudirect": "gpudirect"}
 #: Short names in the checks.
 NAMES = {
     "gpudirect": "dg",

@@ -56,6 +56,7 @@ from .common import (
     TARGET_OPTION,
     cluster_options,
     counts_option,
+    dask_shuffle_method,
     device_names,
     device_only,
     finish,
@@ -321,7 +322,7 @@ def _shuffle_run(
                 ignore_index=ignore_index,
                 keep_order=keep_order,
             )
-        dasks = "gpudirect" if method == "dask-gpudirect" else method
+        dasks = dask_shuffle_method(method)
         return df.shuffle("key", shuffle_method=dasks, ignore_index=ignore_index).persist()
 
     def run() -> dict:
