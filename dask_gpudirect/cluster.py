@@ -7,9 +7,10 @@ import logging
 import os
 from typing import Any
 
+from dask.base import tokenize
 from distributed import Client, Scheduler, Worker, WorkerPlugin
 
-from . import discovery, targets
+from . import access, discovery, known_workers, targets
 from .cuda import gpu_count
 from .dashboard import DashboardPlugin
 from .errors import ClusterError
@@ -98,13 +99,23 @@ async def _describe(
     views = await asyncio.to_thread(discovery.views, entries, listing)
     names = ("host", "device") if plugin.gpus else ("host",)
     memory = {name: targets.module(name).memory_bytes(dask_worker) for name in names}
-    return {**plugin.describe(), "views": views, "memory": memory}
+    # whether the client may list the paths for this worker (see known_workers): not where
+    # allowed roots keep it to some
+    namespace = discovery.namespace() if access.roots() is None else None
+    return {**plugin.describe(), "views": views, "memory": memory, "namespace": namespace}
 
 
-def _registered(dask_scheduler: Scheduler) -> dict[str, list[str]]:
-    """The worker and scheduler plugins the scheduler holds, by name."""
+def _registered(dask_scheduler: Scheduler) -> dict[str, Any]:
+    """The worker and scheduler plugins the scheduler holds, by name; its workers' server ids
+    (a restarted worker has a new one) and its reader plugin, hashed (None: none)."""
     workers, scheduler = dask_scheduler.worker_plugins, dask_scheduler.plugins
-    return {"worker": list(workers), "scheduler": list(scheduler)}
+    readers = workers.get(GPUDirectPlugin.name)
+    return {
+        "worker": list(workers),
+        "scheduler": list(scheduler),
+        "servers": {w: ws.server_id for w, ws in dask_scheduler.workers.items()},
+        "readers": None if readers is None else tokenize(readers),
+    }
 
 
 def ensure_plugins(client: Client, need_readers: list[str] | None = None) -> None:
@@ -154,7 +165,15 @@ def survey(
     """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``
     (directories listed as ``listing`` says). The workers' plugins are checked by the same
     round trip to the workers, the scheduler's asked at the same time, and the workers asked
-    again only where one lacked the reader plugin."""
+    again only where one lacked the reader plugin. Where the last survey found only workers
+    that see the client's files, and the scheduler has the same ones, only the scheduler is
+    asked (:mod:`.known_workers`)."""
+    known = known_workers.recall(client)
+    if known is not None:
+        held = client.run_on_scheduler(_registered)
+        if known.still(held):
+            _register_missing(client, held, [])
+            return known.survey(entries, listing)
 
     async def ask() -> tuple[Any, Any]:
         return await asyncio.gather(
@@ -172,4 +191,6 @@ def survey(
     lacking = [w for w, info in workers.items() if info is None]
     if lacking:  # a worker that joined as the plugin was registered
         raise ClusterError(f"GPUDirectPlugin is not set up on worker(s) {lacking}: try again")
+    if not missing:  # else the scheduler's plugins have changed since it answered
+        known_workers.remember(client, workers, held)
     return workers

@@ -191,6 +191,21 @@ def _size_and_mtime(path: str) -> tuple[int, int]:
     return info.st_size, info.st_mtime_ns
 
 
+def namespace() -> tuple | None:
+    """What two processes share that see the same files under the same paths with the same
+    rights: one boot of one machine, one mount namespace and root directory, one user and its
+    groups. None where that cannot be told (not Linux): such a worker is always asked."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        mounts = os.stat("/proc/self/ns/mnt").st_ino
+        root = os.stat("/")
+    except OSError:
+        return None
+    groups = tuple(sorted(os.getgroups()))
+    return (boot, mounts, root.st_dev, root.st_ino, os.geteuid(), os.getegid(), groups)
+
+
 def views(entries: list[str], listing: Listing = FLAT) -> list[View]:
     """Every entry as this worker sees it (``listing``: see :func:`data_files`)."""
     return [view(entry, listing) for entry in entries]
