@@ -87,7 +87,9 @@ def test_the_survey_without_the_workers_is_what_they_would_answer(tcp, tmp_path)
     paths = [write(tmp_path / f"part-{k}.parquet", 500 * k) for k in range(2)]
     listing = discovery.Listing((".parquet",), recursive=True)
     entries = [os.fspath(tmp_path), paths[0], os.fspath(tmp_path / "*.parquet")]
-    dg_cluster.survey(tcp, entries, listing)
+    for _ in range(2):  # the first may register the reader plugin; the second is remembered
+        dg_cluster.survey(tcp, entries, listing)
+    assert known_workers.recall(tcp) is not None
     listed = dg_cluster.survey(tcp, entries, listing)
     assert listed == tcp.run(dg_cluster._describe, entries=entries, listing=listing)
 
