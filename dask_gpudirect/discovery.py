@@ -202,11 +202,8 @@ def _stated(path: str, info: os.stat_result | None = None) -> tuple[str, int, in
 
 
 def _size_and_mtime(path: str) -> tuple[int, int]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return 0, 0
-    return info.st_size, info.st_mtime_ns
+    info = _stat(path)
+    return (0, 0) if info is None else (info.st_size, info.st_mtime_ns)
 
 
 def namespace() -> tuple | None:
