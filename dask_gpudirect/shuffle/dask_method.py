@@ -10,8 +10,10 @@ it for its explicit-comms shuffle: ``shuffle_method="gpudirect"`` (or the config
 graph on the client (in ``compute``, ``persist`` or ``optimize``), and puts the computed
 outputs in its place, as ``dg.shuffle`` returns them. A shuffle on columns is cut by Dask's
 own hash on the workers (no task per partition to add the column, none to drop it); the rest
-by the ``_partitions`` column. Rows go where Dask puts them, in input order within a partition,
-as in Dask's task shuffle. A merge takes Dask's broadcast join where asked (``broadcast=``).
+by the ``_partitions`` column. Rows go where Dask puts them; within a partition pandas rows in
+input order, as Dask's task shuffle keeps them, cuDF rows in no set order, as dask_cudf's task
+shuffle gives them (the GPU's unordered cut, libcudf's ``hash_partition``). A merge takes
+Dask's broadcast join where asked (``broadcast=``).
 Every other method is left to Dask.
 """
 
@@ -90,9 +92,11 @@ def run(shuffle: ShuffleBase, cut: type[HashSplit]) -> Computed:
     target = targets.holding(meta)
     npartitions = shuffle.npartitions_out
     index = not shuffle.ignore_index
-    splitter = cut(list(shuffle._partitioning_index), npartitions, target, meta, index)
+    keep_order = target != "device"
+    on = list(shuffle._partitioning_index)
+    splitter = cut(on, npartitions, target, meta, index, keep_order=keep_order)
     partitions = max(shuffle.frame.npartitions, npartitions)
-    candidates = engines.choose(None, target, meta, index, partitions, keep_order=True)
+    candidates = engines.choose(None, target, meta, index, partitions, keep_order)
     frame = new_collection(shuffle.frame)
     return exchanged(_client(), frame, splitter, meta, candidates)
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
+from dask.dataframe.dask_expr._shuffle import _is_numeric_cast_type as cast_type
 from dask.dataframe.shuffle import partitioning_index
 
 from .. import targets
@@ -71,7 +72,7 @@ class HashSplit:
     #: Whether each output's rows come in input order (the same shuffle, the same partitions);
     #: without, a target that has a faster cut in no set order (the GPU's) uses it.
     keep_order: bool = True
-    #: Whether the target's unordered cut (libcudf's ``hash_partition`` of the ``on`` columns)
+    #: Whether the target's unordered cut (libcudf's ``hash_partition`` of :meth:`hashed`)
     #: sends each row where :meth:`destinations` does.
     unordered_cut: ClassVar[bool] = True
 
@@ -80,13 +81,20 @@ class HashSplit:
         joined = self.join(parts)
         hashed = self.unordered_cut and all(c in self.meta.columns for c in self.on)
         if not self.keep_order and hashed:
-            cut = module.hash_partition(joined, self.on, self.npartitions, self.meta, self.index)
+            cut = module.hash_partition(
+                joined, self.on, self.npartitions, self.meta, self.index, self.hashed(joined)
+            )
             if cut is not None:  # no input order to keep: the chunk counts as one input
                 ordered, sizes = cut
                 return ordered, sizes[np.newaxis, :]
         lengths = [len(p) for p in parts]
         order, counts = module.group_order(self.destinations(joined), lengths, self.npartitions)
         return module.take_rows(joined, order, self.index), counts
+
+    def hashed(self, joined: Any) -> Any | None:
+        """The values the unordered cut hashes in place of ``joined``'s ``on`` columns; None:
+        those columns as they are."""
+        return None
 
     def destinations(self, joined: Any) -> Any:
         """Each row's output partition, a Series of ``joined``'s target."""
@@ -124,7 +132,11 @@ class DaskHashSplit(HashSplit):
     so that what is shuffled here lines up with what Dask shuffled. ``meta`` holds the
     columns' types as Dask sees them."""
 
-    unordered_cut: ClassVar[bool] = False
+    def hashed(self, joined: Any) -> Any:
+        """The ``on`` columns as Dask hashes them: numbers (by ``meta``'s types) as float64."""
+        keys = joined[self.on]
+        numbers = {c: np.float64 for c, t in self.meta[self.on].dtypes.items() if cast_type(t)}
+        return keys.astype(numbers, errors="ignore") if numbers else keys
 
     def destinations(self, joined: Any) -> Any:
         assigned = AssignPartitioningIndex.operation(

@@ -210,11 +210,18 @@ def take_rows(frame: cudf.DataFrame, order: cupy.ndarray, index: bool = True) ->
 
 
 def hash_partition(
-    frame: cudf.DataFrame, on: list, n: int, meta: cudf.DataFrame, index: bool = True
+    frame: cudf.DataFrame,
+    on: list,
+    n: int,
+    meta: cudf.DataFrame,
+    index: bool = True,
+    hashed: cudf.DataFrame | None = None,
 ) -> tuple[cudf.DataFrame, np.ndarray] | None:
     """``frame``'s rows grouped by output partition as Dask's hash assigns them, in no set order
     within one (it differs from call to call), and each output's row count; None for frames like
     ``meta`` whose types a pylibcudf table does not keep (the ordered split takes those).
+    ``hashed``: the values hashed in place of the ``on`` columns (Dask's own shuffle hashes
+    numbers as float64), one row for each of ``frame``'s.
 
     One libcudf ``hash_partition`` call: murmur3 with seed 0 over the ``on`` columns, the hash
     of cuDF's ``hash_values`` that Dask's ``partitioning_index`` takes modulo ``n``. On an H200
@@ -224,11 +231,17 @@ def hash_partition(
         return None
     if len(frame) == 0:
         return frame if index else frame.reset_index(drop=True), np.zeros(n, dtype=np.int64)
-    levels = frame.index.nlevels if index else 0
-    keys = [levels + frame.columns.get_loc(c) for c in on]
-    table, offsets = plc.partitioning.hash_partition(to_table(frame, index), keys, n)
+    columns = to_table(frame, index).columns()
+    if hashed is None:
+        levels = frame.index.nlevels if index else 0
+        keys = [levels + frame.columns.get_loc(c) for c in on]
+    else:  # hashed after the frame's own columns, and dropped from the cut
+        keys = list(range(len(columns), len(columns) + len(hashed.columns)))
+        columns += _columns(hashed)
+    table, offsets = plc.partitioning.hash_partition(plc.Table(columns), keys, n)
     sizes = np.diff(np.array([*offsets, len(frame)], dtype=np.int64))[:n]
-    return from_table(table, frame, index), sizes
+    cut = plc.Table(table.columns()[: len(columns) - len(keys)]) if hashed is not None else table
+    return from_table(cut, frame, index), sizes
 
 
 def concat_slices(

@@ -159,7 +159,12 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> np.ndarray:
 
 
 def hash_partition(
-    frame: pd.DataFrame, on: list, n: int, meta: pd.DataFrame, index: bool = True
+    frame: pd.DataFrame,
+    on: list,
+    n: int,
+    meta: pd.DataFrame,
+    index: bool = True,
+    hashed: pd.DataFrame | None = None,
 ) -> None:
     """None: pandas has no faster cut than the ordered split, which the host target keeps."""
     return None

@@ -271,6 +271,36 @@ def test_unordered_cut_puts_rows_where_dasks_hash_does(client, on, npartitions):
     pd.testing.assert_frame_equal(got, frame.to_pandas())
 
 
+@pytest.mark.parametrize("on", ["k", "s", "n", ["k", "s"]])
+@pytest.mark.parametrize("npartitions", [1, 7, 300])
+def test_unordered_cut_of_dasks_shuffle_puts_rows_where_dask_does(client, on, npartitions):
+    """``shuffle_method="gpudirect"`` cuts cuDF partitions with libcudf's ``hash_partition`` of
+    the keys as Dask's own shuffle hashes them (numbers as float64), so each row lands where
+    Dask's ``AssignPartitioningIndex`` puts it; hashing the integers as they are would not."""
+    import cudf
+    from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
+
+    from dask_gpudirect.shuffle.split import DaskHashSplit
+
+    frame = cudf.from_pandas(_keyed_frame(20_000, seed=11))
+    on = on if isinstance(on, list) else [on]
+    meta = frame.head(0)
+    splitter = DaskHashSplit(on, npartitions, "device", meta, keep_order=False)
+    ordered, counts = splitter.split([0], [frame])
+    assert counts.shape == (1, npartitions) and counts.sum() == len(frame)
+    bounds = np.concatenate([[0], np.cumsum(counts[0])])
+    as_is = 0
+    for j in range(npartitions):
+        part = ordered.iloc[bounds[j] : bounds[j + 1]]
+        dasks = AssignPartitioningIndex.operation(part, on, "p", npartitions, meta, False)["p"]
+        assert (dasks == j).all(), (on, j)
+        as_is += int((partitioning_index(part[on], npartitions) != j).sum())
+    if npartitions > 1 and "k" in on:  # the cast changes where integer keys go
+        assert as_is > 0
+    got = ordered.sort_values("i").to_pandas()
+    pd.testing.assert_frame_equal(got, frame.to_pandas())
+
+
 @pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
 @pytest.mark.parametrize("ignore_index", [False, True])
 @pytest.mark.parametrize("chunk_size", ["auto", 1])
@@ -328,23 +358,25 @@ def test_on_the_index_of_cudf_partitions(client, engine, keep_order, on):
     pd.testing.assert_frame_equal(got, cudf.from_pandas(pdf).to_pandas(), check_dtype=False)
 
 
-def test_dasks_shuffle_method_on_cudf_partitions(client):
+@pytest.mark.parametrize("on", ["s", "k", ["n", "s"]], ids=str)
+def test_dasks_shuffle_method_on_cudf_partitions(client, on):
     """``shuffle_method="gpudirect"`` on dask_cudf frames: ``df.shuffle`` gives, partition for
-    partition, the rows Dask's task shuffle gives (in input order, where dask_cudf's own cut
-    keeps none), and a group-by with ``split_out`` and a merge give pandas' results."""
+    partition, the rows Dask's task shuffle gives (in no set order within one, as dask_cudf's
+    own), on string, integer and nullable keys, and a group-by with ``split_out`` and a merge
+    give pandas' results."""
     from dask_gpudirect.shuffle.api import Computed
 
     pdf = _keyed_frame(20_000, seed=12)
     ddf = dd.from_pandas(pdf, npartitions=6).to_backend("cudf")
-    ours = ddf.shuffle("s", npartitions=5, shuffle_method="gpudirect").optimize()
+    ours = ddf.shuffle(on, npartitions=5, shuffle_method="gpudirect").optimize()
     assert any(isinstance(e, Computed) for e in ours.expr.walk())
-    tasks = ddf.shuffle("s", npartitions=5, shuffle_method="tasks")
+    tasks = ddf.shuffle(on, npartitions=5, shuffle_method="tasks")
     got = client.gather(client.compute(ours.to_delayed()))
     expected = client.gather(client.compute(tasks.to_delayed()))
     for mine, dasks in zip(got, expected, strict=True):
-        mine = mine.to_pandas()
-        assert mine["i"].is_monotonic_increasing  # input order
-        pd.testing.assert_frame_equal(mine, dasks.to_pandas().sort_values("i"))
+        pd.testing.assert_frame_equal(
+            mine.to_pandas().sort_values("i"), dasks.to_pandas().sort_values("i")
+        )
     right = pd.DataFrame({"k": np.arange(0, 1000, 3), "w": np.arange(334) * 0.5})
     with dask.config.set({"dataframe.shuffle.method": "gpudirect"}):
         sums = ddf.groupby("k").x.sum(split_out=4).compute().to_pandas()
