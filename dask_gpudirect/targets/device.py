@@ -231,7 +231,7 @@ def hash_partition(
         return None
     if len(frame) == 0:
         return frame if index else frame.reset_index(drop=True), np.zeros(n, dtype=np.int64)
-    columns = to_table(frame, index).columns()
+    columns = list(to_table(frame, index).columns())
     if hashed is None:
         levels = frame.index.nlevels if index else 0
         keys = [levels + frame.columns.get_loc(c) for c in on]
