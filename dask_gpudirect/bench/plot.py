@@ -332,7 +332,8 @@ def _draw_lines(ax: Axes, panel: dict) -> None:
     ax.set_ylabel(f"{panel['ylabel']}, log scale")
     ax.set_title(panel["title"])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    # below the axes: inside, the long method names hid the points they name
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False)
 
 
 def _figure(value: float) -> str:
