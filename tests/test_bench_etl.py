@@ -84,6 +84,15 @@ def test_bench_etl_host(tmp_path):
             assert list(client) == [f"client: {p}" for p in (*PLACED_PHASES, GC)], rec
             assert sum(client.values()) - client[f"client: {GC}"] <= pipeline[steps]
         assert by[query, "tasks"]["phases"] == [{}, {}]  # Dask's pipeline is one graph
+        # which engine moved the bytes, where the package's exchange did (pandas: its own)
+        for method in ("gpudirect", "combine", "dask-gpudirect"):
+            assert by[query, method]["note"].endswith(", engine distributed"), by[query, method]
+        assert "engine" not in by[query, "tasks"]["note"]
+        # and where the exchange under Dask's own group-by spent the time, inside the run
+        dasks = by[query, "dask-gpudirect"]
+        for seconds, phases in zip(dasks["runs"], dasks["phases"], strict=True):
+            assert {"shuffle: split", "shuffle: combine", "client: stages"} <= set(phases), dasks
+            assert max(phases.values()) <= seconds, dasks
     for phases in by["scan", "gpudirect"]["phases"]:  # the read alone, no shuffle
         assert [k for k in phases if not k.startswith("plan: ")] == [
             "plan",
@@ -123,6 +132,8 @@ def test_bench_etl_host(tmp_path):
         by["scan", "tasks"]["seconds"] / by["scan", "gpudirect"]["seconds"]
     )
     markdown = out["md"].read_text()
+    dasks_rows = [line for line in markdown.splitlines() if "shuffle_method='gpudirect')" in line]
+    assert dasks_rows and all("; last run: its exchange (shuffle: " in r for r in dasks_rows)
     assert "| 2^8 keys | dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p') |" in (
         markdown
     )

@@ -77,6 +77,10 @@ def test_bench_shuffle_host(tmp_path, protocol):
     assert records["raw"]["bytes"] == 16 << 20
     assert all(s > 0 for s in records["raw"]["round_trip_seconds"])
     assert "rows and sum(z) checked" in records["gpudirect"]["note"]
+    # which engine moved the bytes, where the package's exchange did (pandas: its own)
+    for key in ("gpudirect", "dask-gpudirect"):
+        assert records[key]["note"].endswith("; engine distributed"), records[key]
+    assert "engine" not in records["tasks"]["note"]
     # where each dg run's stage spent its time, inside the run's own time
     dg = records["gpudirect"]
     for seconds, phases in zip(dg["runs"], dg["phases"], strict=True):

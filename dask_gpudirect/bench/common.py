@@ -329,6 +329,14 @@ def stage_phases(client: Client) -> dict[str, float]:
     return out | {f"client: {phase}": s for phase, s in coordinator.last_phases.items()}
 
 
+def shuffle_engine() -> str | None:
+    """The engine of the last shuffle this process ran on the package's exchange, which
+    ``auto`` and Dask's own shuffles choose for themselves: a record says which one it timed."""
+    from ..shuffle import coordinator
+
+    return coordinator.last_engine
+
+
 def write_outputs(
     result: dict,
     json_path: str | None,

@@ -54,6 +54,7 @@ from .common import (
     progress_bar,
     resolve_run,
     result_head,
+    shuffle_engine,
     stage_phases,
     ucx_record,
     wait_released,
@@ -247,8 +248,8 @@ def _etl_run(
         if phases:  # dg's: the work itself in the read and the group-by, ...
             phases = {**phases, **_task_phases(client, tasks)}
         del tasks
-        if phases and query != SCAN:  # ... and where its shuffle stage spent the time
-            phases = {**phases, **stage_phases(client)}
+        if query != SCAN and (phases or method == "dask-gpudirect"):  # where the package's
+            phases = {**phases, **stage_phases(client)}  # exchange spent the time
         failed = [f for f in futures_of(out) if f.status != "finished"]
         if failed:
             raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")
@@ -256,6 +257,8 @@ def _etl_run(
         if not same(seen.setdefault(method, fp), fp):
             raise RuntimeError(f"two runs gave different results: {seen[method]} and {fp}")
         note = f"{inputs} -> {out.npartitions} partitions"
+        if query != SCAN and method in (*DG_METHODS, "dask-gpudirect"):
+            note += f", engine {shuffle_engine()}"
         return {"seconds": seconds, "note": note, "phases": phases, **fp}
 
     return run

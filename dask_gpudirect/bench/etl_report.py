@@ -179,7 +179,8 @@ INSIDE = {
 
 def _phases(rec: dict) -> str:
     """dg's seconds per phase in its last run (plan, read, shuffle, group-by), where kept, each
-    with its own phases in brackets (``INSIDE``)."""
+    with its own phases in brackets (``INSIDE``); for Dask's pipeline on the package's exchange,
+    the exchange's phases."""
     last = (rec.get("phases") or [{}])[-1]
     if not last:
         return ""
@@ -194,6 +195,8 @@ def _phases(rec: dict) -> str:
             if k.startswith(INSIDE.get(name, ()))
         )
         parts.append(f"{name} {seconds:.2f} s" + (f" ({inside})" if inside else ""))
+    if not parts:  # Dask's own group-by on the package's exchange: the exchange's phases alone
+        parts.append("its exchange (" + ", ".join(f"{k} {s:.2f}" for k, s in last.items()) + ")")
     return "; last run: " + ", ".join(parts)
 
 

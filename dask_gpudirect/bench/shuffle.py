@@ -65,6 +65,7 @@ from .common import (
     progress_bar,
     resolve_run,
     result_head,
+    shuffle_engine,
     stage_phases,
     ucx_record,
     wait_released,
@@ -343,8 +344,9 @@ def _shuffle_run(
             )
         outputs = out.numblocks[0] if data.data == "array" else out.npartitions
         note = f"{data.partitions} -> {outputs} partitions; {SUMS[data.data]} checked"
-        if method not in ("gpudirect", "rapidsmpf"):
+        if method not in ("gpudirect", "rapidsmpf", "dask-gpudirect"):
             return {"seconds": seconds, "note": note}
+        note += f"; engine {shuffle_engine()}"
         phases = stage_phases(client)  # where dg's stage spent the time, the slowest worker's
         _log(
             "stage: "

@@ -52,6 +52,9 @@ ABORT_GRACE = 10
 #: The client's own phases of the last shuffle this process ran (plan, start, stages, publish;
 #: end where it failed), beside the stages' (``ShuffleService.last_phases``): where the time went.
 last_phases: dict[str, float] = {}
+#: The engine of the last shuffle this process planned (None until one is): which way its bytes
+#: went where the caller did not say (``auto``, Dask's own shuffles on the package's exchange).
+last_engine: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +118,8 @@ def _exchange(
     placed: list[tuple[str, int]] | None,
     then: Callable[[Any], Any] | None,
 ) -> list[Future]:
+    global last_engine
+    last_engine = None
     clock = Phases()
     prepared: dict[str, Any] = {"unplaced": True}
     if placed is not None:
@@ -132,6 +137,7 @@ def _exchange(
         plan, on_worker, nbytes = _plan(
             client, inputs, splitter, keys, target, engines, prepared, then
         )
+    last_engine = plan.engine
     with clock("start"):
         stages = _start(client, plan, on_worker, nbytes)
     try:
