@@ -223,10 +223,10 @@ def hash_partition(
     ``hashed``: the values hashed in place of the ``on`` columns (Dask's own shuffle hashes
     numbers as float64), one row for each of ``frame``'s.
 
-    One libcudf ``hash_partition`` call: murmur3 with seed 0 over the ``on`` columns, the hash
-    of cuDF's ``hash_values`` that Dask's ``partitioning_index`` takes modulo ``n``. On an H200
-    it cut 54 Mi rows in 3.4-5.5 ms, where the ordered split's hash, stable sort and gather took
-    14-25 ms (``scripts/split-kernels.py``)."""
+    One libcudf ``hash_partition`` call: murmur3 with seed 0 over the ``on`` columns (or
+    ``hashed``), the hash of cuDF's ``hash_values`` that Dask's ``partitioning_index`` takes
+    modulo ``n``. On an H200 it cut 54 Mi rows in 3.4-5.5 ms, where the ordered split's hash,
+    stable sort and gather took 14-25 ms (``scripts/split-kernels.py``)."""
     if not tables_keep_types(meta, index):
         return None
     if len(frame) == 0:
