@@ -169,6 +169,7 @@ def survey(
     that see the client's files, and the scheduler has the same ones, only the scheduler is
     asked (:mod:`.known_workers`)."""
     known = known_workers.recall(client)
+    held: dict[str, Any] | None = None
     if known is not None:
         held = client.run_on_scheduler(_registered)
         if known.still(held):
@@ -181,7 +182,10 @@ def survey(
             client.run_on_scheduler(_registered, asynchronous=True),
         )
 
-    workers, held = client.sync(ask)
+    if held is None:
+        workers, held = client.sync(ask)
+    else:  # what the scheduler said a moment ago stands: only the workers are asked
+        workers = client.run(_describe, entries=entries, listing=listing)
     missing = [w for w, info in workers.items() if info is None]
     _register_missing(client, held, missing)
     if missing:
