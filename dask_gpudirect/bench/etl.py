@@ -248,8 +248,9 @@ def _etl_run(
         if phases:  # dg's: the work itself in the read and the group-by, ...
             phases = {**phases, **_task_phases(client, tasks)}
         del tasks
-        if query != SCAN and (phases or method == "dask-gpudirect"):  # where the package's
-            phases = {**phases, **stage_phases(client)}  # exchange spent the time
+        exchanged = query != SCAN and method in (*DG_METHODS, "dask-gpudirect")
+        if exchanged:  # where the package's exchange spent the time, and which engine it took
+            phases = {**phases, **stage_phases(client)}
         failed = [f for f in futures_of(out) if f.status != "finished"]
         if failed:
             raise RuntimeError(f"{len(failed)} partition(s) failed: {failed[0].exception()!r}")
@@ -257,7 +258,7 @@ def _etl_run(
         if not same(seen.setdefault(method, fp), fp):
             raise RuntimeError(f"two runs gave different results: {seen[method]} and {fp}")
         note = f"{inputs} -> {out.npartitions} partitions"
-        if query != SCAN and method in (*DG_METHODS, "dask-gpudirect"):
+        if exchanged:
             note += f", engine {shuffle_engine()}"
         return {"seconds": seconds, "note": note, "phases": phases, **fp}
 
