@@ -16,7 +16,6 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from dask.dataframe.shuffle import partitioning_index
 from dask.sizeof import sizeof
 from distributed import futures_of, wait
 from pandas.testing import assert_frame_equal, assert_series_equal
@@ -57,6 +56,56 @@ def test_hash_shuffle_matches_pandas(client):
     assert set(homes) == set(pdf["k"])
     # the whole frame, index included, comes back as one computed collection
     assert_frame_equal(compute(client, out).sort_index(), pdf)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["int32", "uint8", "bool", "float", "nullable", "category", "string", "datetime", "index"],
+)
+def test_each_row_goes_where_dasks_own_shuffle_puts_it(client, key):
+    """Output ``j`` holds the rows of Dask's own ``df.shuffle(on, npartitions)``'s output
+    ``j`` (the task shuffle, run beside it), whatever the key's type."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    values = rng.integers(-40, 40, n)
+    keys = {
+        "int32": values.astype("int32"),
+        "uint8": (values + 40).astype("uint8"),
+        "bool": values > 0,
+        "float": np.where(values % 7 == 0, np.nan, values / 4),
+        "nullable": pd.array(np.where(values % 5 == 0, None, values), dtype="Int64"),
+        "category": pd.Categorical(values % 9),
+        "string": pd.array(values.astype(str), dtype="string"),
+        "datetime": pd.Timestamp("2025-01-01", tz="UTC") + pd.to_timedelta(values, "h"),
+        "index": values,
+    }
+    pdf = pd.DataFrame({"key": keys[key], "v": rng.random(n)})
+    if key == "index":
+        pdf = pdf.set_index("key")
+    df = dd.from_pandas(pdf, npartitions=4)
+    ours = partitions(client, dg.shuffle(df, "key", npartitions=6, client=client))
+    dasks = partitions(client, df.shuffle("key", npartitions=6, shuffle_method="tasks"))
+    for j, (mine, theirs) in enumerate(zip(ours, dasks, strict=True)):
+        assert_frame_equal(mine.sort_values("v"), theirs.sort_values("v"), obj=f"output {j}")
+    assert sum(map(len, ours)) == n
+
+
+@pytest.mark.filterwarnings("ignore:Merging dataframes with merge column data type mismatches")
+def test_keys_of_different_number_types_line_up_for_a_join(client):
+    """Two frames shuffled on one key into as many partitions can be joined partition by
+    partition, as the guide says, though one side's key is int32 and the other's int64 or
+    float64: every match of the whole join is found (hashing the raw bytes would lose most)."""
+    rng = np.random.default_rng(6)
+    facts = pd.DataFrame({"id": rng.integers(-500, 500, 4000), "x": rng.random(4000)})
+    names = pd.DataFrame({"id": np.arange(-500, 500, dtype="int32"), "name": np.arange(1000)})
+    want = facts.merge(names, on="id").sort_values(["id", "x"], ignore_index=True)
+    left = dg.shuffle(dd.from_pandas(facts, npartitions=5), "id", npartitions=7, client=client)
+    for dtype in ("int32", "float64"):
+        side = dd.from_pandas(names.astype({"id": dtype}), npartitions=2)
+        right = dg.shuffle(side, "id", npartitions=7, client=client)
+        joined = dd.map_partitions(pd.merge, left, right, on="id", align_dataframes=False)
+        got = compute(client, joined).sort_values(["id", "x"], ignore_index=True)
+        assert_frame_equal(got, want, check_dtype=False, obj=dtype)
 
 
 @pytest.mark.parametrize("npartitions", [1, 5, 300])
@@ -127,7 +176,7 @@ def test_on_the_index(client, on, keep_order):
     df = dd.from_pandas(pdf, npartitions=4)
     out = dg.shuffle(df, on, npartitions=5, client=client, keep_order=keep_order)
     columns = [c for c in ([on] if isinstance(on, str) else on) if c != "row"]
-    where = np.asarray(partitioning_index(pdf.reset_index()[[*columns, "row"]], 5))
+    where = owner_of_rows(pdf.reset_index(), [*columns, "row"], 5)
     parts = partitions(client, out)
     assert len(parts) == 5
     for j, part in enumerate(parts):

@@ -15,9 +15,8 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from dask.dataframe.shuffle import partitioning_index
 from distributed import Client, wait
-from util import spill_at, start_cluster
+from util import owner_of_rows, spill_at, start_cluster
 
 import dask_gpudirect as dg
 from dask_gpudirect.cluster import ensure_plugins
@@ -39,7 +38,7 @@ def part(i: int) -> pd.DataFrame:
 
 def check(p: pd.DataFrame, npartitions: int, partition_info=None) -> pd.DataFrame:
     """One row per output: its length, the sum of ``v``, and whether every key hashes to it."""
-    where = partitioning_index(p[["k"]], npartitions)
+    where = owner_of_rows(p, "k", npartitions)
     home = bool((where == partition_info["number"]).all())
     return pd.DataFrame({"rows": [len(p)], "v": [p["v"].sum()], "home": [home]})
 

@@ -116,10 +116,20 @@ def sample_frame(n: int, keys: int, seed: int = 0) -> pd.DataFrame:
     )
 
 
-def owner_of_rows(pdf: pd.DataFrame, on, npartitions: int) -> np.ndarray:
-    """The output partition of each row: Dask's ``partitioning_index`` of the ``on`` columns."""
+def owner_of_rows(frame, on, npartitions: int) -> np.ndarray:
+    """The output partition of each row of a pandas or cuDF ``frame``, as Dask's own shuffle
+    assigns it: ``partitioning_index`` of the ``on`` columns, numbers (and categories of
+    numbers) hashed as float64, so int32, int64 and float64 keys of one value agree."""
     on = list(on) if isinstance(on, (list, tuple)) else [on]
-    return np.asarray(partitioning_index(pdf[on], npartitions))
+    keys = frame[on]
+    numbers = {c: "float64" for c, t in keys.dtypes.items() if _number(t)}
+    return partitioning_index(keys.astype(numbers), npartitions).to_numpy()
+
+
+def _number(dtype) -> bool:
+    categories = getattr(dtype, "categories", None)
+    kind = dtype if categories is None else categories.dtype
+    return pd.api.types.is_numeric_dtype(kind)
 
 
 def assert_hash_partitions(parts: list, pdf: pd.DataFrame, on, npartitions: int) -> None:

@@ -46,9 +46,10 @@ def shuffle(
     with ``protocol="ucxx"``), and the result is a Dask DataFrame of the computed partitions,
     ready for joins and group-bys. An unpersisted ``dg.read_parquet`` or ``dg.read_binary``
     frame is shuffled as it is read: each worker takes its partitions as it finishes them.
-    Rows go to the partition that Dask's own hash
-    (``dask.dataframe.shuffle.partitioning_index``) picks, so every key lands in exactly one
-    partition.
+    Each row goes to the partition Dask's own ``df.shuffle(on, npartitions)`` puts it in (its
+    ``partitioning_index`` of the keys, numbers hashed as float64), so every key lands in
+    exactly one partition, and frames whose keys differ in numeric type (int32 here, int64
+    there) line up partition by partition.
 
     Parameters
     ----------

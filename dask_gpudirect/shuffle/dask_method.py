@@ -32,7 +32,7 @@ from .. import targets
 from ..errors import ClusterError
 from . import engines
 from .api import Computed, exchanged
-from .split import AssignedSplit, DaskHashSplit, HashSplit
+from .split import AssignedSplit, HashSplit
 
 #: The name Dask's ``shuffle_method`` takes for this package's exchange.
 METHOD = "gpudirect"
@@ -53,7 +53,7 @@ def _rearrange(self: RearrangeByColumn) -> Any:
     hashed = self.frame.ndim == 2 and isinstance(on, list) and set(on) <= set(self.frame.columns)
     if not (_asked(self.method) and hashed and not self.index_shuffle):
         return _dask_rearrange(self)  # on the index, an expression or a Series: via Shuffle
-    return run(self, DaskHashSplit)
+    return run(self, HashSplit)
 
 
 def _broadcast(self: Merge) -> bool:

@@ -23,7 +23,6 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
 from dask.dataframe.dask_expr._shuffle import _is_numeric_cast_type as cast_type
-from dask.dataframe.shuffle import partitioning_index
 
 from .. import targets
 from ..targets import TargetName
@@ -55,11 +54,10 @@ class Splitter(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class HashSplit:
-    """Output partition ``j`` gets the rows whose hash of ``on`` modulo ``npartitions`` is ``j``;
-    ``on`` names columns, or the index (hashed after them, as in Dask's shuffle).
-
-    The hash is Dask's own (``partitioning_index``, dispatched to pandas or cuDF), so a user can
-    tell which partition holds a key with the same function.
+    """Output partition ``j`` gets the rows Dask's own shuffle puts there (``df.shuffle(on,
+    npartitions)``): ``on`` names columns, or the index (hashed after them), and numbers are
+    hashed as float64 (Dask's ``AssignPartitioningIndex``), so keys of different numeric
+    types (int32 on one side of a join, int64 on the other) land in the same partition.
     """
 
     on: list
@@ -92,18 +90,19 @@ class HashSplit:
         return module.take_rows(joined, order, self.index), counts
 
     def hashed(self, joined: Any) -> Any | None:
-        """The values the unordered cut hashes in place of ``joined``'s ``on`` columns; None:
-        those columns as they are."""
-        return None
+        """The values the unordered cut hashes in place of ``joined``'s ``on`` columns: numbers
+        (by ``meta``'s types) as float64; None where every column is hashed as it is."""
+        types = self.meta[self.on].dtypes.items()
+        numbers = {c: np.float64 for c, t in types if cast_type(t) and t != np.float64}
+        return joined[self.on].astype(numbers, errors="ignore") if numbers else None
 
     def destinations(self, joined: Any) -> Any:
-        """Each row's output partition, a Series of ``joined``'s target."""
+        """Each row's output partition, a Series of ``joined``'s target: Dask's own function."""
         columns = [c for c in self.on if c in self.meta.columns]
-        if len(columns) == len(self.on):
-            keys = joined[columns]
-        else:  # the index is named too: hashed after the columns, as Dask's shuffle does
-            keys = joined[columns].reset_index()[[*columns, self.meta.index.name]]
-        return partitioning_index(keys, self.npartitions)
+        assigned = AssignPartitioningIndex.operation(
+            joined[columns], self.on, "_partitions", self.npartitions, self.meta, False
+        )
+        return assigned["_partitions"]
 
     def rows(self, part: Any, start: int, stop: int) -> Any:
         return part.iloc[start:stop]
@@ -123,26 +122,6 @@ class HashSplit:
             positions = segments.positions(self.target)
             ordered = module.take_rows(self.join(pieces), positions, self.index)
         return module.cut_frame(ordered, bounds, self.index)
-
-
-@dataclasses.dataclass(frozen=True)
-class DaskHashSplit(HashSplit):
-    """Output partition ``j`` gets the rows Dask's own shuffle puts there: its hash of the
-    ``on`` columns after casting numeric ones to float64 (Dask's ``AssignPartitioningIndex``),
-    so that what is shuffled here lines up with what Dask shuffled. ``meta`` holds the
-    columns' types as Dask sees them."""
-
-    def hashed(self, joined: Any) -> Any:
-        """The ``on`` columns as Dask hashes them: numbers (by ``meta``'s types) as float64."""
-        keys = joined[self.on]
-        numbers = {c: np.float64 for c, t in self.meta[self.on].dtypes.items() if cast_type(t)}
-        return keys.astype(numbers, errors="ignore") if numbers else keys
-
-    def destinations(self, joined: Any) -> Any:
-        assigned = AssignPartitioningIndex.operation(
-            joined[self.on], self.on, "_partitions", self.npartitions, self.meta, False
-        )
-        return assigned["_partitions"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask.dataframe.shuffle import partitioning_index
-from util import spill_at, worker_config
+from util import owner_of_rows, spill_at, worker_config
 
 import dask_gpudirect as dg
 from dask_gpudirect.cuda import gpu_count
@@ -97,7 +97,7 @@ def _check_hash_shuffle(
     for j, part in enumerate(parts):
         assert type(part).__module__.startswith("cudf")
         if len(part):
-            assert (partitioning_index(part[["k"]], npartitions) == j).all()
+            assert (owner_of_rows(part, "k", npartitions) == j).all()
     import cudf
 
     got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")  # any order within one
@@ -208,7 +208,7 @@ def test_a_read_shuffled_as_it_is_read_matches_pandas(client, engine, tmp_path):
     parts = client.gather(client.compute([out.get_partition(j) for j in range(4)]))
     for j, part in enumerate(parts):
         assert type(part).__module__.startswith("cudf")
-        assert (partitioning_index(part[["k"]], 4) == j).all()
+        assert (owner_of_rows(part, "k", 4) == j).all()
     got = pd.concat([p.to_pandas() for p in parts]).sort_values("i").reset_index(drop=True)
     expected = pd.concat([pd.read_parquet(p) for p in paths]).sort_values("i")
     pd.testing.assert_frame_equal(got, expected.reset_index(drop=True))
@@ -234,7 +234,7 @@ def test_ignore_index_labels_each_output_from_zero(client, engine, npartitions):
     for j, part in enumerate(parts):
         assert part.index.to_pandas().equals(pd.RangeIndex(len(part))), j
         if len(part):
-            assert (partitioning_index(part[["k"]], npartitions) == j).all()
+            assert (owner_of_rows(part, "k", npartitions) == j).all()
     got = pd.concat([p.to_pandas() for p in parts]).sort_values("i").reset_index(drop=True)
     expected = pdf.reset_index(drop=True)
     pd.testing.assert_frame_equal(got, expected, check_dtype=False, check_categorical=False)
@@ -280,12 +280,12 @@ def test_unordered_cut_of_dasks_shuffle_puts_rows_where_dask_does(client, on, np
     import cudf
     from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
 
-    from dask_gpudirect.shuffle.split import DaskHashSplit
+    from dask_gpudirect.shuffle.split import HashSplit
 
     frame = cudf.from_pandas(_keyed_frame(20_000, seed=11))
     on = on if isinstance(on, list) else [on]
     meta = frame.head(0)
-    splitter = DaskHashSplit(on, npartitions, "device", meta, keep_order=False)
+    splitter = HashSplit(on, npartitions, "device", meta, keep_order=False)
     ordered, counts = splitter.split([0], [frame])
     assert counts.shape == (1, npartitions) and counts.sum() == len(frame)
     bounds = np.concatenate([[0], np.cumsum(counts[0])])
@@ -322,7 +322,7 @@ def test_keep_order_false_shuffles_every_row_to_its_partition(
         )
         parts = client.gather(client.compute([out.get_partition(j) for j in range(6)]))
     for j, part in enumerate(parts):
-        assert (partitioning_index(part[["k"]], 6) == j).all()
+        assert (owner_of_rows(part, "k", 6) == j).all()
     import cudf
 
     got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")
@@ -351,7 +351,7 @@ def test_on_the_index_of_cudf_partitions(client, engine, keep_order, on):
     parts = client.gather(client.compute([out.get_partition(j) for j in range(5)]))
     columns = [c for c in ([on] if isinstance(on, str) else on) if c != "row"]
     for j, part in enumerate(parts):
-        assert (partitioning_index(part[columns].reset_index()[[*columns, "row"]], 5) == j).all()
+        assert (owner_of_rows(part.reset_index(), [*columns, "row"], 5) == j).all()
     import cudf
 
     got = pd.concat([p.to_pandas() for p in parts]).sort_values("i")
