@@ -17,9 +17,10 @@ from .errors import InputError
 
 
 def connected(client: Client | None) -> Client:
-    """``client`` (default: the current client), a running :class:`distributed.Client`."""
+    """``client`` (default: the current client), a running :class:`distributed.Client` that
+    this thread may block on."""
     if client is None:
-        return default_client()  # "No clients found": Dask's own error says what to do
+        return off_its_loop(default_client())  # "No clients found": Dask's error says what to do
     if not isinstance(client, Client):
         raise InputError(None, f"client= must be a distributed.Client, not {type(client).__name__}")
     if client.status != "running":
@@ -27,6 +28,22 @@ def connected(client: Client | None) -> Client:
             None,
             f"client= is {client.status}, not running: connect a new one, e.g. "
             "Client(cluster), and pass that",
+        )
+    return off_its_loop(client)
+
+
+def off_its_loop(client: Client) -> Client:
+    """``client``, where the caller is not on its event loop: the package's calls wait for
+    the cluster, and on an asynchronous client's loop they would get coroutines back (and fail
+    deep inside with a ``TypeError``). From another thread that client blocks as any does."""
+    if client.asynchronous:
+        raise InputError(
+            None,
+            "this call waits for the cluster, so it cannot run on the event loop of an "
+            "asynchronous Client (Client(asynchronous=True)): from async code, run it in a "
+            "thread, e.g. await asyncio.to_thread(dg.shuffle, df, 'id', client=client), and "
+            "for Dask's own shuffle_method='gpudirect' await asyncio.to_thread(client.persist, "
+            "collection)",
         )
     return client
 

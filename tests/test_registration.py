@@ -9,6 +9,7 @@ Options come from Dask config (``DASK_GPUDIRECT__...`` env vars) with keywords o
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import subprocess
@@ -241,6 +242,37 @@ def test_a_closed_or_wrong_client_is_a_clear_error(tcp_client, tmp_path):
             call(tcp_client.scheduler.address)
     # the cluster itself is fine
     assert compute(tcp_client, dg.read_binary(tmp_path / "x.npy", client=tcp_client)).sum() == 45
+
+
+def test_an_asynchronous_client_is_told_to_call_from_a_thread(tcp_client, tmp_path):
+    """On an asynchronous client's event loop every call that waits for the cluster says to
+    run it in a thread (not a ``TypeError`` about a coroutine from deep inside); from a thread,
+    as the message says, the same client shuffles and Dask's own shuffle runs through it."""
+    np.save(tmp_path / "x.npy", np.arange(10))
+    pdf = pd.DataFrame({"k": np.arange(60) % 7, "v": np.arange(60)})
+    df = dd.from_pandas(pdf, npartitions=3)
+    sums = df.groupby("k").v.sum(split_out=2, shuffle_method="gpudirect")
+
+    async def use(address: str) -> tuple[int, int]:
+        async with Client(address, asynchronous=True, set_as_default=False) as c:
+            calls = {
+                "read_binary": lambda: dg.read_binary(tmp_path / "x.npy", client=c),
+                "read_parquet": lambda: dg.read_parquet(tmp_path, client=c),
+                "shuffle": lambda: dg.shuffle(df, "k", client=c),
+                "report": lambda: dg.report(c),
+            }
+            for call in calls.values():
+                with pytest.raises(dg.InputError, match=r"asyncio\.to_thread"):
+                    call()
+            out = await asyncio.to_thread(dg.shuffle, df, "k", client=c)
+            rows = len(await c.compute(out))
+            with c.as_current():  # Dask's own shuffles go through the current client
+                with pytest.raises(dg.InputError, match=r"asynchronous Client"):
+                    c.compute(sums)
+                persisted = await asyncio.to_thread(c.persist, sums)
+            return rows, int((await c.compute(persisted)).sum())
+
+    assert asyncio.run(use(tcp_client.scheduler.address)) == (60, pdf["v"].sum())
 
 
 def _frozen(dask_worker) -> int:

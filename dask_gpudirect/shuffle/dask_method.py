@@ -29,6 +29,7 @@ from dask.utils import get_default_shuffle_method
 from distributed import Client, default_client
 
 from .. import targets
+from ..connection import off_its_loop
 from ..errors import ClusterError
 from . import engines
 from .api import Computed, exchanged
@@ -103,9 +104,10 @@ def run(shuffle: ShuffleBase, cut: type[HashSplit]) -> Computed:
 
 def _client() -> Client:
     try:
-        return default_client()
+        client = default_client()
     except ValueError:
         raise ClusterError(
             f"shuffle_method={METHOD!r} runs on a Dask cluster and no distributed Client is "
             "connected: start one (Client(cluster)), or use shuffle_method='tasks'"
         ) from None
+    return off_its_loop(client)
