@@ -273,10 +273,11 @@ def test_unordered_cut_puts_rows_where_dasks_hash_does(client, on, npartitions):
 
 @pytest.mark.parametrize("on", ["k", "s", "n", ["k", "s"]])
 @pytest.mark.parametrize("npartitions", [1, 7, 300])
-def test_unordered_cut_of_dasks_shuffle_puts_rows_where_dask_does(client, on, npartitions):
-    """``shuffle_method="gpudirect"`` cuts cuDF partitions with libcudf's ``hash_partition`` of
-    the keys as Dask's own shuffle hashes them (numbers as float64), so each row lands where
-    Dask's ``AssignPartitioningIndex`` puts it; hashing the integers as they are would not."""
+def test_unordered_cut_puts_rows_where_dasks_shuffle_does(client, on, npartitions):
+    """``dg.shuffle(..., keep_order=False)`` and ``shuffle_method="gpudirect"`` cut cuDF
+    partitions with libcudf's ``hash_partition`` of the keys as Dask's own shuffle hashes them
+    (numbers as float64), so each row lands where Dask's ``AssignPartitioningIndex`` puts it;
+    hashing the integers as they are would not."""
     import cudf
     from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
 
