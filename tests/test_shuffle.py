@@ -108,6 +108,47 @@ def test_keys_of_different_number_types_line_up_for_a_join(client):
         assert_frame_equal(got, want, check_dtype=False, obj=dtype)
 
 
+def _shuffles(collection) -> int:
+    """How many shuffles Dask plans for ``collection`` (its task or P2P shuffles and joins)."""
+    from dask.dataframe.dask_expr._merge import HashJoinP2P
+    from dask.dataframe.dask_expr._shuffle import ShuffleBase
+
+    nodes = collection.optimize().expr.walk()
+    return sum(isinstance(node, ShuffleBase | HashJoinP2P) for node in nodes)
+
+
+@pytest.mark.filterwarnings("ignore:Merging dataframes with merge column data type mismatches")
+def test_dasks_merges_and_group_bys_on_the_key_shuffle_it_no_more(client):
+    """A ``dg.shuffle`` result is marked as Dask marks its own shuffle's: Dask's merge of two
+    such frames, its group-by and its ``drop_duplicates`` on the key run partition by partition
+    (no shuffle), a merge with an unshuffled frame shuffles only that one into the same
+    partitions, and each gives pandas' answer. Not after ``then=``, which may change keys."""
+    rng = np.random.default_rng(7)
+    facts = pd.DataFrame({"id": rng.integers(0, 300, 5000), "x": rng.random(5000)})
+    names = pd.DataFrame({"id": np.arange(300, dtype="int32"), "name": np.arange(300)})
+    left = dg.shuffle(dd.from_pandas(facts, npartitions=5), "id", npartitions=6, client=client)
+    plain = dd.from_pandas(names, npartitions=2)
+    right = dg.shuffle(plain, "id", npartitions=6, client=client)
+
+    def same(got, want):
+        by = list(want.columns)
+        got = compute(client, got).reset_index(drop=True).sort_values(by, ignore_index=True)
+        assert_frame_equal(got, want.sort_values(by, ignore_index=True), check_dtype=False)
+
+    want = facts.merge(names, on="id")
+    for merged, shuffles in ((left.merge(right, on="id"), 0), (left.merge(plain, on="id"), 1)):
+        assert _shuffles(merged) == shuffles
+        same(merged, want)
+    sums = left.groupby("id").x.sum(split_out=6)
+    assert _shuffles(sums) == 0
+    same(sums.reset_index(), facts.groupby("id").x.sum().reset_index())
+    firsts = left.drop_duplicates(subset="id", split_out=True)
+    assert _shuffles(firsts) == 0
+    assert sorted(compute(client, firsts)["id"]) == sorted(facts["id"].unique())
+    kept = dg.shuffle(left, "id", npartitions=6, client=client, then=lambda part: part)
+    assert _shuffles(kept.merge(right, on="id")) == 1
+
+
 @pytest.mark.parametrize("npartitions", [1, 5, 300])
 def test_ignore_index_labels_each_output_from_zero(client, npartitions):
     """As Dask's ``shuffle(..., ignore_index=True)``: the rows of each output in input order,

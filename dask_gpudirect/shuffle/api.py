@@ -49,7 +49,9 @@ def shuffle(
     Each row goes to the partition Dask's own ``df.shuffle(on, npartitions)`` puts it in (its
     ``partitioning_index`` of the keys, numbers hashed as float64), so every key lands in
     exactly one partition, and frames whose keys differ in numeric type (int32 here, int64
-    there) line up partition by partition.
+    there) line up partition by partition. The result is marked so, as Dask marks its own
+    shuffle's: Dask's merges, group-bys and ``drop_duplicates`` on the ``on`` columns shuffle
+    it no more.
 
     Parameters
     ----------
@@ -122,7 +124,12 @@ def shuffle(
     partitions = max(df.npartitions, npartitions)
     candidates = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
     splitter = HashSplit(on, npartitions, target, meta, not ignore_index, keep_order)
-    return new_collection(exchanged(client, df, splitter, out_meta, candidates, progress, then))
+    # what then= makes may hold other keys, or none; the index is no column to merge on
+    keyed = then is None and all(c in df.columns for c in on)
+    computed = exchanged(
+        client, df, splitter, out_meta, candidates, progress, then, on if keyed else None
+    )
+    return new_collection(computed)
 
 
 def exchanged(
@@ -133,9 +140,10 @@ def exchanged(
     engines: tuple[str, ...],
     progress: bool | None = None,
     then: Callable[[Any], Any] | None = None,
+    partitioned_by: list | None = None,
 ) -> Computed:
     """``df``'s partitions cut by ``splitter`` and moved now: the expression of the computed
-    outputs (each like ``meta``)."""
+    outputs (each like ``meta``), marked as partitioned by those columns where given."""
     inputs, placed = _partitions(client, df)
     token = uuid.uuid4().hex  # each call is a new result
     name = f"gpudirect-shuffle-{token}"
@@ -152,6 +160,7 @@ def exchanged(
             divisions=(None,) * (splitter.npartitions + 1),
             keys=keys,
             name_prefix=name,
+            partitioned_by=partitioned_by,
             _determ_token=token,
         )
 
@@ -204,7 +213,15 @@ def _meta_of(then: Callable[[Any], Any], meta: Any) -> Any:
 class Computed(FromGraph):
     """Partitions in memory under their own keys. ``FromGraph`` (what ``persist`` makes)
     renames them, one alias task per partition, which every later compute runs: at a thousand
-    partitions that is a thousand tasks more (about a second on a CPU scheduler)."""
+    partitions that is a thousand tasks more (about a second on a CPU scheduler).
+
+    ``partitioned_by``: the columns whose rows sit where Dask's own shuffle on them puts them
+    (``dg.shuffle``'s ``on``), as Dask's shuffle marks its result: Dask's merges, group-bys
+    and ``drop_duplicates`` on them then run partition by partition, shuffling nothing (or
+    only the other side of a merge, into these partitions)."""
+
+    _parameters = [*FromGraph._parameters, "partitioned_by"]
+    _defaults = {"partitioned_by": None}
 
     @functools.cached_property
     def _name(self) -> str:
@@ -212,6 +229,11 @@ class Computed(FromGraph):
 
     def _layer(self) -> dict:
         return dict(self.operand("layer"))
+
+    @functools.cached_property
+    def unique_partition_mapping_columns_from_shuffle(self) -> set:
+        on = self.operand("partitioned_by")
+        return {tuple(on)} if on else set()
 
 
 def shuffle_array(
