@@ -111,10 +111,23 @@ def apply(frame: Any, filters: Filters | None) -> Any:
             elif op in ("is", "is not"):
                 term = series.isna() if op == "is" else series.notna()
             else:
-                term = COMPARE[op](series, value).fillna(False).astype(bool) & series.notna()
+                term = _compared(series, op, value, column)
             mask = term if mask is None else mask & term
         keep = mask if keep is None else keep | mask
     return frame[keep]
+
+
+def _compared(series: Any, op: str, value: Any, column: str) -> Any:
+    """``series op value``, where a null never matches. A value the decoded column cannot be
+    compared with (a ``Timestamp`` with pandas' ``datetime.date`` objects, say, which the
+    footer's statistics took) is an InputError naming no file: the caller knows it."""
+    try:
+        term = COMPARE[op](series, value)
+    except TypeError as exc:
+        raise InputError(
+            None, f"filter {(column, op, value)!r} does not apply to the column's values: {exc}"
+        ) from None
+    return term.fillna(False).astype(bool) & series.notna()
 
 
 def _isin(series: Any, values: Any) -> Any:

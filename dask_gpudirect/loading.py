@@ -46,10 +46,12 @@ def load_partition(shards: tuple[Shard, ...]) -> Any:
         shard = next((s for s in shards if s.path == exc.path), shards[0])
         raise elsewhere(shard, plugin.address, exc) from None
     helpers = module(target.name)
-    frames = [
-        parquet.finish([s.part for s in run], helpers, frame)
-        for run, frame in zip(grouped, decoded, strict=True)
-    ]
+    frames = []
+    for run, frame in zip(grouped, decoded, strict=True):
+        try:
+            frames.append(parquet.finish([s.part for s in run], helpers, frame))
+        except InputError as exc:  # a filter the decoded values refuse: this run's files
+            raise exc if exc.path else InputError(run[0].path, exc.problem) from None
     if len(frames) == 1:
         return frames[0]
     return concat(frames, ignore_index=not shards[0].part.indexed)

@@ -7,10 +7,12 @@ every failure the same cluster still loads a good dataset.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -338,6 +340,21 @@ def test_malformed_filters(tcp, good, filters):
 def test_filter_of_wrong_type(tcp, good):
     with raises_naming(good, "filters"):
         dg.read_parquet(good, filters=[("s", ">", 3)], client=tcp)
+
+
+def test_filter_the_decoded_values_refuse(tcp, tmp_path):
+    """A filter the footer's statistics take but the decoded values do not (a Timestamp
+    against pandas' ``datetime.date`` objects of a date32 column): the compute raises an
+    error naming the file and the filter, not pandas' bare TypeError from a worker; the
+    file reads with a filter of its own type."""
+    path = tmp_path / "dates.parquet"
+    days = [datetime.date(2024, 1, 1) + datetime.timedelta(days=k) for k in range(40)]
+    pq.write_table(pa.table({"d": pa.array(days, pa.date32()), "v": range(40)}), path)
+    df = dg.read_parquet(path, filters=[("d", ">", pd.Timestamp("2024-02-01"))], client=tcp)
+    with raises_naming(path, "filter", "does not apply to the column's values"):
+        compute(tcp, df)
+    kept = dg.read_parquet(path, filters=[("d", ">", datetime.date(2024, 2, 1))], client=tcp)
+    assert compute(tcp, kept)["v"].tolist() == list(range(32, 40))
 
 
 @pytest.mark.parametrize("blocksize", ["lots", 0, -5, "-1MiB", [1]])
