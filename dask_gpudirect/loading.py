@@ -32,11 +32,15 @@ def load_chunk(shards: tuple[Shard, ...]) -> Any:
         return binary.joined([shard.part for shard in shards]).decode(target, buffer)
 
 
-def load_partition(shards: tuple[Shard, ...]) -> Any:
+def load_partition(shards: tuple[Shard, ...], columns: list[str] | None = None) -> Any:
     """Task body of one partition of one or more shards (small files joined): decoded on the
     worker's target in runs (``parquet.runs``; the device target decodes a run in one libcudf
     call), each run finished, then put end to end with a fresh index as one shard's frame has
-    (or the files' own index, where the reader restores one)."""
+    (or the files' own index, where the reader restores one). ``columns``: a selection Dask's
+    optimizer pushed into the read (``from_map`` passes it to a function that takes it), whose
+    column chunks alone are read."""
+    if columns is not None:
+        shards = tuple(parquet.projected(shard, columns) for shard in shards)
     plugin = current_plugin()
     target = plugin.target(shards[0].target)
     grouped = parquet.runs(shards, target.decodes_runs)

@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pandas.testing import assert_frame_equal, assert_series_equal
 from util import (
     assert_same_frame,
     clear_ledgers,
@@ -290,6 +291,64 @@ def test_filters_prune_row_groups(tcp, tmp_path):
     pruned_bytes = int(ledger_report.records(tcp)["bytes"].sum())
     assert pruned_bytes < all_bytes * 0.5
     assert_same_frame(got, expected_parquet(path, filters=filters))
+
+
+def test_a_selection_after_the_read_reads_only_its_columns(tcp, tmp_path):
+    """Dask's optimizer pushes a later selection into the read, as into ``dd.read_parquet``'s:
+    ``df[["a"]]`` and ``df.a`` read the column chunks ``columns=["a"]`` reads (the ledger's
+    bytes, well under the whole files') and give its rows, in the partitions planned; filters
+    on other columns, the index and categories still apply, and ruled-out files stay empty."""
+    rng = np.random.default_rng(3)
+    n = 60_000
+    for k in range(3):
+        table = pa.table(
+            {
+                "id": np.arange(n) + k * n,
+                "a": rng.random(n),
+                "b": rng.random(n),
+                "c": rng.integers(0, 9, n),
+                "s": pa.array(rng.choice(["x", "y"], n)).dictionary_encode(),
+            }
+        )
+        write(tmp_path / f"{k}.parquet", table, row_group_size=20_000)
+
+    def loaded(df):
+        clear_ledgers(tcp)
+        got = compute(tcp, df)
+        return got, int(ledger_report.records(tcp).query("op == 'read'")["bytes"].sum())
+
+    _, whole = loaded(dg.read_parquet(tmp_path, client=tcp))
+    want, asked = loaded(dg.read_parquet(tmp_path, columns=["a"], client=tcp))
+    selected = dg.read_parquet(tmp_path, client=tcp)[["a"]]
+    got, projected = loaded(selected)
+    assert_frame_equal(got, want)
+    assert projected == asked < whole / 2
+    series, _ = loaded(dg.read_parquet(tmp_path, client=tcp).a)
+    assert_series_equal(series, want["a"])
+    swapped, _ = loaded(dg.read_parquet(tmp_path, client=tcp)[["b", "a"]])
+    assert list(swapped.columns) == ["b", "a"]  # in the order asked, as Dask's meta says
+
+    filters = [("c", ">", 4), ("id", ">=", n)]  # the first file ruled out by its statistics
+    df = dg.read_parquet(tmp_path, filters=filters, index="id", client=tcp)[["b", "s"]]
+    got, _ = loaded(df)
+    full = expected_parquet(str(tmp_path), filters=filters).set_index("id")
+    assert_frame_equal(got, full[["b", "s"]])
+    assert got["s"].dtype == "category" and got.index.name == "id"
+
+
+def test_a_selection_of_a_shard_of_too_many_chunks_to_list_decodes_only_its_columns(tcp, tmp_path):
+    """A shard of more column chunks than it lists (``MAX_CHUNKS``: 1,300 row groups of two
+    columns here) reads the ranges planned for it and gives the selection's rows all the same."""
+    from dask_gpudirect.formats.parquet import MAX_CHUNKS
+
+    groups = 1300
+    assert 2 * groups > MAX_CHUNKS
+    table = pa.table({"a": np.arange(groups * 10), "b": np.arange(groups * 10) * 0.5})
+    path = write(tmp_path / "many.parquet", table, row_group_size=10)
+    df = dg.read_parquet(path, client=tcp)
+    (shard,) = shards_of(df).values()
+    assert shard.part.chunks == ()  # not listed: a selection reads the ranges planned
+    assert_frame_equal(compute(tcp, df[["b"]]), table.select(["b"]).to_pandas())
 
 
 def test_filters_prune_everything(client, tmp_path):

@@ -117,6 +117,9 @@ def test_columns_may_name_partition_keys(tcp, tmp_path):
     hive_folders(tmp_path)
     got = compute(tcp, dg.read_parquet(tmp_path, columns=["x", "region"], client=tcp))
     same_as_dask(got, tmp_path, columns=["x", "region"])
+    # and so may a selection after the read, which Dask's optimizer pushes into it
+    selected = compute(tcp, dg.read_parquet(tmp_path, client=tcp)[["region", "x"]])
+    same_as_dask(selected, tmp_path, columns=["region", "x"])
     year = compute(tcp, dg.read_parquet(tmp_path, columns="year", client=tcp))
     assert isinstance(year, pd.Series) and year.name == "year"
     assert sorted(year.astype(int)) == sorted([y for y in YEARS for _ in range(2 * 40)])

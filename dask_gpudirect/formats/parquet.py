@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 #: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
 MERGE_GAP = 64 * 1024
+#: Column chunks a shard lists at most for a selection after the read to narrow its ranges
+#: (:func:`projected`): every read task carries them. A shard of more (a wide file's many row
+#: groups) still decodes only the selected columns, from the ranges planned.
+MAX_CHUNKS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +68,10 @@ class ParquetPart:
     # bytes read are compressed and encoded
     decoded: int = 0
     layout: tuple = ()  # the file's columns as its footer lays them out (:func:`_layout`)
+    # each read column chunk of these row groups: (top-level column, offset, bytes, decoded
+    # bytes); and the file's header and footer ranges: what a projection reads (:func:`projected`)
+    chunks: tuple[tuple[str, int, int, int], ...] = ()
+    frame: tuple[tuple[int, int], ...] = ()
 
     @property
     def indexed(self) -> bool:
@@ -601,25 +609,21 @@ def _file_shards(
     head_tail = [(0, 4), (tail, size - tail)]
     wanted = set(part["read_columns"])
     groups: list[list[int]] = []
-    ranges: list[list[tuple[int, int]]] = []
-    decoded: list[int] = []
+    chunks: list[list[tuple[str, int, int, int]]] = []
     group_bytes = blocksize
     previous = None
     for i in _kept_row_groups(footer, expression) if possible else []:
         rg = meta.row_group(i)
-        columns = [rg.column(j) for j in range(rg.num_columns) if leaves[j] in wanted]
-        chunks = [_chunk_range(column) for column in columns]
-        nbytes = sum(n for _, n in chunks)
+        columns = [(leaves[j], rg.column(j)) for j in range(rg.num_columns) if leaves[j] in wanted]
+        mine = [(name, *_chunk_range(c), _decoded_size(c)) for name, c in columns]
         full = groups and (len(groups[-1]) >= per_shard if per_shard else group_bytes >= blocksize)
         if not groups or full or previous != i - 1:
             groups.append([])
-            ranges.append([])
-            decoded.append(0)
+            chunks.append([])
             group_bytes = 0
         groups[-1].append(i)
-        ranges[-1].extend(chunks)
-        decoded[-1] += sum(map(_decoded_size, columns))
-        group_bytes += nbytes
+        chunks[-1].extend(mine)
+        group_bytes += sum(n for _, _, n, _ in mine)
         previous = i
     nulls = _null_columns(footer, [i for g in groups for i in g], part["columns"])
     if not groups:  # statistics planned from this footer rule it all out: check it is still so
@@ -632,21 +636,64 @@ def _file_shards(
     return [
         Shard(
             path=path,
-            ranges=coalesce(rs + head_tail, gap=MERGE_GAP),
+            ranges=_ranges(cs, head_tail),
             base=0,
             size=size,
             part=ParquetPart(
                 row_groups=tuple(g),
                 rows=sum(meta.row_group(i).num_rows for i in g),
-                decoded=n,
+                decoded=sum(n for *_, n in cs),
                 nulls=nulls,
                 range_index=_range_at(footer, ranged, g[0]),
                 index_range=_index_range(meta, leaves, part["index"], g),
+                chunks=tuple(cs) if len(cs) <= MAX_CHUNKS else (),
+                frame=tuple(head_tail),
                 **part,
             ),
             target=target,
             stamp=footer.stamp,
             store=store,
         )
-        for g, rs, n in zip(groups, ranges, decoded, strict=True)
+        for g, cs in zip(groups, chunks, strict=True)
     ]
+
+
+def _ranges(chunks: Sequence[tuple[str, int, int, int]], frame: Sequence[tuple[int, int]]) -> tuple:
+    """What a shard reads: its column chunks and the file's header and footer, near ones
+    merged."""
+    return coalesce([(offset, n) for _, offset, n, _ in chunks] + list(frame), gap=MERGE_GAP)
+
+
+def projected(shard: Shard, columns: Sequence[str]) -> Shard:
+    """``shard`` reading only what ``columns`` (a selection Dask's optimizer pushed into the
+    read: ``df[["x"]]``, ``df.x.sum()``) needs, with its index and the columns its filters
+    test: fewer column chunks of the same row groups, so the partitions stay as planned."""
+    part = shard.part
+    keep = {*columns, part.index}
+    # in the order asked (Dask's meta of the selection has it), the index column last
+    out = tuple(c for c in columns if c in part.columns and c != part.index)
+    out += tuple(c for c in part.columns if c == part.index)
+    if out == part.columns:
+        return shard
+    needed = keep | set(dnf.columns_of(part.filters))
+    read = tuple(c for c in part.read_columns if c in needed) or part.read_columns[:1]
+    # else the footer alone (to check the file), or more chunks than a shard lists: as planned
+    listed = part.empty is None and bool(part.chunks)
+    chunks = tuple(c for c in part.chunks if c[0] in read)
+    narrowed = dataclasses.replace(
+        part,
+        columns=out,
+        read_columns=read,
+        categorical=tuple(c for c in part.categorical if c in out),
+        halves=tuple(c for c in part.halves if c in read),
+        nulls=tuple(c for c in part.nulls if c in out),
+        empty=None if part.empty is None else _schema_of(part.empty, out),
+        chunks=chunks,
+        decoded=sum(n for *_, n in chunks) if listed else part.decoded,
+    )
+    ranges = _ranges(chunks, part.frame) if listed else shard.ranges
+    return dataclasses.replace(shard, ranges=ranges, part=narrowed)
+
+
+def _schema_of(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names], metadata=schema.metadata)
