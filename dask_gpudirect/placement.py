@@ -25,6 +25,7 @@ from distributed import Scheduler, SchedulerPlugin
 from distributed.scheduler import TaskStateState
 
 from .errors import InputError
+from .formats import parquet
 from .loading import load_chunk, load_partition
 from .shards import Shard
 
@@ -160,13 +161,16 @@ def assign(
 
 
 def _shards_of(node: Any) -> tuple[Shard, ...]:
-    """The shards a task loads, looking inside fused tasks; none for other tasks."""
+    """The shards a task loads, looking inside fused tasks, as it loads them (narrowed to the
+    columns a selection pushed into the read); none for other tasks."""
     if not isinstance(node, Task):
         return ()
     if node.func in (load_chunk, load_partition) and node.args:
-        arg = node.args[0]
+        arg, columns = node.args[0], node.kwargs.get("columns")
         arg = arg.value if isinstance(arg, DataNode) else arg
-        return tuple(s for s in (arg if isinstance(arg, tuple) else (arg,)) if isinstance(s, Shard))
+        columns = columns.value if isinstance(columns, DataNode) else columns
+        shards = (s for s in (arg if isinstance(arg, tuple) else (arg,)) if isinstance(s, Shard))
+        return tuple(s if columns is None else parquet.projected(s, columns) for s in shards)
     if node.has_subgraph():
         return tuple(shard for inner in node.args[0].values() for shard in _shards_of(inner))
     return ()

@@ -85,6 +85,17 @@ def test_a_read_shuffled_without_its_index_as_bench_etl_shuffles_it(tcp, tmp_pat
         pd.testing.assert_frame_equal(part, expected[where == j].reset_index(drop=True))
 
 
+def test_a_selection_of_a_read_is_shuffled_as_it_is_read(tcp, tmp_path):
+    """A read narrowed by a later selection (only its columns' chunks read) is still a read
+    placed on its workers: the shuffle takes its partitions as they are read."""
+    paths = write_files(tmp_path)
+    df = dg.read_parquet(paths, blocksize=1, client=tcp)[["k", "w"]]
+    out = dg.shuffle(df, "k", npartitions=5, client=tcp)
+    assert "inputs" not in coordinator.last_phases, coordinator.last_phases
+    assert list(out.columns) == ["k", "w"]
+    assert_hash_partitions(partitions(tcp, out), per_file(paths)[["k", "w"]], "k", 5)
+
+
 def test_progress_counts_the_inputs_as_they_are_read(tcp, tmp_path, capsys):
     """``progress=True`` on a shuffle of a read: the inputs counted as the workers read them,
     then the pieces received."""
