@@ -21,7 +21,7 @@ from dask_gpudirect.bench.datasets import dataset
 from dask_gpudirect.bench.etl import _pipeline, etl
 from dask_gpudirect.bench.etl_report import checks_of, sweep
 
-METHODS = ["gpudirect", "combine", "tasks", "p2p", "dask-gpudirect"]
+METHODS = ["gpudirect", "combine", "tasks", "p2p", "dask-gpudirect", "dg-dask"]
 #: dg.read_parquet's planning phases, in order (``dask_gpudirect.collections.last_phases``).
 READ_PHASES = ("survey", "footers", "meta", "partitions")
 #: The group-bys of a sweep of two key counts (``--keys 16,256``); "scan" is the read alone.
@@ -85,14 +85,16 @@ def test_bench_etl_host(tmp_path):
             assert sum(client.values()) - client[f"client: {GC}"] <= pipeline[steps]
         assert by[query, "tasks"]["phases"] == [{}, {}]  # Dask's pipeline is one graph
         # which engine moved the bytes, where the package's exchange did (pandas: its own)
-        for method in ("gpudirect", "combine", "dask-gpudirect"):
+        for method in ("gpudirect", "combine", "dask-gpudirect", "dg-dask"):
             assert by[query, method]["note"].endswith(", engine distributed"), by[query, method]
         assert "engine" not in by[query, "tasks"]["note"]
         # and where the exchange under Dask's own group-by spent the time, inside the run
-        dasks = by[query, "dask-gpudirect"]
-        for seconds, phases in zip(dasks["runs"], dasks["phases"], strict=True):
-            assert {"shuffle: split", "shuffle: combine", "client: stages"} <= set(phases), dasks
-            assert max(phases.values()) <= seconds, dasks
+        for dasks in (by[query, "dask-gpudirect"], by[query, "dg-dask"]):
+            for seconds, phases in zip(dasks["runs"], dasks["phases"], strict=True):
+                assert {"shuffle: split", "shuffle: combine", "client: stages"} <= set(phases)
+                assert max(phases.values()) <= seconds, dasks
+        # Dask's group-by of dg's read: dg's partitions in, as many out, as dg's pipeline
+        assert by[query, "dg-dask"]["note"] == by[query, "gpudirect"]["note"]
     for phases in by["scan", "gpudirect"]["phases"]:  # the read alone, no shuffle
         assert [k for k in phases if not k.startswith("plan: ")] == [
             "plan",
@@ -115,12 +117,15 @@ def test_bench_etl_host(tmp_path):
 
     checks = {c["check"]: c for c in result["checks"]}
     for query in QUERIES:
-        agree = checks[f"{query}: combine, dask-gpudirect, gpudirect, p2p, tasks give one result"]
+        agree = checks[
+            f"{query}: combine, dask-gpudirect, dg-dask, gpudirect, p2p, tasks give one result"
+        ]
         assert agree["result"] == "pass"
         for method, name in [
             ("gpudirect", "dg"),
             ("combine", "dg, summed before the shuffle"),
             ("dask-gpudirect", "Dask's group-by on dg's shuffle"),
+            ("dg-dask", "Dask's group-by on dg's read and shuffle"),
         ]:
             speedup = checks[f"{query}: {name}'s speed-up over Dask's task shuffle"]
             ratio = by[query, "tasks"]["seconds"] / by[query, method]["seconds"]
@@ -133,7 +138,12 @@ def test_bench_etl_host(tmp_path):
     )
     markdown = out["md"].read_text()
     dasks_rows = [line for line in markdown.splitlines() if "shuffle_method='gpudirect')" in line]
-    assert dasks_rows and all("; last run: its exchange (shuffle: " in r for r in dasks_rows)
+    assert len(dasks_rows) == 2 * len(QUERIES)  # Dask's read and dg's, each query
+    assert all("; last run: its exchange (shuffle: " in r for r in dasks_rows)
+    assert (
+        "| unique-key | dg.read_parquet -> groupby(split_out=N, shuffle_method='gpudirect') |"
+        in (markdown)
+    )
     assert "| 2^8 keys | dd.read_parquet -> groupby(split_out=N, shuffle_method='p2p') |" in (
         markdown
     )
@@ -141,7 +151,8 @@ def test_bench_etl_host(tmp_path):
     sweep = markdown[markdown.index("Seconds by distinct keys") :].splitlines()[2:7]
     assert sweep[0] == (
         "| query | distinct keys | dg, s | dg, summed before the shuffle, s "
-        "| Dask's task shuffle, s | Dask's P2P shuffle, s | Dask's group-by on dg's shuffle, s |"
+        "| Dask's task shuffle, s | Dask's P2P shuffle, s | Dask's group-by on dg's shuffle, s "
+        "| Dask's group-by on dg's read and shuffle, s |"
     )
     for line, query in zip(sweep[2:], QUERIES, strict=True):
         cells = line.strip("| ").split(" | ")

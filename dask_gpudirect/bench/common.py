@@ -359,8 +359,9 @@ def write_outputs(
 
 def dask_shuffle_method(method: str) -> str:
     """The ``shuffle_method`` a Dask pipeline of a benchmark's ``method`` passes: its own name,
-    but ``dask-gpudirect``, Dask's own call on the package's exchange (``"gpudirect"``)."""
-    return "gpudirect" if method == "dask-gpudirect" else method
+    but ``dask-gpudirect`` and ``dg-dask``, Dask's own calls on the package's exchange
+    (``"gpudirect"``)."""
+    return "gpudirect" if method in ("dask-gpudirect", "dg-dask") else method
 
 
 #: What happens between two timed runs of a method (:func:`wait_released`), as results say.

@@ -13,7 +13,9 @@ The pipeline users run, from Parquet files this command writes, in one cluster a
 - Dask: ``dd.read_parquet(...).groupby(key).sum(split_out=N, shuffle_method=...)`` with the task
   shuffle, (host target) P2P, and ``dask-gpudirect``: the package's exchange as Dask's method
   (``shuffle_method="gpudirect"``), a user's Dask code unchanged; on the device target ``dd``
-  reads with the cuDF backend, which is what ``dask_cudf.read_parquet`` does;
+  reads with the cuDF backend, which is what ``dask_cudf.read_parquet`` does; and ``dg-dask``:
+  the same group-by of ``dg.read_parquet``'s partitions, as the README writes it (Dask sums
+  each partition by key before it shuffles, as ``combine`` does by hand);
 - cudf-polars' ``DaskEngine`` (device target): ``pl.scan_parquet(...).group_by(key).agg(sums)``
   run by NVIDIA's multi-GPU streaming engine on RapidsMPF, in a cluster of its own started the
   same way (it replaces each worker's RMM memory resource), its result kept on the GPUs
@@ -82,7 +84,9 @@ if TYPE_CHECKING:
     from ..targets import Frame
 
 #: Measurement order per query: P2P, the slowest, after the others of Dask's shuffles.
-RUN_ORDER = ("gpudirect", "combine", "rapidsmpf", "tasks", "dask-gpudirect", "p2p")
+RUN_ORDER = ("gpudirect", "combine", "rapidsmpf", "tasks", "dask-gpudirect", "dg-dask", "p2p")
+#: The methods whose group-by shuffles through the package's exchange.
+EXCHANGED = (*DG_METHODS, "dask-gpudirect", "dg-dask")
 #: Measured in a cluster of their own, after the others.
 OWN_CLUSTER = ("polars",)
 #: The fingerprint's key weight: keys are folded below this prime so the weighted sum fits int64.
@@ -171,7 +175,10 @@ def _pipeline(
         return df.npartitions, out, clock.seconds, {}
     import dask.dataframe as dd
 
-    df = dd.read_parquet(paths, columns=columns)
+    if method == "dg-dask":
+        df = cast("dd.DataFrame", dg.read_parquet(paths, columns=columns, client=client))
+    else:
+        df = dd.read_parquet(paths, columns=columns)
     if query == SCAN:
         return df.npartitions, df.persist(), {}, {}
     out = df.groupby(key).sum(split_out=df.npartitions, shuffle_method=dask_shuffle_method(method))
@@ -248,7 +255,7 @@ def _etl_run(
         if phases:  # dg's: the work itself in the read and the group-by, ...
             phases = {**phases, **_task_phases(client, tasks)}
         del tasks
-        exchanged = query != SCAN and method in (*DG_METHODS, "dask-gpudirect")
+        exchanged = query != SCAN and method in EXCHANGED
         if exchanged:  # where the package's exchange spent the time, and which engine it took
             phases = {**phases, **stage_phases(client)}
         failed = [f for f in futures_of(out) if f.status != "finished"]

@@ -10,7 +10,16 @@ import math
 from .tables import between_runs_note, footnote, judge, markdown_table, print_table
 
 #: The methods, in table order.
-METHODS = ("gpudirect", "combine", "rapidsmpf", "polars", "tasks", "p2p", "dask-gpudirect")
+METHODS = (
+    "gpudirect",
+    "combine",
+    "rapidsmpf",
+    "polars",
+    "tasks",
+    "p2p",
+    "dask-gpudirect",
+    "dg-dask",
+)
 #: dg's pipelines: a read by dg, a shuffle by dg (on either engine), the group-by.
 DG_METHODS = ("gpudirect", "combine", "rapidsmpf")
 #: Methods that need GPU workers: left out of the host target's default.
@@ -55,6 +64,7 @@ LABELS = {
         "device": "dask_cudf read_parquet -> groupby(split_out=N, shuffle_method='gpudirect')",
         "host": "dd.read_parquet -> groupby(split_out=N, shuffle_method='gpudirect')",
     },
+    "dg-dask": {"device": "dg.read_parquet -> groupby(split_out=N, shuffle_method='gpudirect')"},
 }
 #: Short names in the checks.
 NAMES = {
@@ -64,6 +74,7 @@ NAMES = {
     "tasks": "Dask's task shuffle",
     "p2p": "Dask's P2P shuffle",
     "dask-gpudirect": "Dask's group-by on dg's shuffle",
+    "dg-dask": "Dask's group-by on dg's read and shuffle",
     "polars": "cudf-polars DaskEngine",
 }
 #: The issue's target on GPUs that exchange: dg's pipeline at least this much faster than
@@ -107,8 +118,10 @@ def checks_of(result: dict, target: str, workers: int) -> list[dict]:
         want = TARGET_VS_TASKS if target == "device" and workers > 1 else None
         for engine in DG_METHODS:
             checks += _speedups(query, engine, by, {"tasks": want, "polars": want and 1.0})
-        # a user's unchanged Dask code on the package's shuffle: shown, no target
+        # a user's unchanged Dask code on the package's shuffle, and on its read too: shown,
+        # no target
         checks += _speedups(query, "dask-gpudirect", by, {"tasks": None})
+        checks += _speedups(query, "dg-dask", by, {"tasks": None, "polars": None})
     return checks
 
 
