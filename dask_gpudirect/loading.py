@@ -32,15 +32,15 @@ def load_chunk(shards: tuple[Shard, ...]) -> Any:
         return binary.joined([shard.part for shard in shards]).decode(target, buffer)
 
 
-def load_partition(shards: tuple[Shard, ...], columns: list[str] | None = None) -> Any:
+def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
     """Task body of one partition of one or more shards (small files joined): decoded on the
     worker's target in runs (``parquet.runs``; the device target decodes a run in one libcudf
     call), each run finished, then put end to end with a fresh index as one shard's frame has
-    (or the files' own index, where the reader restores one). ``columns``: a selection Dask's
-    optimizer pushed into the read (``from_map`` passes it to a function that takes it), whose
-    column chunks alone are read."""
-    if columns is not None:
-        shards = tuple(parquet.projected(shard, columns) for shard in shards)
+    (or the files' own index, where the reader restores one). ``columns``: the frame's columns,
+    or a selection Dask's optimizer pushed into the read, whose column chunks alone are read.
+    Required, so that ``from_map`` passes it always: an optional one it leaves out for an empty
+    selection (``df[[]]``), and every column would come back."""
+    shards = tuple(parquet.projected(shard, columns) for shard in shards)
     plugin = current_plugin()
     target = plugin.target(shards[0].target)
     grouped = parquet.runs(shards, target.decodes_runs)

@@ -327,6 +327,9 @@ def test_a_selection_after_the_read_reads_only_its_columns(tcp, tmp_path):
     assert_series_equal(series, want["a"])
     swapped, _ = loaded(dg.read_parquet(tmp_path, client=tcp)[["b", "a"]])
     assert list(swapped.columns) == ["b", "a"]  # in the order asked, as Dask's meta says
+    # no column at all: the rows alone, as dd.read_parquet gives them, one column read
+    empty, rows_only = loaded(dg.read_parquet(tmp_path, client=tcp)[[]])
+    assert empty.shape == (3 * n, 0) and rows_only < whole / 2
 
     filters = [("c", ">", 4), ("id", ">=", n)]  # the first file ruled out by its statistics
     df = dg.read_parquet(tmp_path, filters=filters, index="id", client=tcp)[["b", "s"]]
@@ -334,6 +337,8 @@ def test_a_selection_after_the_read_reads_only_its_columns(tcp, tmp_path):
     full = expected_parquet(str(tmp_path), filters=filters).set_index("id")
     assert_frame_equal(got, full[["b", "s"]])
     assert got["s"].dtype == "category" and got.index.name == "id"
+    labels, _ = loaded(dg.read_parquet(tmp_path, filters=filters, index="id", client=tcp)[[]])
+    assert_frame_equal(labels, full[[]])
 
 
 def test_a_selection_of_a_shard_of_too_many_chunks_to_list_decodes_only_its_columns(tcp, tmp_path):

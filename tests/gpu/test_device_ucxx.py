@@ -59,12 +59,14 @@ def test_parquet_projection_and_filters(cuda_ucxx, parquet_dir):
 
 def test_a_selection_after_the_read_decodes_only_its_columns(cuda_ucxx, parquet_dir):
     """A selection Dask's optimizer pushes into the device read (its column chunks alone,
-    filtered on columns it does not keep) gives what ``columns=`` gives."""
+    filtered on columns it does not keep) gives what ``columns=`` gives; an empty one, the
+    rows alone."""
     directory, paths = parquet_dir
     columns, filters = ["s", "dec"], [[("i", "<", 1500)], [("cat", "==", "blue")]]
     ddf = dg.read_parquet(directory, filters=filters, target="device", client=cuda_ucxx)
     expected = h.expected_parquet(paths, columns=columns, filters=filters)
     h.assert_same_table(h.cudf_to_arrow(compute(cuda_ucxx, ddf[columns])), expected)
+    assert compute(cuda_ucxx, ddf[[]]).shape == (expected.num_rows, 0)
 
 
 def test_binary_round_trip(cuda_ucxx, tmp_path):
