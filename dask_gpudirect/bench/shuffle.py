@@ -553,9 +553,9 @@ def _one_method(
 @click.option(
     "--methods",
     default=None,
-    help="comma-separated: gpudirect, rapidsmpf (dg.shuffle's RapidsMPF engine), tasks, p2p, "
-    "raw; default: all (rapidsmpf on the device target only; with --data array: gpudirect, "
-    "tasks and raw)",
+    help="comma-separated: gpudirect, rapidsmpf (dg.shuffle's RapidsMPF engine), "
+    "dask-gpudirect (Dask's df.shuffle on the package's exchange), tasks, p2p, raw; default: "
+    "all (rapidsmpf on the device target only; with --data array: gpudirect, tasks and raw)",
 )
 @click.option(
     "--raw-mib",
