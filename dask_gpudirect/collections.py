@@ -169,7 +169,7 @@ def _plan(client: Client, found: discovery.Found, planner: Callable[..., P], *ar
 def _plan_on_workers(
     client: Client, found: discovery.Found, planner: Callable[..., P], args: tuple
 ) -> P:
-    groups = planners(found.files, found.readable)
+    groups = planners(list(dict.fromkeys(found.files)), found.readable)  # each file once
     planned = client.run(
         _plan_here, groups=groups, planner=planner, args=args, workers=list(groups)
     )

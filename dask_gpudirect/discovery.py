@@ -67,8 +67,9 @@ class View:
 
 @dataclass
 class Found:
-    """The merged views: ``files`` in path order, the files each worker can read, and the
-    sizes and modification times the workers saw of each file."""
+    """The merged views: ``files`` in the order they are read (a file two entries name, twice),
+    the files each worker can read, and the sizes and modification times the workers saw of
+    each file."""
 
     files: list[str] = field(default_factory=list)
     readable: dict[str, set[str]] = field(default_factory=dict)
@@ -229,9 +230,10 @@ def views(entries: list[str], listing: Listing = FLAT) -> list[View]:
 def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FLAT) -> Found:
     """The files of ``entries`` over all workers' views ``seen`` (worker -> one view per entry):
     the entries in the order given, each one's files in the natural order of their paths, as
-    Dask orders a dataset's (``part.2`` before ``part.10``, ``month=2/`` before ``month=10/``)."""
+    Dask orders a dataset's (``part.2`` before ``part.10``, ``month=2/`` before ``month=10/``).
+    A file two entries name is read twice, as Dask reads it."""
     found = Found(readable={worker: set() for worker in seen})
-    files: dict[str, None] = {}  # an ordered set
+    files: list[str] = []
     sizes: dict[str, dict[str, int]] = {}
     for i, entry in enumerate(entries):
         here = {worker: v[i] for worker, v in seen.items()}
@@ -247,7 +249,7 @@ def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FL
             names.update(v.refused)
         if not names:
             raise _nothing_found(entry, {v.kind for v in here.values()}, listing.extensions)
-        files.update(dict.fromkeys(sorted(names, key=natural_sort_key)))
+        files += sorted(names, key=natural_sort_key)
     for path in files:
         if path not in sizes:  # only ever refused: inside the roots by name, outside in fact
             raise access.Refused(path)
@@ -259,7 +261,7 @@ def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FL
                 f"differs between workers ({detail}): files on different nodes must have "
                 "different names, or be the same file",
             )
-    found.files = list(files)
+    found.files = files
     found.sizes = {path: next(iter(by_worker.values())) for path, by_worker in sizes.items()}
     return found
 

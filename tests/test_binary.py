@@ -182,6 +182,9 @@ def test_several_files(client, tmp_path):
         assert_same_array(compute(client, x), expected)
     reversed_ = dg.read_binary(files[::-1], client=client)
     assert_same_array(compute(client, reversed_), np.concatenate(parts[::-1]))
+    # a file two entries name is read twice, as Dask reads it: none silently dropped
+    twice = dg.read_binary([os.path.join(root, "p*.npy"), files[1]], client=client)
+    assert_same_array(compute(client, twice), np.concatenate([*parts, parts[1]]))
 
 
 def test_numbered_files_in_number_order(tcp, tmp_path):

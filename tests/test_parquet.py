@@ -400,6 +400,9 @@ def test_paths_file_list_directory_glob(client, dataset):
     assert_same_frame(
         read(client, [os.path.join(root, "part-[01].parquet"), files[2]]), expected_all
     )
+    # a file two entries name is read twice, as dd.read_parquet reads it: none dropped
+    twice = [os.path.join(root, "part-*.parquet"), files[0]]
+    assert_same_frame(read(client, twice), expected_parquet([*files, files[0]]))
 
 
 def test_auto_blocksize_joins_small_files_and_leaves_every_worker_some(client, tmp_path):
