@@ -45,6 +45,10 @@ def test_parquet_round_trip(cuda_ucxx, parquet_dir):
     ddf = dg.read_parquet(directory, blocksize=1, client=cuda_ucxx)  # target=None: device
     assert ddf.npartitions == h.PARQUET_FILES * (h.ROWS_PER_FILE // h.ROW_GROUP)
     h.assert_same_table(h.cudf_to_arrow(compute(cuda_ucxx, ddf)), h.expected_parquet(paths))
+    # a file listed twice is read twice (one libcudf call of both, joined as small files)
+    twice = dg.read_parquet([paths[0], paths[0]], client=cuda_ucxx)
+    expected = h.expected_parquet([paths[0], paths[0]])
+    h.assert_same_table(h.cudf_to_arrow(compute(cuda_ucxx, twice)), expected)
 
 
 def test_parquet_projection_and_filters(cuda_ucxx, parquet_dir):
