@@ -406,7 +406,9 @@ def plan(
     clash = [name for name in folders if name in schema.names]
     if clash:
         raise InputError(files[0], f"hive partition key(s) {clash} are also columns of the file")
-    available = [name for name in schema.names if name != key] + folders
+    # index=False: the columns pandas stored its index in come first, as Dask puts them
+    stored = [n for n in _stored_index(schema) if n in schema.names] if index is False else []
+    available = stored + [n for n in schema.names if n != key and n not in stored] + folders
     if columns is None:
         columns = available
     else:
