@@ -78,7 +78,7 @@ class HashSplit:
         module = targets.module(self.target)
         joined = self.join(parts)
         hashed = self.unordered_cut and all(c in self.meta.columns for c in self.on)
-        if not self.keep_order and hashed:
+        if not self.keep_order and hashed and module.hash_partition is not None:
             cut = module.hash_partition(
                 joined, self.on, self.npartitions, self.meta, self.index, self.hashed(joined)
             )

@@ -158,16 +158,9 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> np.ndarray:
     return np.concatenate(runs) if runs else np.empty(0, dtype=np.int64)
 
 
-def hash_partition(
-    frame: pd.DataFrame,
-    on: list,
-    n: int,
-    meta: pd.DataFrame,
-    index: bool = True,
-    hashed: pd.DataFrame | None = None,
-) -> None:
-    """None: pandas has no faster cut than the ordered split, which the host target keeps."""
-    return None
+#: No cut in no set order (the device target's ``hash_partition``): pandas has no faster cut
+#: than the ordered split, which the host target keeps.
+hash_partition = None
 
 
 def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
