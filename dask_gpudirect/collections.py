@@ -220,10 +220,11 @@ def read_parquet(
     filters
         pyarrow DNF filters, e.g. ``[("x", ">", 3)]``: row groups whose statistics rule them
         out are never read, and the remaining rows are filtered exactly; ``("x", "is", None)``
-        and ``"is not"`` test for nulls, as in Dask. Terms on hive keys are decided per folder
-        at planning. A file ruled out whole makes no partition of its own (Dask drops it): it
-        joins the next partition with rows (or the one before), whose task checks that the
-        file is still the one planned (its footer, size and modification time).
+        and ``"is not"`` test for nulls, and ``!=`` and ``not in`` keep them, as in Dask.
+        Terms on hive keys are decided per folder at planning. A file ruled out whole makes
+        no partition of its own (Dask drops it): it joins the next partition with rows (or
+        the one before), whose task checks that the file is still the one planned (its
+        footer, size and modification time).
     blocksize
         Target bytes per partition: a large file is cut into runs of row groups of about this
         many projected bytes, and consecutive small files and runs are joined to about it (as

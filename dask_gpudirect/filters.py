@@ -1,10 +1,11 @@
 """Row filters in pyarrow's DNF form, checked at planning time and applied to decoded frames.
 
 One evaluator serves pandas and cuDF frames alike, so both targets filter rows the same way.
-Nulls follow pyarrow: a comparison with null never matches; ``in`` matches a null only when
-None is among the values, and ``not in`` keeps it unless None is (pyarrow's ``is_in``). As in
-Dask, ``(column, "is", None)`` keeps the nulls (and NaNs) and ``"is not"`` the others, and a
-comparison with None is refused: it would keep no row.
+Nulls follow ``dd.read_parquet`` (its ``_filters_to_expression``): a null never matches ``==``,
+``<``, ``<=``, ``>`` or ``>=``, but ``!=`` and ``not in`` keep it (and a float column's NaNs);
+``in`` matches a null only when None is among the values. ``(column, "is", None)`` keeps the
+nulls (and NaNs) and ``"is not"`` the others, and a comparison with None is refused: it would
+keep no row.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ COMPARE = {
     ">=": operator.ge,
 }
 OPERATORS = frozenset(COMPARE) | {"in", "not in", "is", "is not"}
+KEEP_NULLS = frozenset({"!=", "not in"})  # Dask keeps the nulls these leave undecided
 
 Filters = list[list[tuple[str, str, Any]]]
 
@@ -85,10 +87,11 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
     def term(column: str, op: str, value: Any) -> Any:
         if op == "is" and column in floats:
             return ds.scalar(True)
+        null = ds.field(column).is_null(nan_is_null=True)
         if op in ("is", "is not"):  # pyarrow's DNF has no null test
-            null = ds.field(column).is_null(nan_is_null=True)
             return null if op == "is" else ~null
-        return pq.filters_to_expression([[(column, op, value)]])
+        compared = pq.filters_to_expression([[(column, op, value)]])
+        return null | compared if op in KEEP_NULLS else compared
 
     return functools.reduce(
         operator.or_,
@@ -112,6 +115,8 @@ def apply(frame: Any, filters: Filters | None) -> Any:
                 term = series.isna() if op == "is" else series.notna()
             else:
                 term = _compared(series, op, value, column)
+            if op in KEEP_NULLS:
+                term = term | series.isna()
             mask = term if mask is None else mask & term
         keep = mask if keep is None else keep | mask
     return frame[keep]

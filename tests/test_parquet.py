@@ -7,6 +7,7 @@ import decimal
 import os
 from collections import Counter
 
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -219,11 +220,13 @@ FILTERS = [
     pytest.param([("ts_utc", ">", pd.Timestamp("2024-03-30 23:05", tz="UTC"))], id="tz"),
     pytest.param([("price", ">=", decimal.Decimal("5.50"))], id="decimal"),
     pytest.param([("f32", "<", 10.0)], id="nulls-never-match"),
+    pytest.param([("i8", "!=", 25), ("id", "<", 100)], id="not-equal-keeps-nulls"),
+    pytest.param([("f64", "!=", 0.5), ("id", "<", 100)], id="not-equal-keeps-nan"),
 ]
 
 
 @pytest.mark.parametrize("filters", FILTERS)
-def test_filters_match_pyarrow(client, tmp_path, filters):
+def test_filters_match_dask(client, tmp_path, filters):
     path = write(tmp_path / "f.parquet", rich_table(), row_group_size=50)
     got = read(client, path, filters=filters, columns=["id", "text", "price", "ts_utc"])
     expected = expected_parquet(path, filters=filters, columns=["id", "text", "price", "ts_utc"])
@@ -239,6 +242,27 @@ NULL_FILTERS = [
     pytest.param([("f64", "is not", np.nan)], id="is-not-nan"),
     pytest.param([[("text", "is", None)], [("id", "<", 5)]], id="or"),
 ]
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        pytest.param([("v", "!=", 3)], id="not-equal"),
+        pytest.param([("v", "not in", [3, 4])], id="not-in"),
+        pytest.param([("v", "not in", [3, None])], id="not-in-none"),
+        pytest.param([[("v", "!=", 3), ("id", ">=", 5)], [("id", "<", 2)]], id="or"),
+    ],
+)
+def test_filters_keep_the_rows_dask_keeps(client, tmp_path, filters):
+    """``!=`` and ``not in`` keep a null as ``dd.read_parquet`` does, even in a row group whose
+    statistics say every value is the one ruled out (its nulls keep it from being pruned)."""
+    v = [None, 3, 3, None, 3] + [None if i % 4 == 0 else i % 6 for i in range(15)]
+    table = pa.table({"id": np.arange(20), "v": pa.array(v, pa.int64())})
+    path = write(tmp_path / "v.parquet", table, row_group_size=5)  # group 0: only 3s and nulls
+    want = dd.read_parquet(path, filters=filters, columns=["id"]).compute()["id"]
+    got = read(client, path, filters=filters, blocksize=1)["id"]
+    assert sorted(got) == sorted(want)
+    assert 0 in set(got)  # a null in the row group whose statistics say only 3
 
 
 @pytest.mark.parametrize("filters", NULL_FILTERS)

@@ -69,7 +69,8 @@ def test_partition_columns_as_dask_gives_them(tcp, tmp_path):
 
 def test_a_null_partition_value(tcp, tmp_path):
     """``__HIVE_DEFAULT_PARTITION__`` (what Hive, Spark and pyarrow write for null) is a null,
-    and no category; filters treat it as pyarrow does."""
+    and no category; filters treat it as Dask's read_parquet treats a null (``!=`` and ``not
+    in`` keep it)."""
     rows = hive_folders(tmp_path, null=True)
     df = dg.read_parquet(tmp_path, client=tcp)
     assert list(df._meta["region"].cat.categories) == list(REGIONS)
@@ -83,6 +84,9 @@ def test_a_null_partition_value(tcp, tmp_path):
     assert len(only) == 2 * 40 and only["region"].isna().all()
     others = dg.read_parquet(tmp_path, filters=[("region", "not in", ["eu"])], client=tcp)
     kept = compute(tcp, others)["region"]
+    assert kept.isna().sum() == 2 * 40 and set(kept.dropna()) == {"us"}
+    unequal = dg.read_parquet(tmp_path, filters=[("region", "!=", "eu")], client=tcp)
+    kept = compute(tcp, unequal)["region"]
     assert kept.isna().sum() == 2 * 40 and set(kept.dropna()) == {"us"}
     for op, nulls in (("is", True), ("is not", False)):  # Dask's null test, decided by folder
         kept = compute(tcp, dg.read_parquet(tmp_path, filters=[("region", op, None)], client=tcp))

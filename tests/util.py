@@ -83,12 +83,21 @@ def partitions(client, df) -> list:
     return client.gather(client.compute(df.to_delayed()))
 
 
+def dask_filters(filters):
+    """``filters`` as the pyarrow expression ``dd.read_parquet`` filters rows with: its null
+    rules (``!=`` and ``not in`` keep nulls, unlike pyarrow's own DNF) are the reference."""
+    from dask.dataframe.io.parquet.arrow import _filters_to_expression
+
+    return None if filters is None else _filters_to_expression(filters)
+
+
 def expected_parquet(paths, columns=None, filters=None) -> pd.DataFrame:
-    """What pyarrow reads from ``paths`` (one file or a list), as one pandas frame."""
+    """What pyarrow reads from ``paths`` (one file or a list) with Dask's ``filters``, as one
+    pandas frame."""
     if isinstance(paths, (list, tuple)):
         frames = [expected_parquet(p, columns, filters) for p in paths]
         return pd.concat(frames, ignore_index=True)
-    return pq.read_table(paths, columns=columns, filters=filters).to_pandas()
+    return pq.read_table(paths, columns=columns, filters=dask_filters(filters)).to_pandas()
 
 
 def assert_same_frame(got: pd.DataFrame, expected: pd.DataFrame, by=None) -> None:

@@ -108,9 +108,11 @@ def keep(pairs: tuple[tuple[str, Any], ...], filters: Filters | None) -> tuple[b
 
 
 def _holds(value: Any, op: str, operand: Any) -> bool:
-    """One filter term on a partition value, with pyarrow's null rules (see filters.py)."""
+    """One filter term on a partition value, with Dask's null rules (see filters.py)."""
     if op in ("is", "is not"):  # with None: the null partition, or every other
         return (value is None) == (op == "is")
+    if value is None and op in filters.KEEP_NULLS:
+        return True
     operands = list(operand) if op in ("in", "not in") else [operand]
     for o in operands:
         if value is not None and o is not None and isinstance(o, str) != isinstance(value, str):

@@ -83,8 +83,10 @@ def write_parquet_dataset(directory) -> list[str]:
 
 
 def expected_parquet(paths, columns=None, filters=None) -> pa.Table:
-    """What pyarrow reads, file by file in order, as one table."""
-    tables = [pq.read_table(p, columns=columns, filters=filters) for p in paths]
+    """What pyarrow reads with Dask's ``filters``, file by file in order, as one table."""
+    from util import dask_filters
+
+    tables = [pq.read_table(p, columns=columns, filters=dask_filters(filters)) for p in paths]
     return pa.concat_tables(tables)
 
 
