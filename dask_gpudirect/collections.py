@@ -256,7 +256,9 @@ def read_parquet(
     dtype_backend
         As in Dask, for pandas partitions (the host target): ``"numpy_nullable"`` gives
         pandas' nullable types (``Int64``, ``boolean``, ``string``...), ``"pyarrow"``
-        pyarrow-backed columns; None the types pyarrow converts to by default.
+        pyarrow-backed columns; None the types ``dd.read_parquet`` gives by default (with
+        Dask's ``dataframe.convert-string`` on, as it is unless set off: strings as
+        ``string[pyarrow]``, dates and decimals pyarrow-backed).
     filesystem
         ``None``, ``"arrow"`` or a local file system (pyarrow's or fsspec's).
     storage_options
@@ -281,10 +283,10 @@ def read_parquet(
     auto = _is_auto(blocksize, "gpudirect.parquet.blocksize")
     spread = setting.spread(blocksize, "gpudirect.parquet.blocksize")
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
-    compat.check_backend(dtype_backend, target)
+    conversion = compat.conversion(dtype_backend, target)
     folders = hive.partitioning(found.files, found.roots)
     store = setting.store
-    args = (columns, filters, blocksize, target, index, folders, per_shard, dtype_backend, store)
+    args = (columns, filters, blocksize, target, index, folders, per_shard, conversion, store)
     with clock("footers"):  # each file's plan, on the workers
         planned = _plan(client, found, parquet.plan, *args)
     with clock("meta"):
@@ -310,8 +312,9 @@ def read_parquet(
             enforce_metadata=False,
         ).expr
 
-    # Partitions keep the types pyarrow/cuDF decode to: dask's "convert-string" would cast every
-    # object column to strings, turning decimals, lists and bytes into text.
+    # Partitions keep the types they are decoded to (the setting was read into ``conversion``
+    # above): dask's "convert-string" would cast every object column, lists and bytes too, to
+    # strings.
     with clock("partitions"), dask.config.set({"dataframe.convert-string": False}):
         cut = (at_least, spread, calculate_divisions)
         expr = read_plans.reads.collection(found, parquet.plan, args, cut, build)

@@ -5,8 +5,11 @@ refused by name with the reason, so that code written for Dask fails clearly, no
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
+
+from dask.dataframe.utils import pyarrow_strings_enabled
 
 from .errors import InputError, OptionError
 
@@ -21,7 +24,7 @@ REFUSED = {
     "metadata_task_size": "footers are read by the workers that can read the files",
     "aggregate_files": "small files are always joined up to blocksize, in file order",
     "categories": "dictionary-encoded columns come back as categories already",
-    "arrow_to_pandas": "the host target converts with pyarrow's defaults",
+    "arrow_to_pandas": "the host target converts as dd.read_parquet does by default",
     "dataset": "files are planned from their footers, not as a pyarrow dataset",
     "read": "decoding is done by dask-gpudirect's own reader",
 }
@@ -62,8 +65,23 @@ def row_groups_per_partition(split_row_groups: Any) -> int | None:
 BACKENDS = (None, "numpy_nullable", "pyarrow")
 
 
-def check_backend(dtype_backend: Any, target: str) -> None:
-    """``dtype_backend`` as Dask takes it, for pandas partitions (the host target) only."""
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """How the host target makes pandas columns of Arrow ones, decided in the client as
+    ``dd.read_parquet`` decides it: Dask's ``dtype_backend``, and its ``convert-string`` setting
+    (strings as ``string[pyarrow]``, dates and decimals pyarrow-backed)."""
+
+    dtype_backend: str | None = None
+    pyarrow_strings: bool = False
+
+
+#: pyarrow's own conversion (what a plan made without a client's settings uses).
+PYARROW_DEFAULTS = Conversion()
+
+
+def conversion(dtype_backend: Any, target: str) -> Conversion:
+    """``dtype_backend`` as Dask takes it, for pandas partitions (the host target) only, with
+    the client's ``dataframe.convert-string``."""
     if dtype_backend not in BACKENDS:
         raise InputError(
             None, f"dtype_backend={dtype_backend!r}: use None, 'numpy_nullable' or 'pyarrow'"
@@ -74,6 +92,7 @@ def check_backend(dtype_backend: Any, target: str) -> None:
             f"dtype_backend={dtype_backend!r} chooses pandas types, and target={target!r} gives "
             "cuDF partitions, whose columns hold nulls in every type already",
         )
+    return Conversion(dtype_backend, pyarrow_strings_enabled())
 
 
 def check_filesystem(filesystem: Any) -> None:

@@ -3,8 +3,11 @@ Dask users pass, on the host target with files the tests write."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import os
 
+import dask
 import dask.dataframe as dd
 import numpy as np
 import pandas as pd
@@ -18,8 +21,10 @@ import dask_gpudirect as dg
 
 
 def frame(start: int, n: int = 50) -> pd.DataFrame:
+    """Rows in the types ``dd.read_parquet`` gives them (strings as ``string[pyarrow]``)."""
     ids = np.arange(start, start + n)
-    return pd.DataFrame({"id": ids, "x": ids * 0.5, "s": [f"v{i}" for i in ids]})
+    text = pd.array([f"v{i}" for i in ids], dtype=pd.StringDtype("pyarrow"))
+    return pd.DataFrame({"id": ids, "x": ids * 0.5, "s": text})
 
 
 def write(path, df: pd.DataFrame) -> str:
@@ -401,3 +406,36 @@ def test_a_range_index_pandas_stored_as_metadata_comes_back(tcp, tmp_path):
     assert list(got.index) == list(range(40, 100)) and got.index.name == "key"
     plain = compute(tcp, dg.read_parquet(tmp_path, index=False, blocksize="1GiB", client=tcp))
     assert plain.index.name is None and list(plain.columns) == ["x", "s"]
+
+
+@pytest.mark.parametrize("dtype_backend", [None, "numpy_nullable", "pyarrow"])
+@pytest.mark.parametrize("convert_string", [True, False])
+def test_the_types_dask_gives(tcp, tmp_path, convert_string, dtype_backend):
+    """The host target's columns come in the types ``dd.read_parquet`` gives them, under
+    Dask's ``convert-string`` setting (on by default: strings as ``string[pyarrow]``, dates and
+    decimals pyarrow-backed) and its ``dtype_backend``, in the meta and in the partitions, so
+    that a frame of ours and one of Dask's merge on a string key."""
+    n = 40
+    table = pa.table(
+        {
+            "s": pa.array([None if i % 7 == 3 else f"k{i % 9}" for i in range(n)]),
+            "ls": pa.array([f"l{i}" for i in range(n)], pa.large_string()),
+            "day": pa.array([datetime.date(2024, 1, 1 + i % 28) for i in range(n)]),
+            "price": pa.array([decimal.Decimal(i) / 100 for i in range(n)], pa.decimal128(9, 2)),
+            "i": pa.array([None if i % 5 == 0 else i for i in range(n)], pa.int32()),
+            "x": pa.array(np.arange(n) * 0.5),
+        }
+    )
+    path = os.fspath(tmp_path / "t.parquet")
+    pq.write_table(table, path, row_group_size=10)
+    with dask.config.set({"dataframe.convert-string": convert_string}):
+        ours = dg.read_parquet(path, dtype_backend=dtype_backend, client=tcp)
+        theirs = dd.read_parquet(path, dtype_backend=dtype_backend)
+    got, want = compute(tcp, ours), theirs.compute(scheduler="sync")
+    # the meta says what the partitions hold (Dask's own says int32 for "i", which holds nulls
+    # and so comes as float64)
+    assert ours.dtypes.to_dict() == want.dtypes.to_dict()
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+    joined = ours[["s", "x"]].merge(theirs[["s", "i"]], on="s", how="inner")
+    assert joined.dtypes["s"] == want.dtypes["s"]
+    assert len(compute(tcp, joined)) == len(want[["s", "x"]].merge(want[["s", "i"]], on="s"))

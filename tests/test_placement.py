@@ -18,6 +18,7 @@ from distributed import wait
 from util import assert_same_frame, compute, expected_parquet, shards_of
 
 import dask_gpudirect as dg
+from dask_gpudirect import compat
 from dask_gpudirect.errors import InputError
 from dask_gpudirect.formats import binary, parquet
 from dask_gpudirect.placement import assign, join_small
@@ -60,7 +61,8 @@ def test_parquet_placement_matches_replanning(tcp, parquet_dir):
     """The collection's shards are exactly plan + assign over the workers."""
     files = sorted(os.fspath(p) for p in parquet_dir.iterdir())
     df = dg.read_parquet(parquet_dir, blocksize="1MiB", client=tcp)
-    planned = parquet.plan(files, None, None, 2**20, "host").shards
+    conversion = compat.conversion(None, "host")  # the client's, as dg.read_parquet's
+    planned = parquet.plan(files, None, None, 2**20, "host", conversion=conversion).shards
     readable = {w: set(files) for w in workers_of(tcp)}
     expected = assign(join_small(planned, 2**20, readable), readable)
     got = shards_of(df)

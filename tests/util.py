@@ -91,13 +91,23 @@ def dask_filters(filters):
     return None if filters is None else _filters_to_expression(filters)
 
 
+def as_dask_converts(table: pa.Table) -> pd.DataFrame:
+    """``table`` in the pandas types ``dd.read_parquet`` gives by default (Dask's
+    ``convert-string``: strings as ``string[pyarrow]``, dates and decimals pyarrow-backed)."""
+    from dask.dataframe.io.parquet.arrow import ArrowDatasetEngine
+
+    return table.to_pandas(
+        types_mapper=ArrowDatasetEngine._determine_type_mapper(convert_string=True)
+    )
+
+
 def expected_parquet(paths, columns=None, filters=None) -> pd.DataFrame:
-    """What pyarrow reads from ``paths`` (one file or a list) with Dask's ``filters``, as one
-    pandas frame."""
+    """What Dask reads from ``paths`` (one file or a list) with ``filters``, by pyarrow, as
+    one pandas frame."""
     if isinstance(paths, (list, tuple)):
         frames = [expected_parquet(p, columns, filters) for p in paths]
         return pd.concat(frames, ignore_index=True)
-    return pq.read_table(paths, columns=columns, filters=dask_filters(filters)).to_pandas()
+    return as_dask_converts(pq.read_table(paths, columns=columns, filters=dask_filters(filters)))
 
 
 def assert_same_frame(got: pd.DataFrame, expected: pd.DataFrame, by=None) -> None:

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from .. import filters as dnf
 from .. import remote, stamps
 from ..access import pread_exact
+from ..compat import PYARROW_DEFAULTS, Conversion
 from ..errors import InputError
 from ..shards import Shard, coalesce
 from . import hive
@@ -62,7 +63,7 @@ class ParquetPart:
     # hive partition columns: this file's (name, value) and every one's (name, categories, int?)
     partition: tuple[tuple[str, Any], ...] = ()
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()
-    backend: str | None = None  # Dask's dtype_backend, for pandas partitions
+    conversion: Conversion = PYARROW_DEFAULTS  # Arrow to pandas, for pandas partitions
     rows: int = 0  # in these row groups, as the footer says: what a read of them must give
     # about the read columns' bytes in memory, from the footer (:func:`_decoded_size`): the
     # bytes read are compressed and encoded
@@ -124,7 +125,7 @@ def finish(parts: Sequence[ParquetPart], helpers: ModuleType, frame: Frame | Non
     types of ``meta``. ``helpers``: the target's module."""
     part = parts[0]
     if part.empty is not None:
-        frame = helpers.empty_frame(part.empty.empty_table(), part.backend)
+        frame = helpers.empty_frame(part.empty.empty_table(), part.conversion)
     else:
         if part.range_index is not None:  # each shard's labels, end to end
             ranges = [(r[0], r[1], p.rows) for p in parts if (r := p.range_index) is not None]
@@ -197,11 +198,11 @@ class ParquetPlan:
     index: str | None = None  # the column the partitions are indexed by (one of ``schema``'s)
     range_name: str | None = None  # the name of a RangeIndex pandas stored as metadata
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()  # hive columns (see ParquetPart)
-    backend: str | None = None  # Dask's dtype_backend, for pandas partitions
+    conversion: Conversion = PYARROW_DEFAULTS  # Arrow to pandas, for pandas partitions
 
     def meta(self, target_module: ModuleType) -> Frame:
         """An empty partition of the result on the target (the collection's ``meta``)."""
-        empty = target_module.empty_frame(self.schema.empty_table(), self.backend)
+        empty = target_module.empty_frame(self.schema.empty_table(), self.conversion)
         categorical = _dictionary_columns(self.schema)
         return finished(
             empty,
@@ -389,7 +390,7 @@ def plan(
     index: str | list[str] | bool | None = None,
     partitioning: hive.Partitioning | None = None,
     per_shard: int | None = None,
-    backend: str | None = None,
+    conversion: Conversion = PYARROW_DEFAULTS,
     store: remote.Store | None = None,
 ) -> ParquetPlan:
     """Shards of ``files`` (footers only, no data read) and the schema of the result (its
@@ -439,7 +440,7 @@ def plan(
         halves=tuple(f.name for f in out_schema if pa.types.is_float16(f.type)),
         index=key,
         partition_types=types,
-        backend=backend,
+        conversion=conversion,
     )
     # a RangeIndex pandas kept as metadata: rebuilt per shard from each file's own (as pandas)
     ranged = _stored_range(schema) if index is None else None
@@ -461,7 +462,7 @@ def plan(
         index=key,
         range_name=ranged.get("name") if ranged else None,
         partition_types=types,
-        backend=backend,
+        conversion=conversion,
     )
 
 

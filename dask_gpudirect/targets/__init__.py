@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .. import remote, stamps
 from ..access import Opened, opened
+from ..compat import PYARROW_DEFAULTS, Conversion
 from ..errors import InputError
 from ..ledger import Ledger
 from ..shards import Shard, decoding
@@ -193,11 +194,15 @@ class Target:
                 continue
             with decoding(shard):
                 rgs, columns = list(part.row_groups), list(part.read_columns)
-                decoded.append(self.decode_parquet(buffer, rgs, columns, part.backend))
+                decoded.append(self.decode_parquet(buffer, rgs, columns, part.conversion))
         return decoded
 
     def decode_parquet(
-        self, buffer: Any, row_groups: list[int], columns: list[str], backend: str | None = None
+        self,
+        buffer: Any,
+        row_groups: list[int],
+        columns: list[str],
+        conversion: Conversion = PYARROW_DEFAULTS,
     ) -> Any:
         raise NotImplementedError
 

@@ -25,6 +25,7 @@ import rmm
 from dask.utils import parse_bytes
 
 from .. import cudf_compat, remote
+from ..compat import PYARROW_DEFAULTS, Conversion
 from ..errors import InputError
 from ..shards import decoding
 from . import Order, Target
@@ -82,7 +83,7 @@ def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
     return frame
 
 
-def empty_frame(table: pa.Table, backend: str | None = None) -> cudf.DataFrame:
+def empty_frame(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> cudf.DataFrame:
     """The cuDF partition type for ``table``'s schema (a collection's ``meta``).
 
     Decoded by the same reader as the partitions, so dtypes (decimal widths included) match,

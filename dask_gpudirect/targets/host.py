@@ -13,9 +13,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from dask.dataframe.dispatch import concat
+from dask.dataframe.io.parquet.arrow import ArrowDatasetEngine
 from dask.utils import parse_bytes
 
 from .. import remote
+from ..compat import PYARROW_DEFAULTS, Conversion
 from . import Order, Target
 
 if TYPE_CHECKING:
@@ -28,30 +30,11 @@ if TYPE_CHECKING:
     from ..ledger import Ledger
     from ..shards import Shard
 
-#: pyarrow type -> pandas' nullable type, for ``dtype_backend="numpy_nullable"`` (as Dask maps).
-NULLABLE = {
-    pa.int8(): pd.Int8Dtype(),
-    pa.int16(): pd.Int16Dtype(),
-    pa.int32(): pd.Int32Dtype(),
-    pa.int64(): pd.Int64Dtype(),
-    pa.uint8(): pd.UInt8Dtype(),
-    pa.uint16(): pd.UInt16Dtype(),
-    pa.uint32(): pd.UInt32Dtype(),
-    pa.uint64(): pd.UInt64Dtype(),
-    pa.bool_(): pd.BooleanDtype(),
-    pa.float32(): pd.Float32Dtype(),
-    pa.float64(): pd.Float64Dtype(),
-    pa.string(): pd.StringDtype(),
-    pa.large_string(): pd.StringDtype(),
-}
-#: ``dtype_backend`` -> the ``types_mapper`` pyarrow converts with.
-MAPPERS = {None: None, "numpy_nullable": NULLABLE.get, "pyarrow": pd.ArrowDtype}
 
-
-def _to_pandas(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
+def _to_pandas(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> pd.DataFrame:
     """``table`` as pandas with the types pandas stored (``Int64``...) but not its index: the
-    reader sets the index itself, by Dask's rules, on both targets. ``backend``: Dask's
-    ``dtype_backend``, nullable pandas or pyarrow-backed columns."""
+    reader sets the index itself, by Dask's rules, on both targets. ``conversion``: the types
+    ``dd.read_parquet`` would give (Dask's own ``types_mapper``, so the two agree)."""
     stored = table.schema.pandas_metadata
     if stored and stored.get("index_columns"):
         # an unnamed index's column keeps its field name (``__index_level_0__``), not None
@@ -61,7 +44,10 @@ def _to_pandas(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
         ]
         unindexed = json.dumps({**stored, "index_columns": [], "columns": columns}).encode()
         table = table.replace_schema_metadata({**table.schema.metadata, b"pandas": unindexed})
-    return table.to_pandas(types_mapper=MAPPERS[backend])
+    mapper = ArrowDatasetEngine._determine_type_mapper(
+        dtype_backend=conversion.dtype_backend, convert_string=conversion.pyarrow_strings
+    )
+    return table.to_pandas(types_mapper=mapper)
 
 
 def concat_frames(
@@ -105,9 +91,9 @@ def _relabelled(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.set_axis(pd.RangeIndex(len(frame)), axis=0)
 
 
-def empty_frame(table: pa.Table, backend: str | None = None) -> pd.DataFrame:
+def empty_frame(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> pd.DataFrame:
     """The pandas partition type for ``table``'s schema (a collection's ``meta``)."""
-    return _to_pandas(table, backend)
+    return _to_pandas(table, conversion)
 
 
 def with_range_index(
@@ -257,10 +243,14 @@ class HostTarget(Target):
         ]
 
     def decode_parquet(
-        self, buffer: Any, row_groups: list[int], columns: list[str], backend: str | None = None
+        self,
+        buffer: Any,
+        row_groups: list[int],
+        columns: list[str],
+        conversion: Conversion = PYARROW_DEFAULTS,
     ) -> pd.DataFrame:
         table = pq.ParquetFile(pa.py_buffer(buffer)).read_row_groups(row_groups, columns=columns)
-        return _to_pandas(table, backend)
+        return _to_pandas(table, conversion)
 
     def as_array(
         self, buffer: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], order: Order
