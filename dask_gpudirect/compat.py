@@ -23,7 +23,7 @@ REFUSED = {
     "ignore_metadata_file": "a _metadata file is never read: each file's own footer is",
     "metadata_task_size": "footers are read by the workers that can read the files",
     "aggregate_files": "small files are always joined up to blocksize, in file order",
-    "categories": "dictionary-encoded columns come back as categories already",
+    "categories": "dictionary-encoded columns come back as categories already (as Dask's)",
     "arrow_to_pandas": "the host target converts as dd.read_parquet does by default",
     "dataset": "files are planned from their footers, not as a pyarrow dataset",
     "read": "decoding is done by dask-gpudirect's own reader",

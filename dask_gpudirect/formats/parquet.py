@@ -203,7 +203,7 @@ class ParquetPlan:
     def meta(self, target_module: ModuleType) -> Frame:
         """An empty partition of the result on the target (the collection's ``meta``)."""
         empty = target_module.empty_frame(self.schema.empty_table(), self.conversion)
-        categorical = _dictionary_columns(self.schema)
+        categorical = _dictionary_columns(self.schema, self.conversion)
         return finished(
             empty,
             target_module,
@@ -232,7 +232,11 @@ class ParquetPlan:
         _check_schema(self.first, self.file_schema, head.first, head.file_schema)
 
 
-def _dictionary_columns(schema: pa.Schema) -> tuple[str, ...]:
+def _dictionary_columns(schema: pa.Schema, conversion: Conversion) -> tuple[str, ...]:
+    """The columns that become categories: the dictionary-encoded ones, unless pyarrow-backed
+    columns were asked for (Dask keeps those as pyarrow dictionaries)."""
+    if conversion.dtype_backend == "pyarrow":
+        return ()
     return tuple(f.name for f in schema if pa.types.is_dictionary(f.type))
 
 
@@ -436,7 +440,7 @@ def plan(
     part = dict(  # what every shard's ParquetPart shares; row groups are added per shard
         read_columns=tuple(read_columns),
         columns=tuple(kept),
-        categorical=_dictionary_columns(out_schema),
+        categorical=_dictionary_columns(out_schema, conversion),
         halves=tuple(f.name for f in out_schema if pa.types.is_float16(f.type)),
         index=key,
         partition_types=types,
