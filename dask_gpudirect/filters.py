@@ -77,15 +77,17 @@ def columns_of(filters: Filters | None) -> list[str]:
 
 def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset()) -> Any:
     """The pyarrow expression for ``filters``, used to prune row groups by their statistics.
-    ``floats``: the floating-point columns, whose NaNs ``"is"`` keeps but no statistic counts
-    (a row group without nulls may hold them), so it prunes nothing there."""
+    ``floats``: the floating-point columns, whose NaNs ``"is"``, ``!=`` and ``not in`` keep but
+    no statistic counts (a row group without nulls may hold them), so these prune nothing
+    there (Dask's own pruning drops such a group's NaNs, and so keeps a NaN in one row group
+    and not in another)."""
     if filters is None:
         return None
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     def term(column: str, op: str, value: Any) -> Any:
-        if op == "is" and column in floats:
+        if column in floats and (op == "is" or op in KEEP_NULLS):
             return ds.scalar(True)
         null = ds.field(column).is_null(nan_is_null=True)
         if op in ("is", "is not"):  # pyarrow's DNF has no null test

@@ -265,6 +265,17 @@ def test_filters_keep_the_rows_dask_keeps(client, tmp_path, filters):
     assert 0 in set(got)  # a null in the row group whose statistics say only 3
 
 
+@pytest.mark.parametrize("filters", [[("x", "!=", 3.0)], [("x", "not in", [3.0])]])
+def test_nans_pass_not_equal_in_every_row_group(client, tmp_path, filters):
+    """A float column's NaNs pass ``!=`` and ``not in`` (Dask's rule for rows) in every row
+    group: no statistic counts NaNs, so a group whose statistics say "only 3.0" is read (Dask's
+    own pruning skips it, and so drops row 1's NaN but keeps row 7's)."""
+    x = [3.0, np.nan, 3.0, 3.0, 3.0, 1.0, 2.0, np.nan, 3.0, 4.0]
+    path = write(tmp_path / "x.parquet", pa.table({"id": np.arange(10), "x": x}), row_group_size=5)
+    got = read(client, path, filters=filters, blocksize=1)
+    assert sorted(got["id"]) == [1, 5, 6, 7, 9]
+
+
 @pytest.mark.parametrize("filters", NULL_FILTERS)
 def test_null_filters_as_dask(client, tmp_path, filters):
     """Dask's null test: ``(column, "is", None)`` keeps the nulls, and a float column's NaNs
