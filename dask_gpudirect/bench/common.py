@@ -357,11 +357,15 @@ def write_outputs(
         draw(result, plot_path)
 
 
+#: Benchmark methods that are Dask's own calls on the package's exchange
+#: (``shuffle_method="gpudirect"``): over Dask's read, and over ``dg.read_parquet``'s.
+DASK_ON_EXCHANGE = ("dask-gpudirect", "dg-dask")
+
+
 def dask_shuffle_method(method: str) -> str:
     """The ``shuffle_method`` a Dask pipeline of a benchmark's ``method`` passes: its own name,
-    but ``dask-gpudirect`` and ``dg-dask``, Dask's own calls on the package's exchange
-    (``"gpudirect"``)."""
-    return "gpudirect" if method in ("dask-gpudirect", "dg-dask") else method
+    but ``"gpudirect"`` for :data:`DASK_ON_EXCHANGE`."""
+    return "gpudirect" if method in DASK_ON_EXCHANGE else method
 
 
 #: What happens between two timed runs of a method (:func:`wait_released`), as results say.

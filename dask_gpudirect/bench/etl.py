@@ -44,6 +44,7 @@ import click
 from ..cuda import gpu_count
 from ..measure import start_cluster, stop_cluster
 from .common import (
+    DASK_ON_EXCHANGE,
     TARGET_OPTION,
     cluster_options,
     counts_option,
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
 #: Measurement order per query: P2P, the slowest, after the others of Dask's shuffles.
 RUN_ORDER = ("gpudirect", "combine", "rapidsmpf", "tasks", "dask-gpudirect", "dg-dask", "p2p")
 #: The methods whose group-by shuffles through the package's exchange.
-EXCHANGED = (*DG_METHODS, "dask-gpudirect", "dg-dask")
+EXCHANGED = (*DG_METHODS, *DASK_ON_EXCHANGE)
 #: Measured in a cluster of their own, after the others.
 OWN_CLUSTER = ("polars",)
 #: The fingerprint's key weight: keys are folded below this prime so the weighted sum fits int64.
