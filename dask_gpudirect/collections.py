@@ -213,8 +213,9 @@ def read_parquet(
         taken as paths), or ``s3://`` objects, prefixes and globs and ``http(s)://`` files
         (either target; see the Remote data page); other URLs are refused. All files must have
         the same columns, in any order. A directory's subfolders are read too, and hive folders
-        (``year=2024/month=1/``) give their keys as columns after the files' own, typed as Dask
-        types them: categories of every value found, int32 where all are integers.
+        (``year=2024/month=1/``) give their keys as columns after the files' own, as Dask gives
+        them: from every such folder in a file's path, however the file was named (a glob, a
+        list, one file), typed as categories of every value found, int32 where all are integers.
     columns
         Columns to load (default: all); one name gives a Series, as in Dask.
     filters
@@ -284,7 +285,7 @@ def read_parquet(
     spread = setting.spread(blocksize, "gpudirect.parquet.blocksize")
     blocksize = setting.blocksize(blocksize, "gpudirect.parquet.blocksize")
     conversion = compat.conversion(dtype_backend, target)
-    folders = hive.partitioning(found.files, found.roots)
+    folders = hive.partitioning(found.files)
     store = setting.store
     args = (columns, filters, blocksize, target, index, folders, per_shard, conversion, store)
     with clock("footers"):  # each file's plan, on the workers

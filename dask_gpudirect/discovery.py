@@ -75,7 +75,6 @@ class Found:
     readable: dict[str, set[str]] = field(default_factory=dict)
     mtimes: dict[str, set[int]] = field(default_factory=dict)
     sizes: dict[str, int] = field(default_factory=dict)  # one size a file: merge checks it
-    roots: dict[str, str] = field(default_factory=dict)  # file -> the directory it was listed in
 
 
 #: A URL's scheme, as in ``s3://bucket/key``.
@@ -240,8 +239,6 @@ def merge(entries: list[str], seen: dict[str, list[View]], listing: Listing = FL
         names: set[str] = set()
         for worker, v in here.items():
             for path, size, mtime in v.files:
-                if v.kind == DIRECTORY:
-                    found.roots.setdefault(path, entry)
                 sizes.setdefault(path, {})[worker] = size
                 found.mtimes.setdefault(path, set()).add(mtime)
                 found.readable[worker].add(path)

@@ -94,6 +94,30 @@ def test_a_null_partition_value(tcp, tmp_path):
         assert kept["region"].isna().all() if nulls else kept["region"].notna().all()
 
 
+@pytest.mark.parametrize("how", ["directory", "subdirectory", "file", "glob", "list"])
+def test_keys_of_every_folder_in_a_files_path_as_dask_takes_them(tcp, tmp_path, how):
+    """Dask takes every ``key=value`` folder of a file's path (pyarrow's hive partitioning of
+    the whole path), however the files were named: a glob or a list of a dataset's files, or
+    one of its subfolders, keeps the keys its folders give, and so does a folder above the one
+    named."""
+    root = tmp_path / "run=3" / "tables"
+    hive_folders(root)
+    paths = sorted(str(p) for p in root.rglob("*.pq"))
+    entry = {
+        "directory": str(root),
+        "subdirectory": str(root / "year=2024"),
+        "file": paths[-1],
+        "glob": str(root / "year=*" / "region=eu" / "*.pq"),
+        "list": paths[1:3],
+    }[how]
+    df = dg.read_parquet(entry, client=tcp)
+    assert list(df.columns) == ["x", "v", "run", "year", "region"]
+    same_as_dask(compute(tcp, df), entry)
+    # and filters on them rule out folders however the files were named
+    got = compute(tcp, dg.read_parquet(entry, filters=[("region", "==", "us")], client=tcp))
+    same_as_dask(got, entry, filters=[("region", "==", "us")])
+
+
 @pytest.mark.parametrize(
     "filters",
     [

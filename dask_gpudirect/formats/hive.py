@@ -1,21 +1,24 @@
 """Hive-partitioned folders: ``year=2024/month=1/part-0.parquet`` gives each row of that file
 the columns ``year`` and ``month``, as Dask's Parquet reader gives them.
 
-The keys come from the folders between the directory the user named and the file. As Dask
-types them, each is a category column whose categories are every value found, integers (int32)
-where all of them are, else strings; ``__HIVE_DEFAULT_PARTITION__`` is a null. Filters on them
-are decided per file at planning, so folders ruled out are never opened.
+The keys come from every ``key=value`` folder in a file's path, as Dask takes them (pyarrow's
+hive partitioning of each whole path): for a directory, a glob, a list of files or one file
+alike, folders above the one named included; a key found twice in one path takes its outermost
+value. As Dask types them, each is a category column whose categories are every value found,
+integers (int32) where all of them are, else strings; ``__HIVE_DEFAULT_PARTITION__`` is a null.
+Filters on them are decided per file at planning, so folders ruled out are never opened.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import posixpath
 import re
 import urllib.parse
 from typing import Any
 
-from .. import filters
+from .. import filters, remote
 from ..errors import InputError
 from ..filters import Filters
 
@@ -43,23 +46,30 @@ class Partitioning:
 UNPARTITIONED = Partitioning((), {}, {}, {})
 
 
-def keys_of(path: str, root: str) -> list[tuple[str, str]]:
-    """The ``key=value`` folders between ``root`` and ``path``, outermost first."""
-    folders = os.path.relpath(os.path.dirname(path), root).split(os.sep)
+def keys_of(path: str) -> list[tuple[str, str]]:
+    """The ``key=value`` folders of ``path`` (of a URL's path: not its query), outermost first,
+    each key once."""
+    if remote.is_remote(path):
+        folders = posixpath.dirname(urllib.parse.urlsplit(path).path).split("/")
+    else:
+        folders = os.path.dirname(path).split(os.sep)
     pairs = [f.split("=", 1) for f in folders if "=" in f]
-    return [(urllib.parse.unquote(k), urllib.parse.unquote(v)) for k, v in pairs]
+    keys: dict[str, str] = {}
+    for k, v in pairs:
+        keys.setdefault(urllib.parse.unquote(k), urllib.parse.unquote(v))
+    return list(keys.items())
 
 
-def partitioning(files: list[str], roots: dict[str, str]) -> Partitioning | None:
-    """The partitioning of ``files`` (each listed under the directory ``roots[file]``), or None
-    where no file lies in a ``key=value`` folder. Every file must have the same keys."""
-    found = {path: keys_of(path, roots[path]) for path in files if path in roots}
+def partitioning(files: list[str]) -> Partitioning | None:
+    """The partitioning of ``files``, or None where no file lies in a ``key=value`` folder.
+    Every file must have the same keys."""
+    found = {path: keys_of(path) for path in files}
     if not any(found.values()):
         return None
     first = files[0]
-    names = tuple(k for k, _ in found.get(first, []))
+    names = tuple(k for k, _ in found[first])
     for path in files:
-        keys = tuple(k for k, _ in found.get(path, []))
+        keys = tuple(k for k, _ in found[path])
         if keys != names:
             raise InputError(
                 path,
