@@ -267,7 +267,8 @@ def read_parquet(
         ``endpoint_url`` (or ``client_kwargs={"endpoint_url": ...}``), ``region``,
         ``profile``; unset ones come from the environment, as AWS tools take them.
 
-    Other arguments of ``dd.read_parquet`` are refused by name, with the reason.
+    Other arguments of ``dd.read_parquet`` are refused by name, with the reason, unless given
+    Dask's default (``engine=None``, ``categories=None``...: code that spells them out runs).
     """
     compat.check_kwargs("read_parquet", kwargs)
     compat.check_filesystem(filesystem)

@@ -30,12 +30,35 @@ REFUSED = {
 }
 
 
+#: Values of those arguments that ask for nothing different: Dask's defaults, and
+#: ``ignore_metadata_file=True``, which is what happens anyway. Code that spells them out runs.
+AS_DASKS_DEFAULT: dict[str, tuple] = {
+    "engine": (None,),
+    "open_file_options": (None, {}),
+    "ignore_metadata_file": (False, True),
+    "metadata_task_size": (None,),
+    "aggregate_files": (None,),
+    "categories": (None,),
+    "arrow_to_pandas": (None, {}),
+    "dataset": (None, {}),
+    "read": (None, {}),
+}
+
+
 def check_kwargs(function: str, kwargs: dict[str, Any]) -> None:
-    """Refuse ``kwargs``: Dask's by name with the reason, others as Python would."""
-    for name in kwargs:
+    """Refuse ``kwargs``: Dask's by name with the reason (unless given their default), others
+    as Python would."""
+    for name, value in kwargs.items():
+        if _is_dasks_default(name, value):
+            continue
         if name in REFUSED:
             raise InputError(None, f"{function}(): {name}= is not supported: {REFUSED[name]}")
         raise OptionError(f"{function}() got an unexpected keyword argument {name!r}")
+
+
+def _is_dasks_default(name: str, value: Any) -> bool:
+    defaults = AS_DASKS_DEFAULT.get(name, ())
+    return any(value is d or (type(value) is type(d) and value == d) for d in defaults)
 
 
 #: ``split_row_groups`` values that mean partitions by bytes (``blocksize``), small files joined.

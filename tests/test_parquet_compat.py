@@ -169,6 +169,21 @@ def test_dask_arguments_accepted(tcp, tmp_path):
     ]:
         got = compute(tcp, dg.read_parquet(path, client=tcp, **kwargs))
         pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0))
+    # Dask's arguments given their defaults (as code written for Dask may spell them out), or
+    # ignore_metadata_file=True, ask for nothing different
+    defaults = {
+        "engine": None,
+        "categories": None,
+        "ignore_metadata_file": True,
+        "metadata_task_size": None,
+        "aggregate_files": None,
+        "open_file_options": {},
+        "dataset": {},
+    }
+    got = compute(tcp, dg.read_parquet(path, client=tcp, **defaults))
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0))
+    with pytest.raises(dg.InputError, match="categories= is not supported"):
+        dg.read_parquet(path, categories=["s"], client=tcp)
     with pytest.raises(TypeError, match="unexpected keyword argument 'colums'"):
         dg.read_parquet(path, colums=["x"], client=tcp)
 
