@@ -33,11 +33,14 @@ Filters = list[list[tuple[str, str, Any]]]
 
 def normalize(filters: Any, columns: list[str], path: str | None = None) -> Filters | None:
     """Check ``filters`` against the schema's ``columns`` (of the file ``path``, named in the
-    error for an unknown column); return them as a list of AND-lists."""
+    error for an unknown column); return them as a list of AND-lists (None for none: an
+    empty list filters nothing, as in Dask)."""
     if filters is None:
         return None
-    if not isinstance(filters, (list, tuple)) or not filters:
-        raise InputError(None, f"bad filters {filters!r}: expected a non-empty list of tuples")
+    if not isinstance(filters, (list, tuple)):
+        raise InputError(None, f"bad filters {filters!r}: expected a list of tuples")
+    if not filters:
+        return None
     if all(isinstance(f, tuple) for f in filters):
         filters = [filters]
     out: Filters = []
@@ -83,6 +86,7 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
     and not in another)."""
     if filters is None:
         return None
+    import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
@@ -92,7 +96,12 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
         null = ds.field(column).is_null(nan_is_null=True)
         if op in ("is", "is not"):  # pyarrow's DNF has no null test
             return null if op == "is" else ~null
-        compared = pq.filters_to_expression([[(column, op, value)]])
+        try:
+            compared = pq.filters_to_expression([[(column, op, value)]])
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise InputError(
+                None, f"filter {(column, op, value)!r}: pyarrow takes no such value: {exc}"
+            ) from None
         return null | compared if op in KEEP_NULLS else compared
 
     return functools.reduce(

@@ -188,6 +188,16 @@ def test_dask_arguments_accepted(tcp, tmp_path):
         dg.read_parquet(path, colums=["x"], client=tcp)
 
 
+@pytest.mark.parametrize("empty", [[], ()])
+def test_an_empty_list_of_filters_filters_nothing(tcp, tmp_path, empty):
+    """As in Dask: filters built from a list of conditions that came out empty keep every row."""
+    path = write(tmp_path / "data.parquet", frame(0))
+    got = compute(tcp, dg.read_parquet(path, filters=empty, client=tcp))
+    want = dd.read_parquet(path, filters=empty).compute()
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True))
+    assert len(got) == 50
+
+
 @pytest.mark.parametrize(("split", "partitions"), [(True, 6), (2, 3), (False, 2), ("infer", 1)])
 def test_split_row_groups_as_dask(tcp, tmp_path, split, partitions):
     """Two files of 4 and 2 row groups: one partition per row group, per 2, per file, or (by
