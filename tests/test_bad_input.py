@@ -220,17 +220,24 @@ def test_not_a_parquet_file(tcp, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "other",
+    ("other", "difference"),
     [
-        pa.table({"id": np.arange(5), "x": np.arange(5) * 0.5}),  # a column missing
-        pa.table({"id": np.arange(5), "x": np.arange(5), "s": ["a"] * 5}),  # x is int
-        pa.table({"id": np.arange(5), "x": np.arange(5) * 0.5, "t": ["a"] * 5}),  # s renamed
+        (pa.table({"id": np.arange(5), "x": np.arange(5) * 0.5}), "(only there: s)"),
+        (
+            pa.table({"id": np.arange(5), "x": np.arange(5), "s": ["a"] * 5}),
+            "(x: int64 here, double there)",
+        ),
+        (
+            pa.table({"id": np.arange(5), "x": np.arange(5) * 0.5, "t": ["a"] * 5}),
+            "(only here: t; only there: s)",
+        ),
     ],
     ids=["missing-column", "other-type", "other-name"],
 )
-def test_schema_differs(tcp, tmp_path, good, other):
+def test_schema_differs(tcp, tmp_path, good, other, difference):
+    """Named by file, with what differs said first (a wide schema hides it), then both."""
     odd = write(tmp_path / "odd.parquet", other)
-    with raises_naming(odd, "schema differs", good):
+    with raises_naming(odd, "schema differs", good, difference):
         dg.read_parquet([good, odd], client=tcp)
     with raises_naming(odd, "schema differs"):
         dg.read_parquet(tmp_path, client=tcp)  # good.parquet sorts first

@@ -347,9 +347,23 @@ def _check_schema(path: str, schema: pa.Schema, first: str, expected: pa.Schema)
     if not same:
         raise InputError(
             path,
-            f"schema differs from {first}:\n{_describe(schema)}"
+            f"schema differs from {first}{_differences(mine, theirs)}:\n{_describe(schema)}"
             f"\n  expected:\n{_describe(expected)}",
         )
+
+
+def _differences(mine: dict[str, pa.Field] | None, theirs: dict[str, pa.Field] | None) -> str:
+    """What differs by name, first (a wide schema hides it): `` (x: int64 here, int32 there;
+    only here: w)``; nothing where names repeat, or only the order differs."""
+    if mine is None or theirs is None:
+        return ""
+    typed = [f"{k}: {mine[k].type} here, {theirs[k].type} there" for k in mine if k in theirs
+             and not mine[k].equals(theirs[k])]  # fmt: skip
+    here = [k for k in mine if k not in theirs]
+    there = [k for k in theirs if k not in mine]
+    found = [*typed, *(f"only here: {', '.join(here)}",) * bool(here)]
+    found += [f"only there: {', '.join(there)}"] * bool(there)
+    return f" ({'; '.join(found)})" if found else ""
 
 
 def _chunk_range(column: pq.ColumnChunkMetaData) -> tuple[int, int]:
