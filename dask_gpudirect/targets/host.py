@@ -81,9 +81,22 @@ def cut_frame(frame: pd.DataFrame, bounds: np.ndarray, index: bool = True) -> li
     """``frame``'s rows ``bounds[k]:bounds[k + 1]`` as frames of their own memory: a worker
     counts each output's bytes and spills outputs one by one, and a view's spill would free
     nothing while its neighbours live (a copy costs pandas what a gather does). Each is
-    labelled 0, 1, 2... without ``index``."""
+    labelled 0, 1, 2... without ``index``.
+
+    Where the slices are small, each dtype's columns are joined into one block first, once: a
+    concatenated or gathered frame keeps a block per input block, and pandas' copy of a slice
+    joins them again for every slice (512 slices of 20,000 rows: 11.5 ms against 22.1 on the
+    2-core CPU; of 4 M rows 32.5 against 41.6 ms). Large slices are joined faster one by one
+    (4 slices of 4 M rows: 12.6 against 23.1 ms; 128 slices cost the same either way)."""
+    if len(frame) < SMALL_SLICE_ROWS * (len(bounds) - 1):
+        # no copy where the blocks are joined already (pandas-stubs take it for a column)
+        frame = frame._consolidate()  # type: ignore[operator]
     parts = [frame.iloc[a:b].copy() for a, b in itertools.pairwise(bounds)]
     return parts if index else [_relabelled(part) for part in parts]
+
+
+#: Rows per slice below which :func:`cut_frame` joins a frame's blocks before slicing it.
+SMALL_SLICE_ROWS = 1 << 15
 
 
 def _relabelled(frame: pd.DataFrame) -> pd.DataFrame:
