@@ -357,12 +357,12 @@ def _differences(mine: dict[str, pa.Field] | None, theirs: dict[str, pa.Field] |
     only here: w)``; nothing where names repeat, or only the order differs."""
     if mine is None or theirs is None:
         return ""
-    typed = [f"{k}: {mine[k].type} here, {theirs[k].type} there" for k in mine if k in theirs
-             and not mine[k].equals(theirs[k])]  # fmt: skip
-    here = [k for k in mine if k not in theirs]
-    there = [k for k in theirs if k not in mine]
-    found = [*typed, *(f"only here: {', '.join(here)}",) * bool(here)]
-    found += [f"only there: {', '.join(there)}"] * bool(there)
+    changed = [k for k in mine if k in theirs and not mine[k].equals(theirs[k])]
+    found = [f"{k}: {mine[k].type} here, {theirs[k].type} there" for k in changed]
+    if here := [k for k in mine if k not in theirs]:
+        found.append(f"only here: {', '.join(here)}")
+    if there := [k for k in theirs if k not in mine]:
+        found.append(f"only there: {', '.join(there)}")
     return f" ({'; '.join(found)})" if found else ""
 
 
