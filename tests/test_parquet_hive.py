@@ -113,7 +113,7 @@ def test_keys_of_every_folder_in_a_files_path_as_dask_takes_them(tcp, tmp_path, 
     df = dg.read_parquet(entry, client=tcp)
     assert list(df.columns) == ["x", "v", "run", "year", "region"]
     same_as_dask(compute(tcp, df), entry)
-    # and filters on them rule out folders however the files were named
+    # and filters on them keep the rows Dask keeps, however the files were named
     got = compute(tcp, dg.read_parquet(entry, filters=[("region", "==", "us")], client=tcp))
     same_as_dask(got, entry, filters=[("region", "==", "us")])
 
