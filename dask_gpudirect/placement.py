@@ -121,10 +121,12 @@ def fold_rowless(
     """``partitions`` with each one of ``rowless`` shards only (a Parquet file that filters ruled
     out whole) joined to the next one that has rows, else the one before, where a worker can
     read the files of both: Dask drops such partitions, and they hold no index values to divide
-    by; here their files are still checked. Unchanged where no partition has rows."""
+    by; here their files are still checked. Where none has rows, they are joined into as few
+    partitions as one worker each can read: one for files every worker sees, as Dask's one
+    empty partition."""
     with_rows = [i for i, p in enumerate(partitions) if not all(map(rowless, p))]
     if not with_rows:
-        return partitions
+        return _joined_while_readable(partitions, readable)
     # each partition with rows, and the rowless ones joined before and after it, in file order
     joined: dict[int, tuple[list[Shard], ...]] = {
         i: ([], list(partitions[i]), []) for i in with_rows
@@ -143,6 +145,23 @@ def fold_rowless(
         else:
             alone[i] = (list(partitions[i]),)
     return [tuple(itertools.chain(*p)) for _, p in sorted({**joined, **alone}.items())]
+
+
+def _joined_while_readable(
+    partitions: list[tuple[Shard, ...]], readable: dict[str, set[str]]
+) -> list[tuple[Shard, ...]]:
+    """Consecutive ``partitions`` joined for as long as one worker can read all their files."""
+    joined: list[list[Shard]] = []
+    able: set[str] = set()  # the workers that can read every file of the last joined one
+    for part in partitions:
+        mine = set(_readers([s.path for s in part], readable))
+        if joined and able & mine:
+            joined[-1].extend(part)
+            able &= mine
+        else:
+            joined.append(list(part))
+            able = mine
+    return [tuple(p) for p in joined]
 
 
 def assign(

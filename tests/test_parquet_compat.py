@@ -351,6 +351,22 @@ def test_a_ruled_out_file_joins_only_a_partition_one_worker_reads_whole(tmp_path
     assert folded(everyone) == [["0.parquet", "1.parquet", "2.parquet", "3.parquet"]]
     split = {"a": set(files[:2]), "b": set(files[2:])}
     assert folded(split) == [["0.parquet"], ["1.parquet"], ["2.parquet", "3.parquet"]]
+    plan = parquet.plan(files, None, [("id", "<", 0)], 1, "host")  # every file ruled out
+    partitions = [(shard,) for shard in plan.shards]
+    assert folded(everyone) == [["0.parquet", "1.parquet", "2.parquet", "3.parquet"]]
+    assert folded(split) == [["0.parquet", "1.parquet"], ["2.parquet", "3.parquet"]]
+
+
+def test_filters_that_rule_out_every_file_leave_one_empty_partition(tcp, tmp_path):
+    """As Dask's: one empty partition of the frame's columns and types, not one per file (each
+    file's footer still checked by its read)."""
+    pdf = pd.DataFrame({"x": np.arange(600.0), "s": [f"s{i}" for i in range(600)]})
+    dd.from_pandas(pdf, npartitions=6).to_parquet(tmp_path, compute_kwargs={"scheduler": "sync"})
+    none = [("x", ">", 1e9)]
+    theirs = dd.read_parquet(tmp_path, filters=none)
+    ours = dg.read_parquet(tmp_path, filters=none, client=tcp)
+    assert ours.npartitions == theirs.npartitions == 1
+    pd.testing.assert_frame_equal(compute(tcp, ours), theirs.compute(scheduler="sync"))
 
 
 def test_divisions_unknown_where_files_overlap(tcp, tmp_path):
