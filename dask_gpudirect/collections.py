@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -153,9 +154,13 @@ def _plan_each(files: list[str], planner: Callable[..., P], args: tuple) -> list
 
 async def _plan_here(
     dask_worker: Worker, groups: dict[str, list[str]], planner: Callable[..., P], args: tuple
-) -> list[P | InputError]:
-    """This worker's share of the planning, its footer and header reads off the event loop."""
-    return await asyncio.to_thread(_plan_each, groups[dask_worker.address], planner, args)
+) -> bytes:
+    """This worker's share of the planning, its footer and header reads off the event loop,
+    pickled in one piece: what the files' plans share (a hive key's categories, every file's
+    value) is then sent once, where Distributed's pickle of each plan apart sent it once a
+    file (bytes that grew with the square of the files: 6 MB for 1,000 of 2,000)."""
+    plans = await asyncio.to_thread(_plan_each, groups[dask_worker.address], planner, args)
+    return pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _plan(client: Client, found: discovery.Found, planner: Callable[..., P], *args: Any) -> P:
@@ -175,7 +180,7 @@ def _plan_on_workers(
     )
     by_file: dict[str, P | InputError] = {}
     for worker, files in groups.items():
-        by_file.update(zip(files, planned[worker], strict=True))
+        by_file.update(zip(files, pickle.loads(planned[worker]), strict=True))
     plan = combine([by_file[path] for path in found.files])
     # a copy of a file on another node was modified at another time: its reads accept that too
     shards = [

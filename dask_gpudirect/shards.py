@@ -126,7 +126,10 @@ def shared(shards: list[Shard]) -> list[Shard]:
 
     def one(value: Any) -> Any:
         if isinstance(value, tuple):
-            value = tuple(one(item) for item in value)
+            try:  # made one already: walked once, not once a shard (a hive key's categories,
+                return seen[(tuple, value)]  # every file's value, are in every shard)
+            except (KeyError, TypeError):
+                value = tuple(one(item) for item in value)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = (f.name for f in dataclasses.fields(value) if f.init)
             return dataclasses.replace(

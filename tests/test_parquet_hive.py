@@ -176,3 +176,33 @@ def test_a_key_that_is_also_a_column_is_refused(tcp, tmp_path):
     pq.write_table(pa.table({"x": [1, 2]}), folder / "part.parquet")
     with pytest.raises(dg.InputError, match=r"hive partition key\(s\) \['x'\] are also columns"):
         dg.read_parquet(tmp_path, client=tcp)
+
+
+def test_a_workers_plans_of_many_folders_send_the_folder_values_once(tmp_path):
+    """Every shard of a hive read carries its key's categories (every folder's value); a
+    worker sends its files' plans back pickled in one piece, so those go once, not once a
+    file: the bytes grow with the files, not with their square (2.4 MB for 200 folders of
+    long names where 0.15 MB will do)."""
+    import asyncio
+    import pickle
+    from types import SimpleNamespace
+
+    from dask_gpudirect import collections, compat
+    from dask_gpudirect.formats import hive, parquet
+
+    def sent(n: int) -> bytes:
+        files = []
+        for i in range(n):
+            folder = tmp_path / str(n) / f"k=value-{i:05d}-{'x' * 40}"
+            folder.mkdir(parents=True)
+            files.append(str(folder / "part.parquet"))
+            pq.write_table(pa.table({"x": np.arange(10)}), files[-1])
+        conversion = compat.conversion(None, "host")
+        args = (None, None, 1 << 20, "host", None, hive.partitioning(files), None, conversion)
+        worker = SimpleNamespace(address="w")
+        out = asyncio.run(collections._plan_here(worker, {"w": files}, parquet.plan, args))
+        assert isinstance(out, bytes)
+        assert [p.shards[0].path for p in pickle.loads(out)] == files
+        return out
+
+    assert len(sent(200)) < 6 * len(sent(50))
