@@ -43,7 +43,7 @@ def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
     shards = tuple(parquet.projected(shard, columns) for shard in shards)
     plugin = current_plugin()
     target = plugin.target(shards[0].target)
-    grouped = parquet.runs(shards, target.decodes_runs)
+    grouped = parquet.runs(shards)
     try:
         decoded = target.read_parquet(grouped)
     except InputError as exc:

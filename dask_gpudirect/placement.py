@@ -12,6 +12,7 @@ leaves: then any worker may run it, and the read says why it ran there.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -127,24 +128,31 @@ def fold_rowless(
     with_rows = [i for i, p in enumerate(partitions) if not all(map(rowless, p))]
     if not with_rows:
         return _joined_while_readable(partitions, readable)
-    # each partition with rows, and the rowless ones joined before and after it, in file order
+    # each partition with rows, and the rowless ones joined before and after it, in file order,
+    # and the workers that can read all of their files
     joined: dict[int, tuple[list[Shard], ...]] = {
         i: ([], list(partitions[i]), []) for i in with_rows
     }
+    able = {i: _able(partitions[i], readable) for i in with_rows}
     alone: dict[int, tuple[list[Shard], ...]] = {}
     for i in sorted(set(range(len(partitions))) - set(with_rows), reverse=True):
-        after = next((j for j in with_rows if j > i), None)
-        before = next((j for j in reversed(with_rows) if j < i), None)
+        k = bisect.bisect(with_rows, i)  # the first partition with rows after i
+        after = with_rows[k] if k < len(with_rows) else None
+        before = with_rows[k - 1] if k else None
+        mine = _able(partitions[i], readable)
         for j, side in ((after, 0), (before, 2)):
-            if j is None:
-                continue
-            shards = [*partitions[i], *itertools.chain(*joined[j])]
-            if _readers([s.path for s in shards], readable):
+            if j is not None and able[j] & mine:
                 joined[j][side][0:0] = partitions[i]
+                able[j] &= mine
                 break
         else:
             alone[i] = (list(partitions[i]),)
     return [tuple(itertools.chain(*p)) for _, p in sorted({**joined, **alone}.items())]
+
+
+def _able(partition: tuple[Shard, ...], readable: dict[str, set[str]]) -> set[str]:
+    """The workers that can read every file of ``partition``."""
+    return set(_readers([s.path for s in partition], readable))
 
 
 def _joined_while_readable(
@@ -154,7 +162,7 @@ def _joined_while_readable(
     joined: list[list[Shard]] = []
     able: set[str] = set()  # the workers that can read every file of the last joined one
     for part in partitions:
-        mine = set(_readers([s.path for s in part], readable))
+        mine = _able(part, readable)
         if joined and able & mine:
             joined[-1].extend(part)
             able &= mine

@@ -43,10 +43,10 @@ def test_columns_matched_by_name_in_any_order(tcp, tmp_path):
 
 
 def test_files_laid_out_differently_are_never_decoded_in_one_call(tmp_path):
-    """The device target decodes a partition's files in one libcudf call per run of alike
-    shards; libcudf refuses files whose columns come in another order ("All sources must have
-    the same schema"), so those start a new run. The planning here is the workers' own
-    (footers only), on this CPU."""
+    """A target decodes a partition's files in one call per run of alike shards (the device
+    target one libcudf call); libcudf refuses files whose columns come in another order ("All
+    sources must have the same schema"), so those start a new run. The planning here is the
+    workers' own (footers only), on this CPU."""
     from dask_gpudirect.formats import parquet
 
     files = [
@@ -57,7 +57,7 @@ def test_files_laid_out_differently_are_never_decoded_in_one_call(tmp_path):
         write(tmp_path / "e.parquet", frame(200)),
     ]
     shards = parquet.plan(files, None, None, 2**30, "device").shards
-    runs = parquet.runs(shards, together=True)
+    runs = parquet.runs(shards)
     assert [[os.path.basename(s.path) for s in run] for run in runs] == [
         ["a.parquet", "b.parquet"],
         ["c.parquet", "d.parquet"],

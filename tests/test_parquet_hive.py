@@ -206,3 +206,28 @@ def test_a_workers_plans_of_many_folders_send_the_folder_values_once(tmp_path):
         return out
 
     assert len(sent(200)) < 6 * len(sent(50))
+
+
+def test_files_of_many_folders_are_decoded_in_one_run_each_with_its_values(tcp, tmp_path):
+    """A partition's files from different folders are decoded together (one libcudf call on
+    the device, one pandas conversion on the host), each file's folder values on its own rows,
+    a null folder's as nulls, and the rows a filter keeps as Dask's."""
+    from dask_gpudirect.formats import hive, parquet
+
+    want = hive_folders(tmp_path, null=True)
+    files = sorted(str(p) for p in tmp_path.rglob("*.pq"))
+    plan = parquet.plan(files, None, None, 2**30, "host", None, hive.partitioning(files))
+    assert [len(run) for run in parquet.runs(plan.shards)] == [len(files)]
+    df = dg.read_parquet(tmp_path, blocksize="1GiB", client=tcp)
+    assert df.npartitions == 1
+    pd.testing.assert_frame_equal(_plain(compute(tcp, df)), _plain(want))
+    later = [("x", ">", 2024050)]  # in 2024: the "us" and null folders' rows
+    kept = dg.read_parquet(tmp_path, blocksize="1GiB", filters=later, client=tcp)
+    pd.testing.assert_frame_equal(_plain(compute(tcp, kept)), _plain(want[want.x > 2024050]))
+
+
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s rows by ``x``, its folder values as plain Python values (None: null)."""
+    region = frame.region.astype(object)
+    plain = frame.assign(year=frame.year.astype("int64"), region=region.where(region.notna(), None))
+    return plain.sort_values("x", ignore_index=True)

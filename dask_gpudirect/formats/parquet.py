@@ -94,25 +94,25 @@ RUN_FILES = 256
 def alike(a: ParquetPart, b: ParquetPart) -> bool:
     """Whether ``a`` and ``b`` may be decoded end to end in one libcudf call and finished as
     one: files laid out alike (libcudf refuses others: "All sources must have the same
-    schema"), the same filters and hive values, and both with or both without a stored
-    RangeIndex."""
+    schema"), the same filters, and both with or both without a stored RangeIndex. Their
+    hive folders may differ: each file's values go on its own rows (one libcudf call per
+    folder cost about 10 ms a small file)."""
     return (
         a.empty is None
         and b.empty is None
         and a.layout == b.layout
         and a.filters == b.filters
-        and a.partition == b.partition
         and (a.range_index is None) == (b.range_index is None)
     )
 
 
-def runs(shards: Sequence[Shard], together: bool) -> list[list[Shard]]:
+def runs(shards: Sequence[Shard]) -> list[list[Shard]]:
     """``shards`` in runs that one reader call decodes and :func:`finish` handles at once
-    (consecutive, alike, at most :data:`RUN_FILES`); each shard alone unless ``together``."""
+    (consecutive, alike, at most :data:`RUN_FILES`)."""
     grouped: list[list[Shard]] = []
     for shard in shards:
         last = grouped[-1] if grouped else None
-        if together and last and len(last) < RUN_FILES and alike(last[0].part, shard.part):
+        if last and len(last) < RUN_FILES and alike(last[0].part, shard.part):
             last.append(shard)
         else:
             grouped.append([shard])
@@ -130,10 +130,11 @@ def finish(parts: Sequence[ParquetPart], helpers: ModuleType, frame: Frame | Non
         if part.range_index is not None:  # each shard's labels, end to end
             ranges = [(r[0], r[1], p.rows) for p in parts if (r := p.range_index) is not None]
             frame = helpers.with_range_index(frame, ranges, part.range_index[2])
+        rows = [p.rows for p in parts]
+        for name, categories, integer in part.partition_types:  # each file's folders' values
+            values = [dict(p.partition)[name] for p in parts]
+            frame = helpers.with_partition_column(frame, name, values, rows, categories, integer)
         frame = dnf.apply(frame, part.filters)
-        for name, value in part.partition:  # the file's folders' values, on every row
-            if name in part.columns:
-                frame[name] = value
         frame = frame[list(part.columns)]
         if part.range_index is None:
             frame = frame.reset_index(drop=True)
@@ -156,8 +157,9 @@ def finished(
     column's are every value of the read), the types of columns that may hold nulls, and its
     index (a column, or a stored RangeIndex's name)."""
     for name, categories, integer in partition_types:
-        if name in frame.columns:
-            frame[name] = frame[name].astype(helpers.category_type(categories, integer))
+        dtype = helpers.category_type(categories, integer)
+        if name in frame.columns and frame[name].dtype != dtype:  # meta's, a footer-only shard's
+            frame[name] = frame[name].astype(dtype)
     frame = helpers.with_nulls(categorize(frame, categorical), nulls)
     if range_name is not None:
         frame.index.name = range_name

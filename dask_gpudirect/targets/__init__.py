@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from .. import remote, stamps
 from ..access import Opened, opened
-from ..compat import PYARROW_DEFAULTS, Conversion
 from ..errors import InputError
 from ..ledger import Ledger
-from ..shards import Shard, decoding
+from ..shards import Shard
 
 if TYPE_CHECKING:
     import numpy as np
@@ -67,7 +66,6 @@ class Target:
 
     name: str
     route: str  # the ledger path: "posix-host", "kvikio-compat" or "gds"
-    decodes_runs = False  # whether read_parquet takes runs of several shards in one call
 
     def __init__(self, options: dict[str, Any], ledger: Ledger):
         self.options = options
@@ -183,27 +181,7 @@ class Target:
     def read_parquet(self, runs: Sequence[Sequence[Shard]]) -> list[Any]:
         """Each run of Parquet shards (``formats.parquet.runs``) decoded end to end: their row
         groups and columns, one frame per run, for the parts to finish (None for a footer-only
-        shard, read only to check that the file is the one planned). Here every run is one
-        shard (:attr:`decodes_runs` is False), read and decoded alone."""
-        decoded: list[Any] = []
-        for (shard,) in runs:
-            buffer = self.read(shard)
-            part = shard.part
-            if part.empty is not None:
-                decoded.append(None)
-                continue
-            with decoding(shard):
-                rgs, columns = list(part.row_groups), list(part.read_columns)
-                decoded.append(self.decode_parquet(buffer, rgs, columns, part.conversion))
-        return decoded
-
-    def decode_parquet(
-        self,
-        buffer: Any,
-        row_groups: list[int],
-        columns: list[str],
-        conversion: Conversion = PYARROW_DEFAULTS,
-    ) -> Any:
+        shard, read only to check that the file is the one planned)."""
         raise NotImplementedError
 
     def as_array(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], order: Order) -> Any:
