@@ -485,3 +485,18 @@ def test_the_types_dask_gives(tcp, tmp_path, convert_string, dtype_backend):
     joined = ours[["s", "x"]].merge(theirs[["s", "i"]], on="s", how="inner")
     assert joined.dtypes["s"] == want.dtypes["s"]
     assert len(compute(tcp, joined)) == len(want[["s", "x"]].merge(want[["s", "i"]], on="s"))
+
+
+def test_a_dictionary_columns_categories_are_unknown_in_meta_as_in_dask(tcp, tmp_path):
+    """Each file holds its own categories, so Dask's meta says they are unknown
+    (``cat.known`` False): what depends on them (``cat.categories``, ``get_dummies``) then asks
+    for ``as_known()`` rather than taking none. Computed, the partitions hold their files'."""
+    for k, values in enumerate((["p", "q", "p"], ["r", "q", "r"])):
+        part = pd.DataFrame({"c": pd.Categorical(values), "v": range(3)})
+        part.to_parquet(tmp_path / f"part.{k}.parquet")
+    ours, theirs = dg.read_parquet(tmp_path, client=tcp), dd.read_parquet(tmp_path)
+    assert not ours.c.cat.known and not theirs.c.cat.known
+    assert ours._meta.c.dtype == theirs._meta.c.dtype
+    assert sorted(ours.c.cat.as_known().cat.categories) == ["p", "q", "r"]
+    got = compute(tcp, ours)
+    assert sorted(got.c.astype(str)) == sorted(theirs.compute().c.astype(str))

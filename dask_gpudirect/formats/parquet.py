@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+from dask.dataframe.utils import clear_known_categories
 
 from .. import filters as dnf
 from .. import remote, stamps
@@ -203,10 +204,12 @@ class ParquetPlan:
     conversion: Conversion = PYARROW_DEFAULTS  # Arrow to pandas, for pandas partitions
 
     def meta(self, target_module: ModuleType) -> Frame:
-        """An empty partition of the result on the target (the collection's ``meta``)."""
+        """An empty partition of the result on the target (the collection's ``meta``). A
+        dictionary-encoded column's categories are each file's own, so unknown here, as in
+        Dask's meta (``df.c.cat.known`` is False); a hive column's are every folder's value."""
         empty = target_module.empty_frame(self.schema.empty_table(), self.conversion)
         categorical = _dictionary_columns(self.schema, self.conversion)
-        return finished(
+        meta = finished(
             empty,
             target_module,
             categorical,
@@ -215,6 +218,9 @@ class ParquetPlan:
             self.range_name,
             self.partition_types,
         )
+        folders = {name for name, _, _ in self.partition_types}
+        unknown = [c for c in categorical if c in meta.columns and c not in folders]
+        return clear_known_categories(meta, cols=unknown, index=False) if unknown else meta
 
     def unified(self) -> ParquetPlan:
         """The plan with one type per column in every partition: a column that may hold nulls
