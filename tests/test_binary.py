@@ -144,6 +144,19 @@ def test_raw_round_trip(client, tmp_path, dtype, shape):
     assert_same_array(compute(client, x), expected)
 
 
+@pytest.mark.parametrize("shape", [None, 2], ids=str)
+def test_a_subarray_dtype_adds_its_shape_to_each_record_as_numpy(tcp, tmp_path, shape):
+    """``dtype=("<f4", (3, 4))``: records of 3 x 4 float32 (after ``shape``'s axes), as
+    ``np.fromfile`` gives them; not float32 records of 48 bytes."""
+    dtype = np.dtype(("<f4", (3, 4)))
+    path = tmp_path / "records.bin"
+    np.arange(30 * 24, dtype="<f4").tofile(path)
+    expected = np.fromfile(path, np.dtype(("<f4", (*((shape,) if shape else ()), 3, 4))))
+    x = dg.read_binary(path, dtype=dtype, shape=shape, client=tcp, blocksize=500)
+    assert (x.shape, x.dtype) == (expected.shape, np.dtype("<f4"))
+    assert_same_array(compute(tcp, x), expected)
+
+
 def test_blocksize_splits_into_records(client, tmp_path):
     """Chunks are runs of whole records of about ``blocksize`` bytes, reported exactly."""
     expected = np.arange(1000 * 4, dtype="<i8").reshape(1000, 4)  # 32-byte records

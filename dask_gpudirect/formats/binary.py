@@ -169,7 +169,10 @@ def _layout(
             if dtype is None:
                 raise InputError(path, "raw binary file: pass dtype= (and shape= for each record)")
             fixed = _fixed_dtype(dtype, path)
-            return _raw_layout(path, f.stat.st_size, fixed, tuple(shape or ())), stamps.take(f)
+            # a subarray dtype (("f4", (3, 4))) adds its shape to each record's, as NumPy's
+            record_shape = (*(shape or ()), *fixed.shape)
+            layout = _raw_layout(path, f.stat.st_size, fixed.base, record_shape)
+            return layout, stamps.take(f)
     if dtype is not None and np.dtype(dtype) != layout.dtype:
         raise InputError(path, f".npy holds {layout.dtype}, but dtype={np.dtype(dtype)} was given")
     if shape is not None and tuple(shape) != layout.shape[1:]:
