@@ -231,3 +231,20 @@ def _plain(frame: pd.DataFrame) -> pd.DataFrame:
     region = frame.region.astype(object)
     plain = frame.assign(year=frame.year.astype("int64"), region=region.where(region.notna(), None))
     return plain.sort_values("x", ignore_index=True)
+
+
+def test_a_hive_key_as_the_index_as_dask_takes_it(tcp, tmp_path):
+    """``index="year"`` indexes every partition by the folders' values, as Dask does (it was
+    refused as "no such column", the key being no column of the files)."""
+    hive_folders(tmp_path)
+    ours = dg.read_parquet(tmp_path, index="year", client=tcp)
+    theirs = dd.read_parquet(tmp_path, index="year")
+    assert list(ours.columns) == list(theirs.columns) == ["x", "v", "region"]
+    assert ours._meta.index.dtype == theirs._meta.index.dtype
+    got, want = compute(tcp, ours), theirs.compute()
+    assert got.index.dtype == want.index.dtype
+    key = ["year", "x"]
+    pd.testing.assert_frame_equal(
+        got.reset_index().sort_values(key, ignore_index=True),
+        want.reset_index().sort_values(key, ignore_index=True),
+    )

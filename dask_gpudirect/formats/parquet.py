@@ -312,11 +312,15 @@ def _stored_range(schema: pa.Schema) -> dict | None:
 
 
 def _choose_index(
-    path: str, schema: pa.Schema, index: str | list[str] | bool | None, columns: list[str] | None
+    path: str,
+    schema: pa.Schema,
+    index: str | list[str] | bool | None,
+    columns: list[str] | None,
+    folders: list[str],
 ) -> str | None:
     """The column to index every partition by, as ``dd.read_parquet`` chooses it: ``None``
     takes the index pandas stored (one column; not where ``columns`` asks for it as a
-    column), ``False`` none, a name that column."""
+    column), ``False`` none, a name that column (or hive key of ``folders``)."""
     if index is False:
         return None
     if index is None:
@@ -328,8 +332,9 @@ def _choose_index(
     if len(names) != 1:
         raise InputError(None, f"index={index!r}: one column only (Dask has no MultiIndex)")
     (name,) = names
-    if not isinstance(name, str) or name not in schema.names:
-        raise InputError(path, f"index={name!r}: no such column; columns are {schema.names}")
+    if not isinstance(name, str) or name not in schema.names + folders:
+        names = schema.names + folders
+        raise InputError(path, f"index={name!r}: no such column; columns are {names}")
     return name
 
 
@@ -428,14 +433,14 @@ def plan(
     schema = first.schema
     if isinstance(columns, str):
         columns = [columns]
-    key = _choose_index(files[0], schema, index, columns)
     folders = list(partitioning.names)
+    key = _choose_index(files[0], schema, index, columns, folders)
     clash = [name for name in folders if name in schema.names]
     if clash:
         raise InputError(files[0], f"hive partition key(s) {clash} are also columns of the file")
     # index=False: the columns pandas stored its index in come first, as Dask puts them
     stored = [n for n in _stored_index(schema) if n in schema.names] if index is False else []
-    available = stored + [n for n in schema.names if n != key and n not in stored] + folders
+    available = stored + [n for n in schema.names + folders if n != key and n not in stored]
     if columns is None:
         columns = available
     else:
