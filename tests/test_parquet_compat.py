@@ -397,8 +397,8 @@ def test_the_unnamed_index_dask_stored_comes_back_unnamed(tcp, tmp_path):
 def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
     """``df.set_index("key").to_parquet(...)``: indexed by ``key`` again, as pandas reads it
     (dd.read_parquet of this Dask names no index and fails to compute it); an unnamed index
-    unnamed; ``index=False`` (first, as Dask puts it) and ``columns=[...]`` naming it give a
-    column."""
+    unnamed; ``index=False`` or another column (first, as Dask puts it) and ``columns=[...]``
+    naming it give a column."""
     rng = np.random.default_rng(0)
     keys = rng.permutation(1000)[:100]  # no range: pandas stores them as a column
     for i in range(2):
@@ -417,7 +417,9 @@ def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
     keys = compute(tcp, dg.read_parquet(tmp_path, columns=["key", "x"], client=tcp))
     assert list(keys.columns) == ["key", "x"] and list(keys["key"]) == list(keys_written)
     by_x = dg.read_parquet(tmp_path, index="x", client=tcp)
-    assert by_x.index.name == "x" and list(by_x.columns) == ["id", "s", "key"]
+    # the stored index's column first, where Dask puts it
+    assert by_x.index.name == "x" and list(by_x.columns) == ["key", "id", "s"]
+    assert list(by_x.columns) == list(dd.read_parquet(tmp_path, index="x").columns)
     assert list(compute(tcp, by_x).index) == [k * 0.5 for k in range(100)]
 
     unnamed = tmp_path / "unnamed"

@@ -438,8 +438,9 @@ def plan(
     clash = [name for name in folders if name in schema.names]
     if clash:
         raise InputError(files[0], f"hive partition key(s) {clash} are also columns of the file")
-    # index=False: the columns pandas stored its index in come first, as Dask puts them
-    stored = [n for n in _stored_index(schema) if n in schema.names] if index is False else []
+    # index=False or another column: the columns pandas stored its index in come first, as
+    # Dask puts them
+    stored = [n for n in _stored_index(schema) if n in schema.names] if index is not None else []
     available = stored + [n for n in schema.names + folders if n != key and n not in stored]
     if columns is None:
         columns = available
