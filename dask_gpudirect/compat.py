@@ -31,7 +31,9 @@ REFUSED = {
 
 
 #: Values of those arguments that ask for nothing different: Dask's defaults, and
-#: ``ignore_metadata_file=True``, which is what happens anyway. Code that spells them out runs.
+#: ``ignore_metadata_file=True``, which is what happens anyway (with Dask's ``False``, a
+#: ``_metadata`` file is not read either: every file's footer is). Code that spells them out
+#: runs.
 AS_DASKS_DEFAULT: dict[str, tuple] = {
     "engine": (None,),
     "open_file_options": (None, {}),
