@@ -771,8 +771,13 @@ def test_shuffle_on_a_series_names_what_it_takes(tcp):
         (lambda: da.arange(10, chunks=5), "1", "bad seed '1'"),
         (lambda: da.from_array(np.array(3.0)), 1, "0-d array"),
         (lambda: (x := da.arange(10, chunks=5))[x > 3], 1, "chunk sizes along axis 0 are unknown"),
+        (  # its pieces would lose the mask: refused rather than the masked values shown
+            lambda: da.ma.masked_array(da.arange(10, chunks=5), mask=da.arange(10, chunks=5) % 2),
+            1,
+            "cannot shuffle a masked array",
+        ),
     ],
-    ids=["negative-seed", "float-seed", "str-seed", "0-d", "unknown-chunks"],
+    ids=["negative-seed", "float-seed", "str-seed", "0-d", "unknown-chunks", "masked"],
 )
 def test_bad_shuffle_array_options(tcp, make, seed, match):
     clear_ledgers(tcp)

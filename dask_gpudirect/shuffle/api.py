@@ -253,7 +253,8 @@ def shuffle_array(
     Parameters
     ----------
     arr
-        A Dask Array of NumPy or CuPy chunks with known chunk sizes along axis 0.
+        A Dask Array of NumPy or CuPy chunks with known chunk sizes along axis 0 (not masked
+        arrays: refused).
     seed
         A non-negative integer; None draws a fresh one.
     client
@@ -267,6 +268,10 @@ def shuffle_array(
     client = connected(client)
     if arr.ndim == 0:
         raise InputError(None, "cannot shuffle a 0-d array: records are along axis 0")
+    if isinstance(arr._meta, np.ma.MaskedArray):  # its pieces would travel without the mask
+        raise InputError(
+            None, "cannot shuffle a masked array: fill it (arr.filled()) or shuffle its mask apart"
+        )
     if any(math.isnan(c) for c in arr.chunks[0]):
         raise InputError(
             None, "chunk sizes along axis 0 are unknown: call arr.compute_chunk_sizes() first"
