@@ -51,7 +51,10 @@ def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
         raise elsewhere(shard, plugin.address, exc) from None
     helpers = module(target.name)
     frames = []
-    for run, frame in zip(grouped, decoded, strict=True):
+    # footer-only runs (files filters rule out whole, checked by the read) give no rows: only
+    # where no run has any is one of them made the partition's empty frame
+    found = [(run, frame) for run, frame in zip(grouped, decoded, strict=True) if frame is not None]
+    for run, frame in found or [(grouped[0], None)]:
         try:
             frames.append(parquet.finish([s.part for s in run], helpers, frame))
         except InputError as exc:  # a filter the decoded values refuse: this run's files
