@@ -97,8 +97,8 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
         if op in ("is", "is not"):  # pyarrow's DNF has no null test
             return null if op == "is" else ~null
         try:
-            compared = pq.filters_to_expression([[(column, op, value)]])
-        except (pa.ArrowException, TypeError, ValueError) as exc:
+            compared = pq.filters_to_expression([[(column, op, _past_int64(value))]])
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise InputError(
                 None, f"filter {(column, op, value)!r}: pyarrow takes no such value: {exc}"
             ) from None
@@ -108,6 +108,21 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
         operator.or_,
         (functools.reduce(operator.and_, (term(*t) for t in c)) for c in filters),
     )
+
+
+def _past_int64(value: Any) -> Any:
+    """``value`` with Python ints past int64's range as uint64 (a uint64 column's largest
+    values): pyarrow types an int it is given alone as int64, and overflowed."""
+    import pyarrow as pa
+
+    def big(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63
+
+    if big(value):
+        return pa.scalar(value, pa.uint64())
+    if isinstance(value, (list, tuple, set, frozenset)) and any(map(big, value)):
+        return pa.array(list(value), pa.uint64())
+    return value
 
 
 def apply(frame: Any, filters: Filters | None) -> Any:

@@ -502,3 +502,20 @@ def test_a_dictionary_columns_categories_are_unknown_in_meta_as_in_dask(tcp, tmp
     assert sorted(ours.c.cat.as_known().cat.categories) == ["p", "q", "r"]
     got = compute(tcp, ours)
     assert sorted(got.c.astype(str)) == sorted(theirs.compute().c.astype(str))
+
+
+def test_filters_on_uint64_values_past_int64(tcp, tmp_path):
+    """A uint64 column's largest values (past int64's range) filter and prune row groups, where
+    pyarrow, given them as plain ints, overflowed (Dask's read fails so too); one past uint64's
+    range is an InputError naming the filter."""
+    values = np.array([1, 2**63 + 5, 2**64 - 1, 7], dtype=np.uint64)
+    pd.DataFrame({"u": values}).to_parquet(tmp_path / "a.parquet", row_group_size=2)
+
+    def kept(filters):
+        return sorted(compute(tcp, dg.read_parquet(tmp_path, filters=filters, client=tcp)).u)
+
+    assert kept([("u", "==", 2**64 - 1)]) == [2**64 - 1]
+    assert kept([("u", ">", 2**63)]) == [2**63 + 5, 2**64 - 1]
+    assert kept([("u", "in", [7, 2**64 - 1])]) == [7, 2**64 - 1]
+    with pytest.raises(dg.InputError, match=r"filter \('u', '>', 18446744073709551616\)"):
+        dg.read_parquet(tmp_path, filters=[("u", ">", 2**64)], client=tcp)
