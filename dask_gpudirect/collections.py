@@ -33,7 +33,7 @@ from .formats import binary, hive, parquet
 from .loading import load_chunk, load_partition
 from .phases import Phases
 from .placement import assign, fold_rowless, join_small, planners
-from .shards import P, combine, shared
+from .shards import P, Partition, combine, shared
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -309,7 +309,7 @@ def read_parquet(
         else:  # the row groups asked for, each run its own partition
             joined = [(shard,) for shard in plan.shards]
         folded = fold_rowless(joined, found.readable, lambda shard: shard.part.empty is not None)
-        partitions = assign(folded, found.readable)
+        partitions = [Partition(p) for p in assign(folded, found.readable)]
         return dd.from_map(
             load_partition,
             partitions,

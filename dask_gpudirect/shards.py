@@ -15,6 +15,8 @@ import pickle
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
+from dask.base import normalize_token
+
 from .errors import InputError
 from .remote import Store
 from .stamps import Stamp
@@ -64,6 +66,20 @@ class Shard:
         """Short label for logs and the ledger."""
         where = self.part.label() or (self.ranges[0][0] if self.ranges else 0)
         return f"{os.path.basename(self.path)}@{where}"
+
+
+class Partition(tuple):
+    """The shards one read task loads (a partition), named by Dask as one pickle: what they
+    share (a hive key's categories, every folder's value) is then pickled once, where a token
+    per shard pickled it once a shard (time that grew with the square of the folders: 1.7 s of
+    5,000)."""
+
+    __slots__ = ()
+
+
+@normalize_token.register(Partition)
+def _partition_token(partition: Partition) -> bytes:
+    return pickle.dumps(tuple(partition), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 @contextlib.contextmanager

@@ -208,6 +208,30 @@ def test_a_workers_plans_of_many_folders_send_the_folder_values_once(tmp_path):
     assert len(sent(200)) < 6 * len(sent(50))
 
 
+def test_a_partition_of_many_folders_is_named_by_one_pickle(tmp_path):
+    """Dask names a read's tasks by their shards; a partition's shards are pickled together
+    for it, so the categories they all hold go in once, not once a shard: the bytes grow with
+    the folders, not with their square."""
+    from dask.base import normalize_token
+
+    from dask_gpudirect.formats import hive, parquet
+    from dask_gpudirect.shards import Partition, shared
+
+    def named(n: int) -> int:
+        files = []
+        for i in range(n):
+            folder = tmp_path / str(n) / f"k=value-{i:05d}-{'x' * 40}"
+            folder.mkdir(parents=True)
+            files.append(str(folder / "part.parquet"))
+            pq.write_table(pa.table({"x": np.arange(10)}), files[-1])
+        plan = parquet.plan(files, None, None, 2**30, "host", None, hive.partitioning(files))
+        partition = Partition(shared(plan.shards))
+        assert normalize_token(partition) == normalize_token(Partition(shared(plan.shards)))
+        return len(normalize_token(partition))
+
+    assert named(200) < 6 * named(50)
+
+
 def test_files_of_many_folders_are_decoded_in_one_run_each_with_its_values(tcp, tmp_path):
     """A partition's files from different folders are decoded together (one libcudf call on
     the device, one pandas conversion on the host), each file's folder values on its own rows,
