@@ -231,8 +231,18 @@ def test_not_a_parquet_file(tcp, tmp_path):
             pa.table({"id": np.arange(5), "x": np.arange(5) * 0.5, "t": ["a"] * 5}),
             "(only here: t; only there: s)",
         ),
+        (
+            pa.table(
+                {
+                    "id": np.arange(5),
+                    "x": pa.array([[1]] * 5, pa.list_(pa.field("item", pa.int64(), False))),
+                    "s": ["a"] * 5,
+                }
+            ),
+            "(x: list<element: int64 not null> here, double there)",
+        ),
     ],
-    ids=["missing-column", "other-type", "other-name"],
+    ids=["missing-column", "other-type", "other-name", "nested-type"],
 )
 def test_schema_differs(tcp, tmp_path, good, other, difference):
     """Named by file, with what differs said first (a wide schema hides it), then both."""

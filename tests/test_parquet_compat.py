@@ -519,3 +519,13 @@ def test_filters_on_uint64_values_past_int64(tcp, tmp_path):
     assert kept([("u", "in", [7, 2**64 - 1])]) == [7, 2**64 - 1]
     with pytest.raises(dg.InputError, match=r"filter \('u', '>', 18446744073709551616\)"):
         dg.read_parquet(tmp_path, filters=[("u", ">", 2**64)], client=tcp)
+
+
+def test_a_column_required_in_one_file_and_nullable_in_another_reads_as_in_dask(tcp, tmp_path):
+    """Writers differ in marking a column required (``not null``): that alone is no other
+    schema. The files read together, with Dask's types (float64 where a file holds nulls)."""
+    required = pa.schema([pa.field("v", pa.int64(), nullable=False)])
+    pq.write_table(pa.table({"v": [1, 2]}, schema=required), tmp_path / "0.parquet")
+    pq.write_table(pa.table({"v": [3, None]}), tmp_path / "1.parquet")
+    got = compute(tcp, dg.read_parquet(tmp_path, blocksize="1GiB", client=tcp))
+    pd.testing.assert_frame_equal(got, dd.read_parquet(tmp_path).compute())

@@ -343,8 +343,10 @@ def _describe(schema: pa.Schema) -> str:
 
 
 def _by_name(schema: pa.Schema) -> dict[str, pa.Field] | None:
-    """The fields by name; None where a name repeats (then only the order can match them)."""
-    fields = {f.name: f.remove_metadata() for f in schema}
+    """The fields by name, each as nullable (a file whose writer marked a column required
+    reads with those that did not, as in Dask); None where a name repeats (then only the order
+    can match them)."""
+    fields = {f.name: f.remove_metadata().with_nullable(True) for f in schema}
     return fields if len(fields) == len(schema) else None
 
 
