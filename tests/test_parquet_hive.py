@@ -178,6 +178,18 @@ def test_a_key_that_is_also_a_column_is_refused(tcp, tmp_path):
         dg.read_parquet(tmp_path, client=tcp)
 
 
+def long_named_folders(root, n: int) -> list[str]:
+    """``n`` folders ``k=value-00000-xxx...`` of one small file each (long values, so that
+    what is sent once per folder value stands out); the files, in order."""
+    files = []
+    for i in range(n):
+        folder = root / f"k=value-{i:05d}-{'x' * 40}"
+        folder.mkdir(parents=True)
+        files.append(str(folder / "part.parquet"))
+        pq.write_table(pa.table({"x": np.arange(10)}), files[-1])
+    return files
+
+
 def test_a_workers_plans_of_many_folders_send_the_folder_values_once(tmp_path):
     """Every shard of a hive read carries its key's categories (every folder's value); a
     worker sends its files' plans back pickled in one piece, so those go once, not once a
@@ -191,12 +203,7 @@ def test_a_workers_plans_of_many_folders_send_the_folder_values_once(tmp_path):
     from dask_gpudirect.formats import hive, parquet
 
     def sent(n: int) -> bytes:
-        files = []
-        for i in range(n):
-            folder = tmp_path / str(n) / f"k=value-{i:05d}-{'x' * 40}"
-            folder.mkdir(parents=True)
-            files.append(str(folder / "part.parquet"))
-            pq.write_table(pa.table({"x": np.arange(10)}), files[-1])
+        files = long_named_folders(tmp_path / str(n), n)
         conversion = compat.conversion(None, "host")
         args = (None, None, 1 << 20, "host", None, hive.partitioning(files), None, conversion)
         worker = SimpleNamespace(address="w")
@@ -218,12 +225,7 @@ def test_a_partition_of_many_folders_is_named_by_one_pickle(tmp_path):
     from dask_gpudirect.shards import Partition, shared
 
     def named(n: int) -> int:
-        files = []
-        for i in range(n):
-            folder = tmp_path / str(n) / f"k=value-{i:05d}-{'x' * 40}"
-            folder.mkdir(parents=True)
-            files.append(str(folder / "part.parquet"))
-            pq.write_table(pa.table({"x": np.arange(10)}), files[-1])
+        files = long_named_folders(tmp_path / str(n), n)
         plan = parquet.plan(files, None, None, 2**30, "host", None, hive.partitioning(files))
         partition = Partition(shared(plan.shards))
         assert normalize_token(partition) == normalize_token(Partition(shared(plan.shards)))
