@@ -215,6 +215,28 @@ def test_parquet_hive_folders_and_range_index_joined_match_the_host(cuda_tcp, tm
     assert str(got["year"].dtype) == str(host["year"].dtype) == "category"
 
 
+def test_parquet_string_and_null_hive_folders_in_one_run_match_the_host(cuda_tcp, tmp_path):
+    """A partition of files from many string-valued folders, one of them the null folder
+    (``__HIVE_DEFAULT_PARTITION__``), decoded in one libcudf call: each file's value on its own
+    rows, as the host target gives them."""
+    import pandas as pd
+
+    for i, region in enumerate(("eu", "us", "__HIVE_DEFAULT_PARTITION__", "apac")):
+        folder = tmp_path / f"region={region}"
+        folder.mkdir()
+        pd.DataFrame({"k": range(i * 10, i * 10 + 10)}).to_parquet(folder / "part-0.parquet")
+    args = dict(blocksize="1GiB", client=cuda_tcp)
+    device = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="device", **args))
+    host = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="host", **args))
+    got = device.to_pandas().sort_values("k", ignore_index=True)
+    want = host.sort_values("k", ignore_index=True)
+    assert got.k.tolist() == want.k.tolist() == list(range(40))
+    assert got.region.astype(object).where(got.region.notna(), None).tolist() == (
+        want.region.astype(object).where(want.region.notna(), None).tolist()
+    )
+    assert sorted(got.region.cat.categories) == sorted(want.region.cat.categories)
+
+
 # --- binary --------------------------------------------------------------------------------------
 
 
