@@ -332,8 +332,8 @@ def _choose_index(
     if len(names) != 1:
         raise InputError(None, f"index={index!r}: one column only (Dask has no MultiIndex)")
     (name,) = names
-    if not isinstance(name, str) or name not in schema.names + folders:
-        names = schema.names + folders
+    names = schema.names + folders
+    if not isinstance(name, str) or name not in names:
         raise InputError(path, f"index={name!r}: no such column; columns are {names}")
     return name
 

@@ -182,6 +182,17 @@ class Target:
         """Each run of Parquet shards (``formats.parquet.runs``) decoded end to end: their row
         groups and columns, one frame per run, for the parts to finish (None for a footer-only
         shard, read only to check that the file is the one planned)."""
+        decoded: list[Any] = []
+        for run in runs:
+            if run[0].part.empty is not None:  # footer-only: read to check the file
+                self.read(run[0])
+                decoded.append(None)
+            else:
+                decoded.append(self.decode_run(run))
+        return decoded
+
+    def decode_run(self, shards: Sequence[Shard]) -> Any:
+        """One run of Parquet shards with rows, read and decoded end to end as one frame."""
         raise NotImplementedError
 
     def as_array(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], order: Order) -> Any:

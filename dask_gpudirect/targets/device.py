@@ -613,22 +613,15 @@ class DeviceTarget(Target):
             raise remote.error(shard.path, exc, obj.store) from None
         return buffer, nread
 
-    def read_parquet(self, runs: Sequence[Sequence[Shard]]) -> list[cudf.DataFrame | None]:
-        """libcudf reads and decodes each run of shards in one call (one call per small file
-        costs about 10 ms, most of its time), from the descriptors this target opened and
-        checked: only the column chunks it needs, through the kvikio this target set up, so
-        the bytes take this target's route, and no buffer of a whole file. The ledger gives
-        each shard its share of a call's time by bytes."""
-        decoded: list[cudf.DataFrame | None] = []
-        for run in runs:
-            if run[0].part.empty is not None:  # footer-only: read to check the file
-                self.read(run[0])
-                decoded.append(None)
-            elif remote.is_remote(run[0].path):  # each shard's ranges into GPU memory
-                decoded.append(self._read_remote_parquet(run))
-            else:
-                decoded.append(self._read_together(run))
-        return decoded
+    def decode_run(self, shards: Sequence[Shard]) -> cudf.DataFrame:
+        """libcudf reads and decodes the run in one call (one call per small file costs about
+        10 ms, most of its time), from the descriptors this target opened and checked: only
+        the column chunks it needs, through the kvikio this target set up, so the bytes take
+        this target's route, and no buffer of a whole file. The ledger gives each shard its
+        share of a call's time by bytes."""
+        if remote.is_remote(shards[0].path):  # each shard's ranges into GPU memory
+            return self._read_remote_parquet(shards)
+        return self._read_together(shards)
 
     def _read_together(self, shards: Sequence[Shard]) -> cudf.DataFrame:
         start = time.perf_counter()
