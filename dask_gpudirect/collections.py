@@ -33,6 +33,7 @@ from .formats import binary, hive, parquet
 from .loading import load_chunk, load_partition
 from .phases import Phases
 from .placement import assign, fold_rowless, join_small, planners
+from .read_expr import CountedRead
 from .shards import P, Partition, combine, shared
 
 if TYPE_CHECKING:
@@ -310,7 +311,7 @@ def read_parquet(
             joined = [(shard,) for shard in plan.shards]
         folded = fold_rowless(joined, found.readable, lambda shard: shard.part.empty is not None)
         partitions = [Partition(p) for p in assign(folded, found.readable)]
-        return dd.from_map(
+        read = dd.from_map(
             load_partition,
             partitions,
             meta=meta,
@@ -318,6 +319,7 @@ def read_parquet(
             label="gpudirect-read-parquet",
             enforce_metadata=False,
         ).expr
+        return CountedRead.of(read, [parquet.rows(p) for p in partitions])
 
     # Partitions keep the types they are decoded to (the setting was read into ``conversion``
     # above): dask's "convert-string" would cast every object column, lists and bytes too, to

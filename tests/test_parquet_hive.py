@@ -274,3 +274,39 @@ def test_a_hive_key_as_the_index_as_dask_takes_it(tcp, tmp_path):
         got.reset_index().sort_values(key, ignore_index=True),
         want.reset_index().sort_values(key, ignore_index=True),
     )
+
+
+def test_len_comes_from_the_footers_where_no_filter_is_left(tcp, tmp_path):
+    """``len(df)`` and ``df.shape[0]`` are answered from the row counts the planning read in
+    the footers, as ``dd.read_parquet`` answers them from its statistics: no file is read.
+    Where a filter on a column is left to drop rows after decoding, the count comes from a
+    read, and is the filtered one."""
+    frame = hive_folders(tmp_path)
+    for name in ("year=2023/region=eu/part-1.pq", "year=2024/region=us/part-1.pq"):
+        more = pd.DataFrame({"x": np.arange(250), "v": np.arange(250) * 0.5})
+        pq.write_table(
+            pa.Table.from_pandas(more, preserve_index=False), tmp_path / name, row_group_size=60
+        )
+    rows = len(frame) + 500
+
+    def count(df) -> tuple[int, int]:
+        """``len(df)`` and the bytes the workers read to answer it."""
+        clear_ledgers(tcp)
+        n = len(df)
+        return n, int(ledger_report.records(tcp)["bytes"].sum())
+
+    df = dg.read_parquet(tmp_path, blocksize=1, client=tcp)
+    assert count(df) == (rows, 0) and len(dd.read_parquet(tmp_path)) == rows
+    assert count(df.v) == (rows, 0)
+    clear_ledgers(tcp)
+    assert df.shape[0].compute() == rows
+    assert ledger_report.records(tcp)["bytes"].sum() == 0
+    lengths = compute(tcp, df.map_partitions(len))
+    assert len(df.partitions[1:4]) == sum(lengths[1:4])  # read, as Dask reads it
+
+    on_folders = dg.read_parquet(tmp_path, filters=[("region", "==", "us")], client=tcp)
+    assert count(on_folders) == ((frame["region"] == "us").sum() + 250, 0)
+
+    on_values = dg.read_parquet(tmp_path, filters=[("x", "<", 100)], client=tcp)
+    n, read = count(on_values)
+    assert n == (frame["x"] < 100).sum() + 200 and read > 0

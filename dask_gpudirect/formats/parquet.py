@@ -620,6 +620,15 @@ def divisions(partitions: Sequence[Sequence[Shard]], plan: ParquetPlan) -> tuple
     return tuple(pa.array(values, type=kind).to_pandas())
 
 
+def rows(partition: Sequence[Shard]) -> int | None:
+    """The rows a partition's read gives, from its footers: its row groups' counts (none for
+    a file filters ruled out whole); None where a filter is left to drop rows after decoding
+    (terms on hive keys alone were decided at planning)."""
+    if any(s.part.empty is None and s.part.filters is not None for s in partition):
+        return None
+    return sum(s.part.rows for s in partition)
+
+
 def _decoded_size(column: pq.ColumnChunkMetaData) -> int:
     """About a column chunk's bytes in memory: its values at their width, or its size
     uncompressed where that is more. A dictionary-encoded chunk is far smaller than its values
