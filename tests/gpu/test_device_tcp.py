@@ -71,6 +71,7 @@ def test_parquet_each_row_group_a_partition(cuda_tcp, parquet_dir):
     assert all(isinstance(p, cudf.DataFrame) and len(p) == h.ROW_GROUP for p in parts)
     got = cudf.concat(parts, ignore_index=True)
     h.assert_same_table(h.cudf_to_arrow(got), h.expected_parquet(paths))
+    assert len(ddf) == len(got)  # from the footers, on the cuDF meta too
 
 
 @pytest.mark.parametrize(
@@ -104,6 +105,14 @@ def test_parquet_filters(cuda_tcp, parquet_dir, name):
     expected = h.expected_parquet(paths, filters=filters)
     assert expected.num_rows  # the case tests something
     h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
+
+
+def test_len_of_a_filtered_read_counts_the_kept_rows(cuda_tcp, parquet_dir):
+    """A filter left to drop rows after decoding: ``len`` reads, and counts what cuDF kept."""
+    directory, paths = parquet_dir
+    for name, filters in FILTERS.items():
+        ddf = dg.read_parquet(directory, filters=filters, target="device", client=cuda_tcp)
+        assert len(ddf) == h.expected_parquet(paths, filters=filters).num_rows, name
 
 
 def test_auto_blocksize_joins_small_files_into_one_partition_a_worker(cuda_tcp, tmp_path):
