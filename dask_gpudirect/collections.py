@@ -218,7 +218,9 @@ def read_parquet(
         A file, a directory, a glob, or a list of them (``~`` expanded, ``file://`` URLs
         taken as paths), or ``s3://`` objects, prefixes and globs and ``http(s)://`` files
         (either target; see the Remote data page); other URLs are refused. All files must have
-        the same columns, in any order. A directory's subfolders are read too, and hive folders
+        the same columns, in any order; a column stored in other types by other files (int32
+        and int64, int64 and double...) reads as the type pyarrow's permissive unify gives
+        them. A directory's subfolders are read too, and hive folders
         (``year=2024/month=1/``) give their keys as columns after the files' own, as Dask gives
         them: from every such folder in a file's path, however the file was named (a glob, a
         list, one file), typed as categories of every value found, int32 where all are integers.

@@ -114,6 +114,9 @@ class Plan(Protocol):
     def check_against(self, head: Self) -> None:
         """Raise an InputError naming ``self.first`` if its files disagree with ``head``'s."""
 
+    def joined(self, plans: Sequence[Self]) -> Self:
+        """One plan of ``plans`` (checked against this one, the first), their shards in order."""
+
 
 #: One format's plan (a :class:`Plan`): what planning a format's files gives back.
 P = TypeVar("P", bound=Plan)
@@ -128,7 +131,7 @@ def combine(plans: Sequence[P | InputError]) -> P:
             raise plan
         plan.check_against(checked[0] if checked else plan)
         checked.append(plan)
-    return dataclasses.replace(checked[0], shards=[s for p in checked for s in p.shards])
+    return checked[0].joined(checked)
 
 
 def shared(shards: list[Shard]) -> list[Shard]:

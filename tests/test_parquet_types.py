@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import datetime
 
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from util import compute, write_nested_parquet
+from util import EVOLVED_TYPES, compute, write_evolved_parquet, write_nested_parquet
 
 import dask_gpudirect as dg
 
@@ -84,3 +85,61 @@ def test_int96_timestamps_as_pyarrow_reads_them(tcp, tmp_path):
     assert got["t"].dtype == expected["t"].dtype
     assert got["t"].astype("int64").tolist() == expected["t"].astype("int64").tolist()
     assert got["t"].tolist()[:9] == [pd.Timestamp(w) for w in when[:9]]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "read_as"),
+    [e[1:] for e in EVOLVED_TYPES],
+    ids=[e[0] for e in EVOLVED_TYPES],
+)
+def test_files_storing_a_column_in_other_types_read_as_one(tcp, tmp_path, first, second, read_as):
+    """Files that store a column in types pyarrow unifies read as one type, in every partition
+    and in meta (Dask types meta by the first file and leaves each partition its file's type):
+    each file's values cast to it, safely, before filters test them. Whole files in one
+    partition, row groups in many, a selection and a filter on the column give the same."""
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = write_evolved_parquet(data, first, second)
+    # what Dask gives for one file of the unified type
+    unified = pa.schema([("id", pa.int64()), ("v", read_as)])
+    one = tmp_path / "unified.parquet"
+    pq.write_table(pa.concat_tables(pq.read_table(p).cast(unified) for p in paths), one)
+    expected = dd.read_parquet(one).compute().reset_index(drop=True)
+    for blocksize in ("1GiB", 1):
+        df = dg.read_parquet(data, blocksize=blocksize, target="host", client=tcp)
+        assert df.v.dtype == expected.v.dtype
+        parts = tcp.gather(tcp.compute(df.to_delayed()))
+        assert all(p.v.dtype == expected.v.dtype for p in parts)
+        _assert_same(pd.concat(parts, ignore_index=True), expected)
+    _assert_same(
+        compute(tcp, dg.read_parquet(data, client=tcp, target="host").v.to_frame()),
+        expected[["v"]],
+    )
+    if not pa.types.is_null(first):
+        lowest = expected.v.dropna().sort_values().iloc[20]
+        filtered = dg.read_parquet(data, filters=[("v", "<=", lowest)], target="host", client=tcp)
+        _assert_same(
+            compute(tcp, filtered).reset_index(drop=True),
+            expected[expected.v <= lowest].reset_index(drop=True),
+        )
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (pa.uint64(), pa.int64()),  # int64 holds no uint64 past 2**63
+        (pa.list_(pa.int32()), pa.list_(pa.int64())),
+        (pa.timestamp("us", "UTC"), pa.timestamp("us")),
+        (pa.int64(), pa.string()),
+    ],
+    ids=["uint64-and-int64", "nested", "time-zones", "int-and-string"],
+)
+def test_files_of_types_that_read_as_no_one_type_are_refused(tcp, tmp_path, first, second):
+    """Other pairs are still refused at planning, naming the file and both types."""
+    for i, kind in enumerate([first, second]):
+        values = (
+            [[1]] * 3 if pa.types.is_list(kind) else ["a"] * 3 if kind == pa.string() else [1] * 3
+        )
+        pq.write_table(pa.table({"v": pa.array(values, kind)}), tmp_path / f"part.{i}.parquet")
+    with pytest.raises(dg.InputError, match=r"part\.1\.parquet.*schema differs .*\(v: "):
+        dg.read_parquet(tmp_path, target="host", client=tcp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import decimal
 import gc
 import glob
 import json
@@ -417,3 +418,34 @@ def later(path) -> None:
     within one tick of a coarse file system clock may share it)."""
     info = os.stat(path)
     os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 1_000_000_000))
+
+
+#: (name, one file's type, another's, the type the read gives both): pyarrow's permissive
+#: unify, as a dataset written over time stores a column (pandas writes an int column with a
+#: missing value as double, a column of None alone as null)
+EVOLVED_TYPES = [
+    ("int-widths", pa.int32(), pa.int64(), pa.int64()),
+    ("int-and-double", pa.int64(), pa.float64(), pa.float64()),
+    ("float-widths", pa.float32(), pa.float64(), pa.float64()),
+    ("timestamp-units", pa.timestamp("ns"), pa.timestamp("us"), pa.timestamp("ns")),
+    ("large-string", pa.string(), pa.large_string(), pa.large_string()),
+    ("nulls-alone", pa.null(), pa.string(), pa.string()),
+    ("decimal-widths", pa.decimal128(10, 2), pa.decimal128(12, 3), pa.decimal128(12, 3)),
+]
+
+
+def write_evolved_parquet(root, first: pa.DataType, second: pa.DataType) -> list[str]:
+    """Four files of 50 rows, ``v`` stored as ``first`` in two and ``second`` in the others
+    (alternating, so runs of one type and joined partitions of both are read), with a null."""
+    paths = []
+    for i, kind in enumerate([first, second, first, second]):
+        ids = np.arange(50) + 50 * i
+        values = [None if pa.types.is_null(kind) or k % 7 == 3 else int(k) for k in ids]
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            values = [None if v is None else f"v{v}" for v in values]
+        elif pa.types.is_decimal(kind):
+            values = [None if v is None else decimal.Decimal(v) / 4 for v in values]
+        paths.append(str(root / f"part.{i}.parquet"))
+        table = pa.table({"id": ids, "v": pa.array(values, kind)})
+        pq.write_table(table, paths[-1], row_group_size=20)
+    return paths

@@ -70,6 +70,9 @@ class BinaryPlan:
             self.first, self.dtype, self.record_shape, head.first, head.dtype, head.record_shape
         )
 
+    def joined(self, plans: Sequence[BinaryPlan]) -> BinaryPlan:
+        return dataclasses.replace(self, shards=[s for p in plans for s in p.shards])
+
 
 @dataclasses.dataclass(frozen=True)
 class _Layout:

@@ -65,6 +65,9 @@ class ParquetPart:
     partition: tuple[tuple[str, Any], ...] = ()
     partition_types: tuple[tuple[str, tuple, bool], ...] = ()
     conversion: Conversion = PYARROW_DEFAULTS  # Arrow to pandas, for pandas partitions
+    # (column, type) of the read columns this file stores in another type than the read gives
+    # them (files that differ, promoted: ParquetPlan.joined): cast to it after decoding
+    casts: tuple[tuple[str, pa.DataType], ...] = ()
     rows: int = 0  # in these row groups, as the footer says: what a read of them must give
     # about the read columns' bytes in memory, from the footer (:func:`_decoded_size`): the
     # bytes read are compressed and encoded
@@ -103,6 +106,7 @@ def alike(a: ParquetPart, b: ParquetPart) -> bool:
         and b.empty is None
         and a.layout == b.layout
         and a.filters == b.filters
+        and a.casts == b.casts
         and (a.range_index is None) == (b.range_index is None)
     )
 
@@ -237,7 +241,36 @@ class ParquetPlan:
         return dataclasses.replace(self, shards=shards, nulls=ordered)
 
     def check_against(self, head: ParquetPlan) -> None:
-        _check_schema(self.first, self.file_schema, head.first, head.file_schema)
+        _check_schema(self.first, self.file_schema, head.first, head.file_schema, promote=True)
+
+    def joined(self, plans: Sequence[ParquetPlan]) -> ParquetPlan:
+        """One plan of ``plans`` (this one first). Where files store a column in different
+        types, the read gives it the type pyarrow's permissive unify gives them (int32 and
+        int64 as int64, int64 and double as double, the finest timestamp unit...), and each
+        file stored otherwise casts its rows to it after decoding."""
+        shards = [s for p in plans for s in p.shards]
+        others: list[pa.Schema] = []
+        for plan in plans:
+            schema = plan.file_schema
+            if not any(schema.equals(o) for o in [self.file_schema, *others]):
+                others.append(schema)
+        if not others:
+            return dataclasses.replace(self, shards=shards)
+        unified = pa.unify_schemas([self.file_schema, *others], promote_options="permissive")
+        types = {f.name: f.type for f in unified}
+        shards = []
+        for plan in plans:
+            stored = {f.name: f.type for f in plan.file_schema}
+            for shard in plan.shards:
+                part = shard.part
+                casts = tuple((c, types[c]) for c in part.read_columns if stored[c] != types[c])
+                if casts or part.empty is not None:
+                    empty = None if part.empty is None else _promoted(part.empty, types)
+                    part = dataclasses.replace(part, casts=casts, empty=empty)
+                    shard = dataclasses.replace(shard, part=part)
+                shards.append(shard)
+        schema = _promoted(self.schema, types)
+        return dataclasses.replace(self, shards=shards, schema=schema, file_schema=unified)
 
 
 def _dictionary_columns(schema: pa.Schema, conversion: Conversion) -> tuple[str, ...]:
@@ -350,13 +383,19 @@ def _by_name(schema: pa.Schema) -> dict[str, pa.Field] | None:
     return fields if len(fields) == len(schema) else None
 
 
-def _check_schema(path: str, schema: pa.Schema, first: str, expected: pa.Schema) -> None:
-    """The same columns, matched by name (in any order, as Dask matches them), else by place."""
+def _check_schema(
+    path: str, schema: pa.Schema, first: str, expected: pa.Schema, promote: bool = False
+) -> None:
+    """The same columns, matched by name (in any order, as Dask matches them), else by place;
+    with ``promote``, of the same types or of types :func:`_promotable` to one."""
     if schema.equals(expected, check_metadata=False):  # the usual case, decided in C
         return
     mine, theirs = _by_name(schema), _by_name(expected)
     if mine is not None and theirs is not None:
-        same = mine.keys() == theirs.keys() and all(mine[k].equals(theirs[k]) for k in mine)
+        alike = _promotable if promote else pa.DataType.equals
+        same = mine.keys() == theirs.keys() and all(
+            alike(mine[k].type, theirs[k].type) for k in mine
+        )
     else:
         same = schema.equals(expected, check_metadata=False)
     if not same:
@@ -365,6 +404,48 @@ def _check_schema(path: str, schema: pa.Schema, first: str, expected: pa.Schema)
             f"schema differs from {first}{_differences(mine, theirs)}:\n{_describe(schema)}"
             f"\n  expected:\n{_describe(expected)}",
         )
+
+
+def _promotable(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether a column stored as ``a`` in one file and ``b`` in another reads as one type:
+    equal, or both flat (numbers, timestamps, durations, strings, binary; or a column of
+    nulls alone) and of a type pyarrow's permissive unify finds, which both targets cast the
+    same way. Nested types, dictionaries and other pairs (int and string, two time zones,
+    uint64 and a signed integer) are not."""
+    if a.equals(b):
+        return True
+    if not all(_flat(t) or pa.types.is_null(t) for t in (a, b)):
+        return False
+    if {a, b} & {pa.uint64()} and any(map(pa.types.is_signed_integer, (a, b))):
+        return False  # unified as int64, which holds no uint64 past 2**63
+    try:
+        pa.unify_schemas(
+            [pa.schema([("c", a)]), pa.schema([("c", b)])], promote_options="permissive"
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
+def _promoted(schema: pa.Schema, types: dict[str, pa.DataType]) -> pa.Schema:
+    """``schema`` with its fields of ``types``' names of those types (hive keys as they are)."""
+    fields = [f.with_type(types.get(f.name, f.type)) for f in schema]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def _flat(t: pa.DataType) -> bool:
+    kinds = (
+        pa.types.is_integer,
+        pa.types.is_floating,
+        pa.types.is_decimal,
+        pa.types.is_timestamp,
+        pa.types.is_duration,
+        pa.types.is_string,
+        pa.types.is_large_string,
+        pa.types.is_binary,
+        pa.types.is_large_binary,
+    )
+    return any(kind(t) for kind in kinds)
 
 
 def _differences(mine: dict[str, pa.Field] | None, theirs: dict[str, pa.Field] | None) -> str:
@@ -732,6 +813,7 @@ def projected(shard: Shard, columns: Sequence[str]) -> Shard:
         read_columns=read,
         categorical=tuple(c for c in part.categorical if c in out),
         halves=tuple(c for c in part.halves if c in read),
+        casts=tuple(c for c in part.casts if c[0] in read),
         nulls=tuple(c for c in part.nulls if c in out),
         empty=None if part.empty is None else _schema_of(part.empty, out),
         chunks=chunks,

@@ -74,6 +74,8 @@ def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
         with decoding(*shards):
             raise exc from None
     frame = halves_as_float32(frame, shards[0].part.halves)
+    with decoding(*shards):  # columns stored in other types than the read's
+        frame = _cast(frame, shards[0].part.casts)
     rows = sum(shard.part.rows for shard in shards)
     if len(frame) != rows:
         raise InputError(
@@ -101,6 +103,22 @@ def empty_frame(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> c
         elif pa.types.is_float16(field.type):
             frame[field.name] = cudf.Series([], dtype="float32")
     return frame
+
+
+def _cast(frame: cudf.DataFrame, casts: tuple[tuple[str, pa.DataType], ...]) -> cudf.DataFrame:
+    """``frame`` with the columns a file stores in other types than the read gives them
+    (``ParquetPart.casts``) in those types, as meta has them."""
+    for name, dtype in _cudf_types(casts).items():
+        frame[name] = frame[name].astype(dtype)
+    return frame
+
+
+@functools.lru_cache(maxsize=64)
+def _cudf_types(casts: tuple[tuple[str, pa.DataType], ...]) -> dict[str, Any]:
+    """The cuDF dtypes of ``casts``' Arrow types: those libcudf decodes them to (meta's)."""
+    if not casts:
+        return {}
+    return dict(empty_frame(pa.schema(list(casts)).empty_table()).dtypes)
 
 
 def halves_as_float32(frame: cudf.DataFrame, columns: Sequence[str]) -> cudf.DataFrame:

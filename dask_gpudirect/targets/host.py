@@ -293,7 +293,7 @@ class HostTarget(Target):
             with decoding(shard):
                 file = pq.ParquetFile(pa.py_buffer(buffer))
                 rgs, columns = list(part.row_groups), list(part.read_columns)
-                tables.append(file.read_row_groups(rgs, columns=columns))
+                tables.append(_cast(file.read_row_groups(rgs, columns=columns), part.casts))
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         return _to_pandas(table, shards[0].part.conversion)
 
@@ -306,6 +306,15 @@ class HostTarget(Target):
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self._remote_pool is not None:
             self._remote_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _cast(table: pa.Table, casts: tuple[tuple[str, pa.DataType], ...]) -> pa.Table:
+    """``table`` with the columns a file stores in other types than the read gives them
+    (``ParquetPart.casts``) cast to those, safely: a value the type cannot hold fails."""
+    for name, kind in casts:
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.field(i).with_type(kind), table.column(i).cast(kind))
+    return table
 
 
 TARGET = HostTarget

@@ -9,7 +9,7 @@ import gpu_helpers as h
 import numpy as np
 import pyarrow as pa
 import pytest
-from util import write_nested_parquet
+from util import EVOLVED_TYPES, write_evolved_parquet, write_nested_parquet
 
 import dask_gpudirect as dg
 
@@ -107,6 +107,40 @@ def test_files_a_pandas_user_writes_read_as_dask_cudf_reads_them(cuda_tcp, tmp_p
     assert (
         type(series).__name__ == "Series" and series.to_arrow().to_pylist() == [0.5] * 3 + [1.5] * 3
     )
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "read_as"),
+    [e[1:] for e in EVOLVED_TYPES],
+    ids=[e[0] for e in EVOLVED_TYPES],
+)
+def test_files_storing_a_column_in_other_types_read_as_one(
+    cuda_tcp, tmp_path, first, second, read_as
+):
+    """The device target casts each file's column to the type the read gives it (the host
+    target's test, ``tests/test_parquet_types.py``): one type in meta and every partition,
+    each partition of a run of one type or of both, the values cuDF reads from one file of
+    the unified type."""
+    import cudf
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    paths = write_evolved_parquet(data, first, second)
+    unified = pa.schema([("id", pa.int64()), ("v", read_as)])
+    one = tmp_path / "unified.parquet"
+    pq.write_table(pa.concat_tables(pq.read_table(p).cast(unified) for p in paths), one)
+    expected = cudf.read_parquet(one)
+    for blocksize in ("1GiB", 1):
+        df = dg.read_parquet(str(data), blocksize=blocksize, target="device", client=cuda_tcp)
+        types = {c: str(t) for c, t in df.dtypes.items()}
+        assert types == {c: str(t) for c, t in expected.dtypes.items()}
+        parts = cuda_tcp.gather(
+            cuda_tcp.compute([dask.delayed(h.described)(p) for p in df.to_delayed()])
+        )
+        assert all(part_types == types for part_types, _ in parts)
+        got = pa.concat_tables([table for _, table in parts])
+        h.assert_same_table(got, h.cudf_to_arrow(expected))
 
 
 def test_calculate_divisions_as_dask_cudf(cuda_tcp, tmp_path):
