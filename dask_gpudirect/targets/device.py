@@ -108,8 +108,16 @@ def empty_frame(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> c
 def _cast(frame: cudf.DataFrame, casts: tuple[tuple[str, pa.DataType], ...]) -> cudf.DataFrame:
     """``frame`` with the columns a file stores in other types than the read gives them
     (``ParquetPart.casts``) in those types, as meta has them."""
+    import cudf
+
     for name, dtype in _cudf_types(casts).items():
-        frame[name] = frame[name].astype(dtype)
+        column = frame[name]
+        if column.null_count < len(column):
+            frame[name] = column.astype(dtype)
+        else:  # a column of nulls alone (stored as such: libcudf's type for it casts to junk)
+            nulls = cudf.Series([None], dtype=dtype).repeat(len(column))
+            nulls.index = column.index
+            frame[name] = nulls
     return frame
 
 
