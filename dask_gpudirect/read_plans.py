@@ -4,13 +4,15 @@ A notebook cell or a job run again reads the same unchanged files with the same 
 worker already answers from its own cache of single files' plans (:mod:`.plan_cache`), but
 asking it is a round trip, and the answers for 256 files are half of a read's planning time.
 The client keeps the merged plan of each read under what the survey found just before (every
-file's path, size and modification time, and which worker sees which) and the read's options,
-and plans again only where any of it changed, as dask-expr keeps its Parquet dataset info and
-cudf-polars its footer samples. Under the same key and how the plan was cut into partitions,
-it also keeps the collection's expression: placing and naming the partitions again (Dask
-tokenizes every shard) cost a kept plan's read more than the plan. Local files only: a remote
-object's listing may carry no modification time. Nothing is trusted blindly: every read still
-checks the file it opens against the shard's stamp (:mod:`.stamps`), and errors are never kept.
+file's path, size, modification and status-change times, and which worker sees which) and the
+read's options, and plans again only where any of it changed, as dask-expr keeps its Parquet
+dataset info and cudf-polars its footer samples: a file rewritten with its size and
+modification time kept (``cp -p``, ``rsync -t``) has a new status-change time. Under the same
+key and how the plan was cut into partitions, it also keeps the collection's expression:
+placing and naming the partitions again (Dask tokenizes every shard) cost a kept plan's read
+more than the plan. Local files only: a remote object's listing may carry no modification
+time. Nothing is trusted blindly: every read still checks the file it opens against the
+shard's stamp (:mod:`.stamps`), and errors are never kept.
 """
 
 from __future__ import annotations
@@ -67,7 +69,15 @@ def _key(found: Found, planner: Callable[..., Any], args: tuple) -> Hashable | N
         arguments = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
         return None
-    files = tuple((p, found.sizes.get(p), frozenset(found.mtimes.get(p, ()))) for p in found.files)
+    files = tuple(
+        (
+            p,
+            found.sizes.get(p),
+            frozenset(found.mtimes.get(p, ())),
+            frozenset(found.ctimes.get(p, ())),
+        )
+        for p in found.files
+    )
     readable = frozenset((w, frozenset(paths)) for w, paths in found.readable.items())
     return (files, readable, planner, arguments)
 

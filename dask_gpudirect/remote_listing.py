@@ -45,12 +45,12 @@ def views(
 
 def view(entry: str, listing: Listing, store: remote.Store) -> View:
     """What a remote ``entry`` is: one object, a prefix's objects or a glob's matches, each
-    ``(url, size, 0)`` (a remote object's version stands for its modification time)."""
+    ``(url, size, 0, 0)`` (a remote object's version stands for its modification time)."""
     if remote.scheme(entry) != "s3":
         if entry.endswith("/") or glob.has_magic(entry):
             raise InputError(entry, "HTTP(S) has no listing: name each file's URL")
         with remote.opened(entry, store) as obj:
-            return View(FILE, ((entry, obj.stat.st_size, 0),))
+            return View(FILE, ((entry, obj.stat.st_size, 0, 0),))
     import pyarrow.fs as pafs
 
     path = remote.s3_path(entry).rstrip("/")
@@ -60,7 +60,7 @@ def view(entry: str, listing: Listing, store: remote.Store) -> View:
             return View(GLOB, _globbed(entry, fs, path))
         info = fs.get_file_info(path)
         if info.type == pafs.FileType.File:
-            return View(FILE, ((entry, info.size, 0),))
+            return View(FILE, ((entry, info.size, 0, 0),))
         if info.type == pafs.FileType.Directory:
             return View(DIRECTORY, _listed(fs, path, listing))
     except OSError as exc:
@@ -70,7 +70,7 @@ def view(entry: str, listing: Listing, store: remote.Store) -> View:
 
 def _listed(
     fs: pafs.S3FileSystem, prefix: str, listing: Listing
-) -> tuple[tuple[str, int, int], ...]:
+) -> tuple[tuple[str, int, int, int], ...]:
     """The objects under ``prefix`` a read of it takes."""
     import pyarrow.fs as pafs
 
@@ -81,11 +81,13 @@ def _listed(
         if info.type != pafs.FileType.File or any(map(Listing.hidden, parts)):
             continue
         if listing.takes(parts[-1]):
-            found.append(("s3://" + info.path, info.size, 0))
+            found.append(("s3://" + info.path, info.size, 0, 0))
     return tuple(found)
 
 
-def _globbed(entry: str, fs: pafs.S3FileSystem, pattern: str) -> tuple[tuple[str, int, int], ...]:
+def _globbed(
+    entry: str, fs: pafs.S3FileSystem, pattern: str
+) -> tuple[tuple[str, int, int, int], ...]:
     """The objects matching ``pattern`` (``bucket/a/*/b*.parquet``)."""
     import pyarrow.fs as pafs
 
@@ -100,7 +102,7 @@ def _globbed(entry: str, fs: pafs.S3FileSystem, pattern: str) -> tuple[tuple[str
         parts = info.path[len(base) + 1 :].split("/")
         if info.type == pafs.FileType.File and len(parts) == len(wanted):
             if all(_matches(p, w) for p, w in zip(parts, wanted, strict=True)):
-                found.append(("s3://" + info.path, info.size, 0))
+                found.append(("s3://" + info.path, info.size, 0, 0))
     if not found and fs.get_file_info(base.split("/")[0]).type == pafs.FileType.NotFound:
         raise InputError(entry, f"no such bucket {base.split('/')[0]!r}")
     return tuple(found)

@@ -55,6 +55,21 @@ def test_parquet_rewritten_with_the_same_size(tcp, tmp_path):
     assert len(got) == 50_000
 
 
+def test_a_file_rewritten_with_its_size_and_mtime_kept_is_planned_again(tcp, tmp_path):
+    """``cp -p`` and ``rsync -t`` keep a file's modification time: a read after such a rewrite
+    plans the new version (its status-change time is new), so ``len`` answered from the footers
+    and the rows are the new file's, and the error's advice to read again holds."""
+    path = tmp_path / "kept-mtime.parquet"
+    write_fixed(path, np.arange(50_000) % 6)
+    before = os.stat(path)
+    assert len(dg.read_parquet(path, filters=[("x", ">", 5)], client=tcp)) == 0
+    write_fixed(path, 6 + np.arange(50_000) % 6)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_size == before.st_size
+    again = dg.read_parquet(path, filters=[("x", ">", 5)], client=tcp)
+    assert len(again) == 50_000 == len(compute(tcp, again))
+
+
 def test_parquet_grown_or_retyped(tcp, tmp_path):
     """Not "magic bytes not found ... corrupted": the file changed, and the error says so."""
     grown, retyped = tmp_path / "grown.parquet", tmp_path / "retyped.parquet"
