@@ -6,12 +6,17 @@ refused by name with the reason, so that code written for Dask fails clearly, no
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dask.dataframe.utils import pyarrow_strings_enabled
 
 from .errors import InputError, OptionError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: Dask's default ``parquet_file_extension``: the files a directory read takes.
 PARQUET_EXTENSIONS = (".parq", ".parquet", ".pq")
@@ -118,6 +123,39 @@ def conversion(dtype_backend: Any, target: str) -> Conversion:
             "cuDF partitions, whose columns hold nulls in every type already",
         )
     return Conversion(dtype_backend, pyarrow_strings_enabled())
+
+
+def pandas_types(
+    metadata: dict[bytes, bytes] | None, types: dict[str, pa.DataType]
+) -> dict[bytes, bytes] | None:
+    """``metadata`` with the pandas nullable dtype it stores for a column of ``types``
+    (``Int32``) made the one of its type there (``Int64``; ``Float64`` for a float): pyarrow
+    gives a column the dtype pandas stored, so a file's ``Int32`` would stay ``Int32`` cast
+    to int64. Other dtypes stored are left: pyarrow takes those from the Arrow type."""
+    if not metadata or b"pandas" not in metadata:
+        return metadata
+    stored = json.loads(metadata[b"pandas"])
+    for column in stored.get("columns", []):
+        kind = types.get(column.get("field_name", column.get("name")))
+        if kind is not None and _NULLABLE.fullmatch(str(column.get("numpy_type"))):
+            column["numpy_type"] = _nullable_name(kind)
+    return {**metadata, b"pandas": json.dumps(stored).encode()}
+
+
+#: pandas' nullable numeric dtypes, as its metadata names them.
+_NULLABLE = re.compile(r"U?Int(8|16|32|64)|Float(32|64)")
+
+
+def _nullable_name(kind: pa.DataType) -> str:
+    """pandas' nullable dtype of a numeric Arrow type (``object``, for pyarrow to choose,
+    where there is none)."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(kind):
+        return f"{'U' if pa.types.is_unsigned_integer(kind) else ''}Int{kind.bit_width}"
+    if pa.types.is_floating(kind) and kind.bit_width in (32, 64):
+        return f"Float{kind.bit_width}"
+    return "object"
 
 
 def check_filesystem(filesystem: Any) -> None:

@@ -6,6 +6,7 @@ partitions are joined and the frame's types checked against every partition's.""
 from __future__ import annotations
 
 import datetime
+import decimal
 
 import dask.dataframe as dd
 import numpy as np
@@ -131,15 +132,48 @@ def test_files_storing_a_column_in_other_types_read_as_one(tcp, tmp_path, first,
         (pa.list_(pa.int32()), pa.list_(pa.int64())),
         (pa.timestamp("us", "UTC"), pa.timestamp("us")),
         (pa.int64(), pa.string()),
+        (pa.int64(), pa.decimal128(5, 1)),  # unified as decimal128(19, 1): too narrow
+        (pa.decimal128(20, 0), pa.float64()),  # unified as double: 2**53 + 1 rounds
+        (pa.string(), pa.binary()),  # unified as binary: the strings come back as bytes
     ],
-    ids=["uint64-and-int64", "nested", "time-zones", "int-and-string"],
+    ids=[
+        "uint64-and-int64",
+        "nested",
+        "time-zones",
+        "int-and-string",
+        "int-and-decimal",
+        "decimal-and-float",
+        "string-and-binary",
+    ],
 )
 def test_files_of_types_that_read_as_no_one_type_are_refused(tcp, tmp_path, first, second):
     """Other pairs are still refused at planning, naming the file and both types."""
     for i, kind in enumerate([first, second]):
-        values = (
-            [[1]] * 3 if pa.types.is_list(kind) else ["a"] * 3 if kind == pa.string() else [1] * 3
-        )
+        if pa.types.is_list(kind):
+            values = [[1]] * 3
+        elif kind in (pa.string(), pa.binary()):
+            values = ["a"] * 3
+        else:
+            values = [1] * 3 if not pa.types.is_decimal(kind) else [decimal.Decimal(1)] * 3
         pq.write_table(pa.table({"v": pa.array(values, kind)}), tmp_path / f"part.{i}.parquet")
     with pytest.raises(dg.InputError, match=r"part\.1\.parquet.*schema differs .*\(v: "):
         dg.read_parquet(tmp_path, target="host", client=tcp)
+
+
+def test_pandas_nullable_ints_of_two_widths_read_as_the_wider(tcp, tmp_path):
+    """pandas stores its dtype (``Int32``, ``Int64``) in each file, and pyarrow gives a column
+    the stored one: a file's ``Int32`` cast to int64 is ``Int64`` here, in meta and every
+    partition, whichever file comes first; a stored index too."""
+    small = pd.DataFrame({"k": pd.array([1, 2], "Int32"), "v": pd.array([1, None], "Int32")})
+    large = pd.DataFrame({"k": pd.array([3, 4], "Int64"), "v": pd.array([2**40, 5], "Int64")})
+    for order, frames in (("narrow-first", [small, large]), ("wide-first", [large, small])):
+        folder = tmp_path / order
+        folder.mkdir()
+        for i, frame in enumerate(frames):
+            frame.set_index("k").to_parquet(folder / f"part.{i}.parquet")
+        df = dg.read_parquet(folder, blocksize=1, target="host", client=tcp)
+        assert df.v.dtype == df.index.dtype == pd.Int64Dtype()
+        parts = tcp.gather(tcp.compute(df.to_delayed()))
+        assert all(p.v.dtype == p.index.dtype == pd.Int64Dtype() for p in parts)
+        got = pd.concat(parts).sort_index()
+        assert got.v.tolist() == [1, pd.NA, 2**40, 5] and got.index.tolist() == [1, 2, 3, 4]

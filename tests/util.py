@@ -430,6 +430,8 @@ EVOLVED_TYPES = [
     ("timestamp-units", pa.timestamp("ns"), pa.timestamp("us"), pa.timestamp("ns")),
     ("large-string", pa.string(), pa.large_string(), pa.large_string()),
     ("nulls-alone", pa.null(), pa.string(), pa.string()),
+    ("nulls-and-ints", pa.null(), pa.int64(), pa.int64()),
+    ("nulls-and-bools", pa.null(), pa.bool_(), pa.bool_()),
     ("decimal-widths", pa.decimal128(10, 2), pa.decimal128(12, 3), pa.decimal128(12, 3)),
 ]
 
@@ -445,6 +447,8 @@ def write_evolved_parquet(root, first: pa.DataType, second: pa.DataType) -> list
             values = [None if v is None else f"v{v}" for v in values]
         elif pa.types.is_decimal(kind):
             values = [None if v is None else decimal.Decimal(v) / 4 for v in values]
+        elif pa.types.is_boolean(kind):
+            values = [None if v is None else v % 3 == 0 for v in values]
         paths.append(str(root / f"part.{i}.parquet"))
         table = pa.table({"id": ids, "v": pa.array(values, kind)})
         pq.write_table(table, paths[-1], row_group_size=20)

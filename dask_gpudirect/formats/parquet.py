@@ -22,7 +22,7 @@ from dask.dataframe.utils import clear_known_categories
 from .. import filters as dnf
 from .. import remote, stamps
 from ..access import pread_exact
-from ..compat import PYARROW_DEFAULTS, Conversion
+from ..compat import PYARROW_DEFAULTS, Conversion, pandas_types
 from ..errors import InputError
 from ..shards import Shard, coalesce
 from . import hive
@@ -266,7 +266,10 @@ class ParquetPlan:
                 casts = tuple((c, types[c]) for c in part.read_columns if stored[c] != types[c])
                 if casts or part.empty is not None:
                     empty = None if part.empty is None else _promoted(part.empty, types)
-                    part = dataclasses.replace(part, casts=casts, empty=empty)
+                    # a column of nulls alone holds nulls, whatever type it is read as
+                    was_null = [c for c, _ in casts if pa.types.is_null(stored[c])]
+                    nulls = (*part.nulls, *(c for c in was_null if c in part.columns))
+                    part = dataclasses.replace(part, casts=casts, empty=empty, nulls=nulls)
                     shard = dataclasses.replace(shard, part=part)
                 shards.append(shard)
         schema = _promoted(self.schema, types)
@@ -408,44 +411,53 @@ def _check_schema(
 
 def _promotable(a: pa.DataType, b: pa.DataType) -> bool:
     """Whether a column stored as ``a`` in one file and ``b`` in another reads as one type:
-    equal, or both flat (numbers, timestamps, durations, strings, binary; or a column of
-    nulls alone) and of a type pyarrow's permissive unify finds, which both targets cast the
-    same way. Nested types, dictionaries and other pairs (int and string, two time zones,
-    uint64 and a signed integer) are not."""
+    equal; a column of nulls alone and any plain type; or two types of one family (numbers,
+    decimals, timestamps, durations, strings, binary) that pyarrow's permissive unify makes
+    one, which both targets cast the same way. Not across families (an int and a decimal or a
+    string, a decimal and a float: the unified type loses values or precision), nor nested
+    types, dictionaries, two time zones, or uint64 with a signed integer (unified as int64)."""
     if a.equals(b):
         return True
-    if not all(_flat(t) or pa.types.is_null(t) for t in (a, b)):
+    if pa.types.is_null(a) or pa.types.is_null(b):
+        other = b if pa.types.is_null(a) else a
+        return _family(other) is not None or _plain(other)
+    if _family(a) is None or _family(a) != _family(b):
         return False
     if {a, b} & {pa.uint64()} and any(map(pa.types.is_signed_integer, (a, b))):
-        return False  # unified as int64, which holds no uint64 past 2**63
+        return False
     try:
-        pa.unify_schemas(
-            [pa.schema([("c", a)]), pa.schema([("c", b)])], promote_options="permissive"
-        )
+        one = [pa.schema([("c", a)]), pa.schema([("c", b)])]
+        pa.unify_schemas(one, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return False
     return True
 
 
+#: The families of column types whose members read as one (:func:`_promotable`).
+_FAMILIES = {
+    "number": (pa.types.is_integer, pa.types.is_floating),
+    "decimal": (pa.types.is_decimal,),
+    "timestamp": (pa.types.is_timestamp,),
+    "duration": (pa.types.is_duration,),
+    "string": (pa.types.is_string, pa.types.is_large_string),
+    "binary": (pa.types.is_binary, pa.types.is_large_binary),
+}
+
+
+def _family(t: pa.DataType) -> str | None:
+    return next((name for name, kinds in _FAMILIES.items() if any(k(t) for k in kinds)), None)
+
+
+def _plain(t: pa.DataType) -> bool:
+    """Booleans, dates and times: a column of nulls alone reads as one of them."""
+    return pa.types.is_boolean(t) or pa.types.is_date(t) or pa.types.is_time(t)
+
+
 def _promoted(schema: pa.Schema, types: dict[str, pa.DataType]) -> pa.Schema:
-    """``schema`` with its fields of ``types``' names of those types (hive keys as they are)."""
+    """``schema`` with its fields of ``types``' names of those types (hive keys as they are),
+    and the pandas nullable dtypes stored for them made those of the types."""
     fields = [f.with_type(types.get(f.name, f.type)) for f in schema]
-    return pa.schema(fields, metadata=schema.metadata)
-
-
-def _flat(t: pa.DataType) -> bool:
-    kinds = (
-        pa.types.is_integer,
-        pa.types.is_floating,
-        pa.types.is_decimal,
-        pa.types.is_timestamp,
-        pa.types.is_duration,
-        pa.types.is_string,
-        pa.types.is_large_string,
-        pa.types.is_binary,
-        pa.types.is_large_binary,
-    )
-    return any(kind(t) for kind in kinds)
+    return pa.schema(fields, metadata=pandas_types(schema.metadata, types))
 
 
 def _differences(mine: dict[str, pa.Field] | None, theirs: dict[str, pa.Field] | None) -> str:

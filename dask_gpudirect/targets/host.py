@@ -18,7 +18,7 @@ from dask.dataframe.io.parquet.arrow import ArrowDatasetEngine
 from dask.utils import parse_bytes
 
 from .. import remote
-from ..compat import PYARROW_DEFAULTS, Conversion
+from ..compat import PYARROW_DEFAULTS, Conversion, pandas_types
 from ..shards import decoding
 from . import Order, Target
 
@@ -310,11 +310,14 @@ class HostTarget(Target):
 
 def _cast(table: pa.Table, casts: tuple[tuple[str, pa.DataType], ...]) -> pa.Table:
     """``table`` with the columns a file stores in other types than the read gives them
-    (``ParquetPart.casts``) cast to those, safely: a value the type cannot hold fails."""
+    (``ParquetPart.casts``) cast to those, safely: a value the type cannot hold fails. The
+    pandas dtypes the file stored for them follow (``Int32`` to ``Int64``)."""
+    if not casts:
+        return table
     for name, kind in casts:
         i = table.schema.get_field_index(name)
         table = table.set_column(i, table.field(i).with_type(kind), table.column(i).cast(kind))
-    return table
+    return table.replace_schema_metadata(pandas_types(table.schema.metadata, dict(casts)))
 
 
 TARGET = HostTarget
