@@ -98,14 +98,8 @@ def test_files_storing_a_column_in_other_types_read_as_one(tcp, tmp_path, first,
     and in meta (Dask types meta by the first file and leaves each partition its file's type):
     each file's values cast to it, safely, before filters test them. Whole files in one
     partition, row groups in many, a selection and a filter on the column give the same."""
-    data = tmp_path / "data"
-    data.mkdir()
-    paths = write_evolved_parquet(data, first, second)
-    # what Dask gives for one file of the unified type
-    unified = pa.schema([("id", pa.int64()), ("v", read_as)])
-    one = tmp_path / "unified.parquet"
-    pq.write_table(pa.concat_tables(pq.read_table(p).cast(unified) for p in paths), one)
-    expected = dd.read_parquet(one).compute().reset_index(drop=True)
+    data, one = write_evolved_parquet(tmp_path, first, second, read_as)
+    expected = dd.read_parquet(one).compute().reset_index(drop=True)  # Dask's, of one file
     for blocksize in ("1GiB", 1):
         df = dg.read_parquet(data, blocksize=blocksize, target="host", client=tcp)
         assert df.v.dtype == expected.v.dtype

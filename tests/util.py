@@ -9,6 +9,7 @@ import gc
 import glob
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -436,10 +437,16 @@ EVOLVED_TYPES = [
 ]
 
 
-def write_evolved_parquet(root, first: pa.DataType, second: pa.DataType) -> list[str]:
-    """Four files of 50 rows, ``v`` stored as ``first`` in two and ``second`` in the others
-    (alternating, so runs of one type and joined partitions of both are read), with a null."""
-    paths = []
+def write_evolved_parquet(
+    root, first: pa.DataType, second: pa.DataType, read_as: pa.DataType
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """In ``root/data``, four files of 50 rows, ``v`` stored as ``first`` in two and
+    ``second`` in the others (alternating, so runs of one type and joined partitions of both
+    are read), with a null; and ``root/unified.parquet``, their rows in one file with ``v``
+    stored as ``read_as``, what a reader's result is compared with. Both paths."""
+    data = root / "data"
+    data.mkdir()
+    tables = []
     for i, kind in enumerate([first, second, first, second]):
         ids = np.arange(50) + 50 * i
         values = [None if pa.types.is_null(kind) or k % 7 == 3 else int(k) for k in ids]
@@ -449,7 +456,8 @@ def write_evolved_parquet(root, first: pa.DataType, second: pa.DataType) -> list
             values = [None if v is None else decimal.Decimal(v) / 4 for v in values]
         elif pa.types.is_boolean(kind):
             values = [None if v is None else v % 3 == 0 for v in values]
-        paths.append(str(root / f"part.{i}.parquet"))
-        table = pa.table({"id": ids, "v": pa.array(values, kind)})
-        pq.write_table(table, paths[-1], row_group_size=20)
-    return paths
+        tables.append(pa.table({"id": ids, "v": pa.array(values, kind)}))
+        pq.write_table(tables[-1], data / f"part.{i}.parquet", row_group_size=20)
+    unified = pa.schema([("id", pa.int64()), ("v", read_as)])
+    pq.write_table(pa.concat_tables(t.cast(unified) for t in tables), root / "unified.parquet")
+    return data, root / "unified.parquet"

@@ -122,14 +122,8 @@ def test_files_storing_a_column_in_other_types_read_as_one(
     each partition of a run of one type or of both, the values cuDF reads from one file of
     the unified type."""
     import cudf
-    import pyarrow.parquet as pq
 
-    data = tmp_path / "data"
-    data.mkdir()
-    paths = write_evolved_parquet(data, first, second)
-    unified = pa.schema([("id", pa.int64()), ("v", read_as)])
-    one = tmp_path / "unified.parquet"
-    pq.write_table(pa.concat_tables(pq.read_table(p).cast(unified) for p in paths), one)
+    data, one = write_evolved_parquet(tmp_path, first, second, read_as)
     expected = cudf.read_parquet(one)
     for blocksize in ("1GiB", 1):
         df = dg.read_parquet(str(data), blocksize=blocksize, target="device", client=cuda_tcp)
