@@ -171,3 +171,29 @@ def test_pandas_nullable_ints_of_two_widths_read_as_the_wider(tcp, tmp_path):
         assert all(p.v.dtype == p.index.dtype == pd.Int64Dtype() for p in parts)
         got = pd.concat(parts).sort_index()
         assert got.v.tolist() == [1, pd.NA, 2**40, 5] and got.index.tolist() == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "dtype"),
+    [
+        (pd.array([1, None], "Int64"), np.array([3, 4], "int64"), pd.Int64Dtype()),
+        (pd.array([True, None], "boolean"), pd.Series([None, None], dtype=object), "boolean"),
+        (pd.array([1.5, None], "Float32"), np.array([2.5, 3.5]), pd.Float64Dtype()),
+    ],
+    ids=["Int64-and-int64", "boolean-and-None", "Float32-and-float64"],
+)
+def test_files_pandas_stored_other_dtypes_for_read_as_the_first(
+    tcp, tmp_path, first, second, dtype
+):
+    """pandas stores each file's dtypes, and pyarrow gives a column the stored one: files whose
+    columns pandas stored as other dtypes (``Int64`` and ``int64``: one Arrow type) convert by
+    the first file's, as meta does, so every partition has ``df.dtypes``; also where a filter
+    rules out the first file."""
+    for i, values in enumerate([first, second]):
+        frame = pd.DataFrame({"k": [2 * i, 2 * i + 1], "v": values})
+        frame.to_parquet(tmp_path / f"part.{i}.parquet")
+    for filters in (None, [("k", ">", 1)]):
+        df = dg.read_parquet(tmp_path, filters=filters, blocksize=1, target="host", client=tcp)
+        assert df.v.dtype == dtype
+        parts = tcp.gather(tcp.compute(df.to_delayed()))
+        assert all(p.v.dtype == dtype for p in parts), [p.v.dtype for p in parts]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -68,6 +69,9 @@ class ParquetPart:
     # (column, type) of the read columns this file stores in another type than the read gives
     # them (files that differ, promoted: ParquetPlan.joined): cast to it after decoding
     casts: tuple[tuple[str, pa.DataType], ...] = ()
+    # pandas' metadata to convert this file's rows by (the first file's), where the dtypes it
+    # stored differ from it (b"": none; None: the file's own): ParquetPlan.joined
+    pandas: bytes | None = None
     rows: int = 0  # in these row groups, as the footer says: what a read of them must give
     # about the read columns' bytes in memory, from the footer (:func:`_decoded_size`): the
     # bytes read are compressed and encoded
@@ -244,36 +248,61 @@ class ParquetPlan:
         _check_schema(self.first, self.file_schema, head.first, head.file_schema, promote=True)
 
     def joined(self, plans: Sequence[ParquetPlan]) -> ParquetPlan:
-        """One plan of ``plans`` (this one first). Where files store a column in different
-        types, the read gives it the type pyarrow's permissive unify gives them (int32 and
-        int64 as int64, int64 and double as double, the finest timestamp unit...), and each
-        file stored otherwise casts its rows to it after decoding."""
-        shards = [s for p in plans for s in p.shards]
+        """One plan of ``plans`` (this one first), every file's rows given the types of
+        ``meta``. Where files store a column in different types, the read gives it the type
+        pyarrow's permissive unify gives them (int32 and int64 as int64, int64 and double as
+        double, the finest timestamp unit...), and each file stored otherwise casts its rows
+        to it after decoding. Where pandas stored other dtypes for a file's columns than for
+        the first file's (``Int64`` and ``int64``: one Arrow type), its rows convert by the
+        first file's, as meta does (``ParquetPart.pandas``)."""
         others: list[pa.Schema] = []
         for plan in plans:
-            schema = plan.file_schema
-            if not any(schema.equals(o) for o in [self.file_schema, *others]):
-                others.append(schema)
-        if not others:
-            return dataclasses.replace(self, shards=shards)
-        unified = pa.unify_schemas([self.file_schema, *others], promote_options="permissive")
-        types = {f.name: f.type for f in unified}
+            if not any(plan.file_schema.equals(o) for o in [self.file_schema, *others]):
+                others.append(plan.file_schema)
+        unified = self.file_schema
+        if others:
+            unified = pa.unify_schemas([unified, *others], promote_options="permissive")
+        types = {f.name: f.type for f in unified} if others else {}
+        schema = _promoted(self.schema, types)
+        wanted = _pandas_dtypes(schema.metadata)
+        first = (schema.metadata or {}).get(b"pandas", b"")
+        seen: dict[bytes | None, tuple] = {}
         shards = []
         for plan in plans:
             stored = {f.name: f.type for f in plan.file_schema}
+            own = (plan.file_schema.metadata or {}).get(b"pandas")
+            if own not in seen:
+                seen[own] = _pandas_dtypes(plan.file_schema.metadata)
+            pandas = None if seen[own] == wanted else first
             for shard in plan.shards:
                 part = shard.part
-                casts = tuple((c, types[c]) for c in part.read_columns if stored[c] != types[c])
-                if casts or part.empty is not None:
-                    empty = None if part.empty is None else _promoted(part.empty, types)
+                casts = tuple(
+                    (c, t) for c in part.read_columns if stored[c] != (t := types.get(c, stored[c]))
+                )
+                if casts or pandas is not None or (others and part.empty is not None):
+                    empty = part.empty
+                    if empty is not None:
+                        empty = _promoted(empty, types, schema.metadata)
                     # a column of nulls alone holds nulls, whatever type it is read as
                     was_null = [c for c, _ in casts if pa.types.is_null(stored[c])]
                     nulls = (*part.nulls, *(c for c in was_null if c in part.columns))
-                    part = dataclasses.replace(part, casts=casts, empty=empty, nulls=nulls)
+                    part = dataclasses.replace(
+                        part, casts=casts, empty=empty, nulls=nulls, pandas=pandas
+                    )
                     shard = dataclasses.replace(shard, part=part)
                 shards.append(shard)
-        schema = _promoted(self.schema, types)
         return dataclasses.replace(self, shards=shards, schema=schema, file_schema=unified)
+
+
+def _pandas_dtypes(metadata: dict[bytes, bytes] | None) -> tuple:
+    """The dtype pandas stored for each column (``(name, "Int64")``...): pyarrow gives a
+    column that one."""
+    if not metadata or b"pandas" not in metadata:
+        return ()
+    stored = json.loads(metadata[b"pandas"])
+    return tuple(
+        (c.get("field_name", c.get("name")), c.get("numpy_type")) for c in stored.get("columns", [])
+    )
 
 
 def _dictionary_columns(schema: pa.Schema, conversion: Conversion) -> tuple[str, ...]:
@@ -453,11 +482,15 @@ def _plain(t: pa.DataType) -> bool:
     return pa.types.is_boolean(t) or pa.types.is_date(t) or pa.types.is_time(t)
 
 
-def _promoted(schema: pa.Schema, types: dict[str, pa.DataType]) -> pa.Schema:
+def _promoted(
+    schema: pa.Schema, types: dict[str, pa.DataType], metadata: dict | None = None
+) -> pa.Schema:
     """``schema`` with its fields of ``types``' names of those types (hive keys as they are),
-    and the pandas nullable dtypes stored for them made those of the types."""
+    and its metadata (or ``metadata``) with the pandas nullable dtypes stored for them made
+    those of the types."""
     fields = [f.with_type(types.get(f.name, f.type)) for f in schema]
-    return pa.schema(fields, metadata=pandas_types(schema.metadata, types))
+    stored = schema.metadata if metadata is None else metadata
+    return pa.schema(fields, metadata=pandas_types(stored, types))
 
 
 def _differences(mine: dict[str, pa.Field] | None, theirs: dict[str, pa.Field] | None) -> str:

@@ -18,7 +18,7 @@ from dask.dataframe.io.parquet.arrow import ArrowDatasetEngine
 from dask.utils import parse_bytes
 
 from .. import remote
-from ..compat import PYARROW_DEFAULTS, Conversion, pandas_types
+from ..compat import PYARROW_DEFAULTS, Conversion
 from ..shards import decoding
 from . import Order, Target
 
@@ -293,7 +293,8 @@ class HostTarget(Target):
             with decoding(shard):
                 file = pq.ParquetFile(pa.py_buffer(buffer))
                 rgs, columns = list(part.row_groups), list(part.read_columns)
-                tables.append(_cast(file.read_row_groups(rgs, columns=columns), part.casts))
+                table = _cast(file.read_row_groups(rgs, columns=columns), part.casts)
+                tables.append(table if part.pandas is None else _with_pandas(table, part.pandas))
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         return _to_pandas(table, shards[0].part.conversion)
 
@@ -310,14 +311,18 @@ class HostTarget(Target):
 
 def _cast(table: pa.Table, casts: tuple[tuple[str, pa.DataType], ...]) -> pa.Table:
     """``table`` with the columns a file stores in other types than the read gives them
-    (``ParquetPart.casts``) cast to those, safely: a value the type cannot hold fails. The
-    pandas dtypes the file stored for them follow (``Int32`` to ``Int64``)."""
-    if not casts:
-        return table
+    (``ParquetPart.casts``) cast to those, safely: a value the type cannot hold fails."""
     for name, kind in casts:
         i = table.schema.get_field_index(name)
         table = table.set_column(i, table.field(i).with_type(kind), table.column(i).cast(kind))
-    return table.replace_schema_metadata(pandas_types(table.schema.metadata, dict(casts)))
+    return table
+
+
+def _with_pandas(table: pa.Table, pandas: bytes) -> pa.Table:
+    """``table`` converting by the pandas metadata ``pandas`` (none where empty): the dtypes
+    the read's first file stored, which meta has (``ParquetPart.pandas``)."""
+    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
+    return table.replace_schema_metadata({**metadata, **({b"pandas": pandas} if pandas else {})})
 
 
 TARGET = HostTarget
