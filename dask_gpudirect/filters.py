@@ -61,8 +61,11 @@ def normalize(filters: Any, columns: list[str], path: str | None = None) -> Filt
             if op in ("is", "is not") and not _null(value):
                 raise InputError(None, f"filter {term!r}: {op!r} compares with None only")
             if op in COMPARE and _null(value):
+                what = "None" if value is None else "NaN"
                 raise InputError(
-                    None, f"filter {term!r}: nothing equals None; use 'is' or 'is not' for nulls"
+                    None,
+                    f"filter {term!r}: nothing equals {what}; use ({column!r}, 'is', None) or "
+                    f"({column!r}, 'is not', None) for nulls and NaNs",
                 )
             terms.append((column, op, value))
         out.append(terms)

@@ -331,6 +331,14 @@ def test_unknown_column(tcp, good):
         dg.read_parquet(good, columns=["id", "nope"], client=tcp)
 
 
+@pytest.mark.parametrize("value", [None, float("nan")], ids=["None", "NaN"])
+def test_a_comparison_with_a_null_says_how_to_test_for_nulls(tcp, good, value):
+    """``==`` None or NaN would keep no row: refused, naming the value and the null test."""
+    what = "None" if value is None else "NaN"
+    with pytest.raises(dg.InputError, match=rf"nothing equals {what}; use \('id', 'is', None\)"):
+        dg.read_parquet(good, filters=[("id", "==", value)], client=tcp)
+
+
 def test_filter_on_unknown_column(tcp, good):
     with raises_naming(good, "unknown column", "nope"):
         dg.read_parquet(good, filters=[("nope", ">", 1)], client=tcp)
