@@ -229,7 +229,8 @@ def read_parquet(
     filters
         pyarrow DNF filters, e.g. ``[("x", ">", 3)]``: row groups whose statistics rule them
         out are never read, and the remaining rows are filtered exactly; ``("x", "is", None)``
-        and ``"is not"`` test for nulls, and ``!=`` and ``not in`` keep them, as in Dask.
+        and ``"is not"`` test for nulls, and ``!=`` and ``not in`` keep them, as in Dask. An
+        integer column compares with a float value as pandas compares them.
         Terms on hive keys are decided per folder at planning. A file ruled out whole makes
         no partition of its own (Dask drops it): it joins the next partition with rows (or
         the one before), whose task checks that the file is still the one planned (its

@@ -81,12 +81,18 @@ def columns_of(filters: Filters | None) -> list[str]:
     return list(seen)
 
 
-def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset()) -> Any:
+def to_expression(
+    filters: Filters | None,
+    floats: frozenset[str] = frozenset(),
+    integers: frozenset[str] = frozenset(),
+) -> Any:
     """The pyarrow expression for ``filters``, used to prune row groups by their statistics.
     ``floats``: the floating-point columns, whose NaNs ``"is"``, ``!=`` and ``not in`` keep but
     no statistic counts (a row group without nulls may hold them), so these prune nothing
     there (Dask's own pruning drops such a group's NaNs, and so keeps a NaN in one row group
-    and not in another)."""
+    and not in another). ``integers``: the integer columns, compared with a float value as
+    doubles (pyarrow casts their statistics to float32 for it, and fails past 2**24: a float
+    filter on a column other files store as double is the one a user writes)."""
     if filters is None:
         return None
     import pyarrow as pa
@@ -100,7 +106,10 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
         if op in ("is", "is not"):  # pyarrow's DNF has no null test
             return null if op == "is" else ~null
         try:
-            compared = pq.filters_to_expression([[(column, op, _past_int64(value))]])
+            if column in integers and _has_float(value):
+                compared = _as_doubles(ds.field(column).cast(pa.float64()), op, value)
+            else:
+                compared = pq.filters_to_expression([[(column, op, _past_int64(value))]])
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise InputError(
                 None, f"filter {(column, op, value)!r}: pyarrow takes no such value: {exc}"
@@ -111,6 +120,19 @@ def to_expression(filters: Filters | None, floats: frozenset[str] = frozenset())
         operator.or_,
         (functools.reduce(operator.and_, (term(*t) for t in c)) for c in filters),
     )
+
+
+def _has_float(value: Any) -> bool:
+    values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
+    return any(isinstance(v, float) for v in values)
+
+
+def _as_doubles(field: Any, op: str, value: Any) -> Any:
+    """``field op value``, ``field`` an expression of doubles."""
+    if op in ("in", "not in"):
+        found = field.isin([None if v is None else float(v) for v in value])
+        return ~found if op == "not in" else found
+    return COMPARE[op](field, float(value))
 
 
 def _past_int64(value: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import operator
 import os
 from collections import Counter
 
@@ -326,6 +327,39 @@ def test_filters_prune_row_groups(tcp, tmp_path):
     pruned_bytes = int(ledger_report.records(tcp)["bytes"].sum())
     assert pruned_bytes < all_bytes * 0.5
     assert_same_frame(got, expected_parquet(path, filters=filters))
+
+
+COMPARED = {">=": operator.ge, "<": operator.lt, "!=": operator.ne}
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [[("v", ">=", 2.5e7)], [("v", "<", 2.5)], [("v", "in", [1.5, 2.0, None])], [("v", "!=", 3.0)]],
+    ids=["ge", "lt", "in", "ne"],
+)
+def test_float_filter_values_on_an_int_column(tcp, tmp_path, filters):
+    """An int64 column compared with floats, as pandas compares them, also where its
+    statistics lie past 2**24 (pyarrow compared them as float32 and failed the read, as in
+    Dask): row groups still pruned, the rows those a float comparison keeps. With a file that
+    stores the column as double, the read's type, a float filter is the one a user writes."""
+    (_, op, value) = filters[0]
+
+    def kept(v: pd.Series) -> list:
+        keep = v.isin([1.5, 2.0]) if op == "in" else COMPARED[op](v, value)
+        return sorted(v[keep].tolist())
+
+    values = pd.Series(np.arange(0, 3 * 10**7, 10**5, dtype=np.int64))
+    path = write(tmp_path / "ints.parquet", pa.table({"v": values}), row_group_size=30)
+    got = compute(tcp, dg.read_parquet(path, filters=filters, blocksize=1, client=tcp))
+    assert sorted(got.v.tolist()) == kept(values)
+    if op == ">=":  # the row groups below 2.5e7 are not read
+        pruned = dg.read_parquet(path, filters=filters, blocksize=1, client=tcp)
+        assert pruned.npartitions < dg.read_parquet(path, blocksize=1, client=tcp).npartitions
+    write(tmp_path / "doubles.parquet", pa.table({"v": [2.5, 3.5]}))
+    both = compute(tcp, dg.read_parquet(tmp_path, filters=filters, client=tcp))
+    assert sorted(both.v.tolist()) == kept(
+        pd.concat([values.astype("float64"), pd.Series([2.5, 3.5])])
+    )
 
 
 def test_a_selection_after_the_read_reads_only_its_columns(tcp, tmp_path):

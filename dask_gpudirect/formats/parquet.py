@@ -773,7 +773,8 @@ def _file_shards(
     blocksize, per_shard, target, ranged, store = args
     part = dict(part, layout=_layout(footer.file))
     floats = frozenset(f.name for f in footer.schema if pa.types.is_floating(f.type))
-    expression = dnf.to_expression(part["filters"], floats)
+    integers = frozenset(f.name for f in footer.schema if pa.types.is_integer(f.type))
+    expression = dnf.to_expression(part["filters"], floats, integers)
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     store = remote.store_of(path, store)
     leaves = _top_level_columns(footer.file)
