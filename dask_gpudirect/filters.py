@@ -123,8 +123,11 @@ def to_expression(
 
 
 def _has_float(value: Any) -> bool:
+    """Whether ``value`` (or one of a list of values) is a float: Python's or NumPy's."""
+    import numpy as np
+
     values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
-    return any(isinstance(v, float) for v in values)
+    return any(isinstance(v, (float, np.floating)) for v in values)
 
 
 def _as_doubles(field: Any, op: str, value: Any) -> Any:

@@ -334,8 +334,13 @@ COMPARED = {">=": operator.ge, "<": operator.lt, "!=": operator.ne}
 
 @pytest.mark.parametrize(
     "filters",
-    [[("v", ">=", 2.5e7)], [("v", "<", 2.5)], [("v", "in", [1.5, 2.0, None])], [("v", "!=", 3.0)]],
-    ids=["ge", "lt", "in", "ne"],
+    [
+        [("v", ">=", 2.5e7)],
+        [("v", "<", np.float32(2.5))],
+        [("v", "in", [1.5, 2.0, None])],
+        [("v", "!=", 3.0)],
+    ],
+    ids=["ge", "lt-numpy-float32", "in", "ne"],
 )
 def test_float_filter_values_on_an_int_column(tcp, tmp_path, filters):
     """An int64 column compared with floats, as pandas compares them, also where its

@@ -114,7 +114,7 @@ def _cast(frame: cudf.DataFrame, casts: tuple[tuple[str, pa.DataType], ...]) -> 
         column = frame[name]
         if column.null_count < len(column):
             frame[name] = column.astype(dtype)
-        else:  # a column of nulls alone (stored as such: libcudf's type for it casts to junk)
+        else:  # nulls alone (libcudf's type for a column stored as nulls casts to junk)
             nulls = cudf.Series([None], dtype=dtype).repeat(len(column))
             nulls.index = column.index
             frame[name] = nulls
