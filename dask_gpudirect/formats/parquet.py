@@ -282,7 +282,7 @@ class ParquetPlan:
                 if casts or pandas is not None or (others and part.empty is not None):
                     empty = part.empty
                     if empty is not None:
-                        empty = _promoted(empty, types, schema.metadata)
+                        empty = _retyped(empty, types, schema.metadata)  # promoted
                     # a column of nulls alone holds nulls, whatever type it is read as
                     was_null = [c for c, _ in casts if pa.types.is_null(stored[c])]
                     nulls = (*part.nulls, *(c for c in was_null if c in part.columns))
@@ -482,15 +482,16 @@ def _plain(t: pa.DataType) -> bool:
     return pa.types.is_boolean(t) or pa.types.is_date(t) or pa.types.is_time(t)
 
 
-def _promoted(
-    schema: pa.Schema, types: dict[str, pa.DataType], metadata: dict | None = None
-) -> pa.Schema:
-    """``schema`` with its fields of ``types``' names of those types (hive keys as they are),
-    and its metadata (or ``metadata``) with the pandas nullable dtypes stored for them made
-    those of the types."""
-    fields = [f.with_type(types.get(f.name, f.type)) for f in schema]
-    stored = schema.metadata if metadata is None else metadata
-    return pa.schema(fields, metadata=pandas_types(stored, types))
+def _promoted(schema: pa.Schema, types: dict[str, pa.DataType]) -> pa.Schema:
+    """``schema`` with its fields of ``types``' names of those types, and the pandas nullable
+    dtypes its metadata stores for them made those of the types."""
+    return _retyped(schema, types, pandas_types(schema.metadata, types))
+
+
+def _retyped(schema: pa.Schema, types: dict[str, pa.DataType], metadata: dict | None) -> pa.Schema:
+    """``schema`` with its fields of ``types``' names of those types (hive keys as they are)
+    and ``metadata``."""
+    return pa.schema([f.with_type(types.get(f.name, f.type)) for f in schema], metadata=metadata)
 
 
 def _differences(mine: dict[str, pa.Field] | None, theirs: dict[str, pa.Field] | None) -> str:
