@@ -394,6 +394,29 @@ def test_the_unnamed_index_dask_stored_comes_back_unnamed(tcp, tmp_path):
     pd.testing.assert_frame_equal(got, theirs.compute(scheduler="sync"))
 
 
+@pytest.mark.parametrize("writer", ["pandas", "dask"])
+def test_an_unnamed_index_not_read_as_the_index_is_dropped(tcp, tmp_path, writer):
+    """``index=False`` or another column: the column an unnamed index was stored in
+    (``__index_level_0__``, ``__null_dask_index__``) is not data, and ``dd.read_parquet`` drops
+    it; ``columns=[...]`` naming it keeps it."""
+    pdf = pd.DataFrame({"x": np.arange(30.0), "k": np.arange(30) % 4}, index=np.arange(30) ** 2)
+    if writer == "pandas":
+        pdf.to_parquet(tmp_path / "0.parquet")
+    else:
+        dd.from_pandas(pdf, npartitions=2).to_parquet(
+            tmp_path, compute_kwargs={"scheduler": "sync"}
+        )
+    stored = pq.read_schema(next(tmp_path.glob("*.parquet"))).names
+    (label,) = [name for name in stored if name not in ("x", "k")]
+    for index, columns in [(False, ["x", "k"]), ("k", ["x"])]:
+        theirs = dd.read_parquet(tmp_path, index=index)
+        df = dg.read_parquet(tmp_path, index=index, client=tcp)
+        assert list(df.columns) == list(theirs.columns) == columns
+        pd.testing.assert_frame_equal(compute(tcp, df), theirs.compute(scheduler="sync"))
+    asked = compute(tcp, dg.read_parquet(tmp_path, index=False, columns=[label, "x"], client=tcp))
+    assert list(asked[label]) == list(pdf.index)
+
+
 def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
     """``df.set_index("key").to_parquet(...)``: indexed by ``key`` again, as pandas reads it
     (dd.read_parquet of this Dask names no index and fails to compute it); an unnamed index

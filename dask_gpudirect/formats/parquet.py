@@ -185,9 +185,14 @@ def indexed(frame: Frame, index: str | None) -> Frame:
     if index is None:
         return frame
     frame = frame.set_index(index)
-    if index.startswith("__index_level_") or index == DASK_UNNAMED_INDEX:
+    if _unnamed_index(index):
         frame.index.name = None
     return frame
+
+
+def _unnamed_index(name: str) -> bool:
+    """Whether ``name`` is where pandas or Dask stored an unnamed index."""
+    return name.startswith("__index_level_") or name == DASK_UNNAMED_INDEX
 
 
 def categorize(frame: Frame, columns: tuple[str, ...]) -> Frame:
@@ -572,7 +577,8 @@ def plan(
     stored = [n for n in _stored_index(schema) if n in schema.names] if index is not None else []
     available = stored + [n for n in schema.names + folders if n != key and n not in stored]
     if columns is None:
-        columns = available
+        # an unnamed index read as no index is dropped, as Dask drops it; asked for, it is kept
+        columns = [c for c in available if c not in stored or not _unnamed_index(c)]
     else:
         columns = [c for c in columns if c != key]
         unknown = [c for c in columns if c not in available]
