@@ -96,7 +96,7 @@ def join_small(
     count = min(len(shards), max(at_least, nearest, 1))
     if count == len(shards):
         return [(shard,) for shard in shards]
-    span = total / count
+    span = total / count if total else 1.0  # no bytes at all: one partition
     partitions: list[list[Shard]] = []
     able: set[str] = set()  # the workers that can read every file of the last partition
     start, previous = 0, -1

@@ -129,6 +129,18 @@ def test_npy_zero_records(tcp, tmp_path):
     assert_same_array(compute(tcp, x), np.zeros((0, 4), "<i2"))
 
 
+@pytest.mark.parametrize("shape", [(0, 2), (5, 0)], ids=["no records", "records of no bytes"])
+def test_npy_files_of_no_bytes(tcp, tmp_path, shape):
+    """More such files than workers, however they are cut into chunks, load as NumPy
+    concatenates them (there are no bytes to share out)."""
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.zeros(shape, "<f8"))
+    expected = np.zeros((3 * shape[0], shape[1]), "<f8")
+    for options in [{}, {"blocksize": "1MiB"}, {"join_files": False}]:
+        x = dg.read_binary(tmp_path, client=tcp, **options)
+        assert_same_array(compute(tcp, x), expected)
+
+
 @pytest.mark.parametrize(
     ("dtype", "shape"),
     [("<f4", None), ("<i8", 3), (">u2", (2, 5)), ("<c8", ()), (STRUCT, (2,))],
@@ -337,3 +349,25 @@ def test_npy_recognised_by_magic_not_name(tcp, tmp_path):
     with open(path, "wb") as f:
         np.lib.format.write_array(f, expected)
     assert_same_array(compute(tcp, dg.read_binary(path, client=tcp)), expected)
+
+
+def test_a_name_with_brackets_is_that_file(tcp, tmp_path):
+    """``a[1].npy`` that exists is that file, not a pattern matching ``a1.npy`` (as ``np.load``
+    reads it); a folder so named is that folder; a pattern that names no file is still one."""
+    np.save(tmp_path / "a[1].npy", np.arange(3))
+    np.save(tmp_path / "a1.npy", np.arange(10, 13))
+    assert_same_array(compute(tcp, dg.read_binary(tmp_path / "a[1].npy", client=tcp)), np.arange(3))
+    folder = tmp_path / "run[2]"
+    folder.mkdir()
+    np.save(folder / "0.npy", np.arange(5))
+    assert_same_array(compute(tcp, dg.read_binary(folder, client=tcp)), np.arange(5))
+    globbed = compute(tcp, dg.read_binary(tmp_path / "a[0-9].npy", client=tcp))
+    assert_same_array(globbed, np.arange(10, 13))
+
+
+def test_a_shape_of_numpy_integers(tcp, tmp_path):
+    """``shape=np.int64(3)``, as NumPy's ``reshape`` takes it."""
+    path = tmp_path / "r.raw"
+    path.write_bytes(np.arange(12, dtype="<i4").tobytes())
+    x = dg.read_binary(path, dtype="<i4", shape=np.int64(3), client=tcp)
+    assert_same_array(compute(tcp, x), np.arange(12, dtype="<i4").reshape(4, 3))
