@@ -139,7 +139,9 @@ def view(entry: str, listing: Listing = FLAT) -> View:
     """``entry`` as this process sees it (run on each worker)."""
     if not access.admits(entry):  # not even listed: the answer is the same whatever is there
         return View(REFUSED)
-    pattern = glob.has_magic(entry)
+    # a name that exists as written is that file or folder, brackets and all ("a[1].npy"),
+    # not a pattern that may match another ("a1.npy")
+    pattern = glob.has_magic(entry) and not os.path.lexists(entry)
     found = None if pattern else _stat(entry)  # one stat for a file named, not three
     try:
         if pattern:

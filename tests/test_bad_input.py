@@ -284,8 +284,9 @@ def test_empty_binary_files(tcp, tmp_path):
         b"\x93NUMPY\x01\x00\x10\x00{'descr': '<f8'    \n",  # not a valid dict
         b"\x93NUMPY\x01\x00\x40\x00{'descr': '<f8', 'fortran_order': False}" + b" " * 10 + b"\n",
         b"\x93NUMPY\x01\x00\x30\x00{'descr': 'zz', 'fortran_order': False, 'shape': (3,)}",
+        b"\x93NUMPY\x01\x00\x39\x00{'descr': '<i4', 'fortran_order': False, 'shape': (-3,)}\n",
     ],
-    ids=["no-header", "bad-version", "bad-dict", "no-shape", "bad-descr"],
+    ids=["no-header", "bad-version", "bad-dict", "no-shape", "bad-descr", "negative-size"],
 )
 def test_bad_npy_header(tcp, tmp_path, header):
     path = tmp_path / "bad.npy"
@@ -321,6 +322,18 @@ def test_binary_files_disagree(tcp, tmp_path):
     np.save(tmp_path / "b.npy", np.zeros((4, 2), "f8"))
     with raises_naming(tmp_path / "b.npy", "records of shape"):
         dg.read_binary(tmp_path, client=tcp)
+
+
+@pytest.mark.parametrize("stray", ["SUMS.txt", "zz.raw"], ids=["raw first", "raw last"])
+def test_a_raw_file_among_npy_files(tcp, tmp_path, stray):
+    """A file of no .npy header in a folder of .npy files is not read as records, even where
+    ``dtype=`` (for .npy files, a check of their headers) would let it: it is named."""
+    folder = tmp_path / "arrays"
+    folder.mkdir()
+    np.save(folder / "part0.npy", np.arange(4, dtype="f4"))
+    (folder / stray).write_bytes(b"ok: 2 parts\n")  # 12 bytes: three float32 records
+    with raises_naming(folder / stray, "raw file", "part0.npy", "one read takes one kind"):
+        dg.read_binary(folder, dtype="f4", client=tcp)
 
 
 # --- options that cannot apply --------------------------------------------------------------

@@ -64,8 +64,10 @@ class BinaryPlan:
     dtype: np.dtype
     record_shape: tuple[int, ...]
     first: str  # the file the others were checked against
+    npy: bool  # .npy files, not raw ones
 
     def check_against(self, head: BinaryPlan) -> None:
+        _check_kind(self.first, self.npy, head.first, head.npy)
         _check_records(
             self.first, self.dtype, self.record_shape, head.first, head.dtype, head.record_shape
         )
@@ -82,6 +84,7 @@ class _Layout:
     dtype: np.dtype
     shape: tuple[int, ...]
     order: Order
+    npy: bool  # from a .npy header, not from dtype= and shape=
 
 
 def _fixed_dtype(dtype: DTypeLike, path: str | None) -> np.dtype:
@@ -134,12 +137,15 @@ def _npy_layout(path: str, size: int, header: bytes) -> _Layout:
     dtype = _fixed_dtype(dtype, path)
     if len(shape) == 0:
         raise InputError(path, "0-d .npy array has no records along axis 0")
+    if any(n < 0 for n in shape):
+        raise InputError(path, f"bad .npy header: shape {shape} has a negative size")
     data = math.prod(shape) * dtype.itemsize
     if size - offset < data:
         raise InputError(
             path, f"truncated .npy: header says {data} data bytes, file holds {size - offset}"
         )
-    return _Layout(offset, dtype, tuple(shape), "F" if fortran and len(shape) > 1 else "C")
+    order: Order = "F" if fortran and len(shape) > 1 else "C"
+    return _Layout(offset, dtype, tuple(shape), order, npy=True)
 
 
 def _raw_layout(path: str, size: int, dtype: np.dtype, record_shape: tuple[int, ...]) -> _Layout:
@@ -152,7 +158,7 @@ def _raw_layout(path: str, size: int, dtype: np.dtype, record_shape: tuple[int, 
             f"{size} bytes is not a whole number of {record}-byte records "
             f"(dtype={dtype}, shape={record_shape})",
         )
-    return _Layout(0, dtype, (size // record, *record_shape), "C")
+    return _Layout(0, dtype, (size // record, *record_shape), "C", npy=False)
 
 
 def _layout(
@@ -195,20 +201,34 @@ def plan(
     ``store``: how to reach remote objects."""
     record_shape = None
     if shape is not None:
-        record_shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        record_shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         if any(not isinstance(n, (int, np.integer)) or n < 0 for n in record_shape):
             raise InputError(
                 None, f"bad shape {record_shape}: a record shape is a tuple of sizes >= 0"
             )
+        record_shape = tuple(int(n) for n in record_shape)
     shards: list[Shard] = []
     first: _Layout | None = None
     for path in files:
         layout, stamp = _layout(path, dtype, record_shape, store)
         first = first or layout
+        _check_kind(path, layout.npy, files[0], first.npy)
         _check_records(path, layout.dtype, layout.shape[1:], files[0], first.dtype, first.shape[1:])
         shards.extend(_file_shards(path, layout, stamp, blocksize, target, store))
     assert first is not None, "plan takes one file or more"
-    return BinaryPlan(shards, first.dtype, first.shape[1:], files[0])
+    return BinaryPlan(shards, first.dtype, first.shape[1:], files[0], first.npy)
+
+
+def _check_kind(path: str, npy: bool, first: str, first_npy: bool) -> None:
+    """One read takes .npy files or raw ones: a raw file among .npy files is most likely a
+    stray one (a checksum, a README) that ``dtype=`` would read as records."""
+    if npy != first_npy:
+        raw, npy_file = (first, path) if npy else (path, first)
+        raise InputError(
+            raw,
+            f"a raw file (no .npy header) read with .npy files ({npy_file}): one read "
+            "takes one kind",
+        )
 
 
 def _check_records(
