@@ -211,17 +211,29 @@ def test_several_on_columns(client):
 @pytest.mark.parametrize("keep_order", [True, False])
 @pytest.mark.parametrize("on", ["row", ["k", "row"], ["row", "s"]], ids=str)
 def test_on_the_index(client, on, keep_order):
-    """The index's name in ``on``, as Dask's shuffle takes it: the index is hashed after the
-    columns named with it, and every row keeps its label."""
+    """The index's name in ``on``, as Dask's shuffle takes it: the index is hashed in its
+    place among the columns named with it, and every row keeps its label."""
     pdf = sample_frame(2000, keys=50, seed=4)
     df = dd.from_pandas(pdf, npartitions=4)
     out = dg.shuffle(df, on, npartitions=5, client=client, keep_order=keep_order)
-    columns = [c for c in ([on] if isinstance(on, str) else on) if c != "row"]
-    where = owner_of_rows(pdf.reset_index(), [*columns, "row"], 5)
+    where = owner_of_rows(pdf.reset_index(), on, 5)
     parts = partitions(client, out)
     assert len(parts) == 5
     for j, part in enumerate(parts):
         assert_frame_equal(part, pdf[where == j])
+
+
+@pytest.mark.parametrize("on", [["row", "s"], ["s", "row"], ["k", "k"], ["s", "k", "s"]], ids=str)
+def test_every_row_where_dask_shuffle_puts_it(client, on):
+    """Partition ``j`` holds the rows of Dask's own ``df.shuffle(on, npartitions)``'s partition
+    ``j``, wherever ``on`` names the index and however often a column: a frame shuffled by
+    either joins the other partition by partition."""
+    pdf = sample_frame(2000, keys=50, seed=4)
+    df = dd.from_pandas(pdf, npartitions=4)
+    ours = partitions(client, dg.shuffle(df, on, npartitions=5, client=client))
+    theirs = partitions(client, df.shuffle(on, npartitions=5, shuffle_method="tasks"))
+    for mine, dasks in zip(ours, theirs, strict=True):
+        assert_frame_equal(mine.sort_index(), dasks.sort_index())
 
 
 def test_a_column_named_as_the_index_is_the_column(client):

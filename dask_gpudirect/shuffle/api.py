@@ -59,7 +59,7 @@ def shuffle(
         A Dask DataFrame of pandas or cuDF partitions.
     on
         Column name(s) to hash, or the index's name among them: as in Dask's shuffle, the index
-        is hashed after the columns, and it stays the index.
+        is hashed in its place among the columns, and it stays the index.
     npartitions
         Output partitions (default: as many as ``df`` has).
     client

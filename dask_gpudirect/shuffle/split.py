@@ -55,9 +55,9 @@ class Splitter(Protocol):
 @dataclasses.dataclass(frozen=True)
 class HashSplit:
     """Output partition ``j`` gets the rows Dask's own shuffle puts there (``df.shuffle(on,
-    npartitions)``): ``on`` names columns, or the index (hashed after them), and numbers are
-    hashed as float64 (Dask's ``AssignPartitioningIndex``), so keys of different numeric
-    types (int32 on one side of a join, int64 on the other) land in the same partition.
+    npartitions)``): ``on`` names columns, or the index (hashed in its place among them), and
+    numbers are hashed as float64 (Dask's ``AssignPartitioningIndex``), so keys of different
+    numeric types (int32 on one side of a join, int64 on the other) land in the same partition.
     """
 
     on: list
@@ -97,10 +97,17 @@ class HashSplit:
         return joined[self.on].astype(numbers, errors="ignore") if numbers else None
 
     def destinations(self, joined: Any) -> Any:
-        """Each row's output partition, a Series of ``joined``'s target: Dask's own function."""
-        columns = [c for c in self.on if c in self.meta.columns]
+        """Each row's output partition, a Series of ``joined``'s target: Dask's own function,
+        given what ``df.shuffle(on)`` gives it: a column named twice selected twice, not four
+        times, and the index hashed where ``on`` names it, as a column in its place."""
+        on = [c if c in self.meta.columns else INDEX_KEY for c in self.on]
         assigned = AssignPartitioningIndex.operation(
-            joined[columns], self.on, "_partitions", self.npartitions, self.meta, False
+            _keys_of(joined, on),
+            on,
+            "_partitions",
+            self.npartitions,
+            _keys_of(self.meta, on),
+            False,
         )
         return assigned["_partitions"]
 
@@ -122,6 +129,17 @@ class HashSplit:
             positions = segments.positions(self.target)
             ordered = module.take_rows(self.join(pieces), positions, self.index)
         return module.cut_frame(ordered, bounds, self.index)
+
+
+#: The name ``df.shuffle(on)`` gives the index where ``on`` names it (Dask's ``RearrangeByColumn``).
+INDEX_KEY = "_partitions_0"
+
+
+def _keys_of(frame: Any, on: list) -> Any:
+    """The columns of ``frame`` that ``on`` names, each once; its index as :data:`INDEX_KEY`
+    where ``on`` names that."""
+    keys = frame[[c for c in dict.fromkeys(on) if c != INDEX_KEY]]
+    return keys.assign(**{INDEX_KEY: frame.index}) if INDEX_KEY in on else keys
 
 
 @dataclasses.dataclass(frozen=True)
