@@ -790,3 +790,24 @@ def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interlea
         expected = pdf[where == j] if index else pdf[where == j].reset_index(drop=True)
         assert_frame_equal(by_gather, expected)
         assert_frame_equal(by_slices, expected)
+
+
+def _days(part: pd.DataFrame) -> pd.Series:
+    """Fails on Dask's made-up partition, whose strings are no dates."""
+    return pd.to_datetime(part["day"], format="%Y-%m-%d")
+
+
+def test_then_with_meta_where_it_cannot_run_on_a_made_up_partition(client):
+    """``meta=`` says what ``then`` returns, as ``map_partitions``' ``meta=`` does, where
+    ``then`` fails on the made-up partition Dask would infer it from."""
+    pdf = pd.DataFrame(
+        {"k": np.arange(60) % 7, "day": [f"2026-01-{1 + i % 28:02d}" for i in range(60)]}
+    )
+    df = dd.from_pandas(pdf, npartitions=3)
+    with pytest.raises(dg.InputError, match="then=_days failed on a made-up partition"):
+        dg.shuffle(df, "k", client=client, then=_days)
+    out = dg.shuffle(df, "k", client=client, then=_days, meta=("day", "datetime64[ns]"))
+    assert out._meta.dtype == "datetime64[ns]"
+    assert_series_equal(compute(client, out).sort_index(), _days(pdf))
+    with pytest.raises(dg.InputError, match="pass then= too"):
+        dg.shuffle(df, "k", client=client, meta=("day", "datetime64[ns]"))

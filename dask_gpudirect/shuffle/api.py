@@ -39,6 +39,7 @@ def shuffle(
     ignore_index: bool = False,
     then: Callable[[Any], Any] | None = None,
     keep_order: bool = True,
+    meta: Any = None,
 ) -> dd.DataFrame:
     """Hash-shuffle ``df``: output partition ``j`` holds every row whose ``on`` hashes to ``j``.
 
@@ -86,7 +87,8 @@ def shuffle(
         builds it, as it is built: ``dg.shuffle(df, on, then=f)`` is
         ``dg.shuffle(df, on).map_partitions(f)`` without a second graph to schedule, and only
         ``f``'s results are kept (a group-by after the shuffle keeps its sums, not the rows).
-        What it returns is inferred as ``map_partitions`` infers it, from a made-up partition.
+        What it returns is inferred as ``map_partitions`` infers it, from a made-up partition,
+        unless ``meta`` says.
     keep_order
         Keep each output partition's rows in input order, so that the same shuffle of the same
         partitions gives the same partitions (the default). ``False`` lets GPU workers cut
@@ -94,6 +96,10 @@ def shuffle(
         run to run): for group-bys, joins and anything else that does not look at the rows'
         order. The host target keeps the order either way; the ``rapidsmpf`` engine
         never does (its rows come in arrival order).
+    meta
+        What ``then`` returns, as ``map_partitions``' ``meta=`` takes it (an empty frame or
+        series, a dict of column types, a ``(name, dtype)`` pair): for a ``then`` that cannot
+        run on a made-up partition.
 
     Raises
     ------
@@ -118,8 +124,11 @@ def shuffle(
     if npartitions is None:
         npartitions = df.npartitions
     npartitions = _integer(npartitions, "npartitions", 1, "a positive integer")
+    given_meta = meta  # what then= returns; ``meta`` is now the shuffled rows'
     meta = df._meta.reset_index(drop=True) if ignore_index else df._meta
-    out_meta = meta if then is None else _meta_of(then, meta)
+    if given_meta is not None and then is None:
+        raise InputError(None, "meta= describes what then= returns: pass then= too")
+    out_meta = meta if then is None else _meta_of(then, meta, given_meta)
     target = targets.holding(meta)
     partitions = max(df.npartitions, npartitions)
     candidates = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
@@ -188,15 +197,21 @@ def _keys(df: dd.DataFrame, on: Any) -> list:
     return on
 
 
-def _meta_of(then: Callable[[Any], Any], meta: Any) -> Any:
-    """The empty partition like those ``then`` makes, inferred as Dask's ``map_partitions``
-    infers it: from ``then`` of a made-up partition like ``meta``."""
+def _meta_of(then: Callable[[Any], Any], meta: Any, given: Any = None) -> Any:
+    """The empty partition like those ``then`` makes: ``given`` (``meta=``) made one, else
+    inferred as Dask's ``map_partitions`` infers it, from ``then`` of a made-up partition like
+    ``meta``."""
     from dask.dataframe.utils import make_meta, meta_nonempty
     from dask.utils import funcname, is_dataframe_like, is_series_like
 
     if not callable(then):
         raise InputError(None, f"then must be a function of one partition, not {then!r}")
     name = funcname(then)
+    if given is not None:
+        made = make_meta(given, parent_meta=meta)
+        if not (is_dataframe_like(made) or is_series_like(made)):
+            raise InputError(None, f"meta={given!r} must describe a frame or a series")
+        return made
     try:
         made = then(meta_nonempty(meta))
     except Exception as exc:
