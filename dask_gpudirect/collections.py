@@ -78,8 +78,15 @@ def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> i
 
 
 def _resolve_target(target: str | None, workers: dict[str, dict]) -> str:
-    """``device`` when every worker has a GPU, else ``host``; an explicit choice is checked."""
-    target = target or dask.config.get("gpudirect.target")
+    """The call's choice, else the workers' reader plugins' (their ``target=`` keyword or
+    ``gpudirect.target``), else the client's ``gpudirect.target``, else ``device`` when every
+    worker has a GPU and ``host`` otherwise; a choice is checked against the workers."""
+    named = sorted({t for info in workers.values() if (t := info["options"]["target"])})
+    if target is None and len(named) > 1:
+        raise InputError(
+            None, f"the workers' GPUDirectPlugin targets differ ({named}): pass target= to choose"
+        )
+    target = target or (named[0] if named else dask.config.get("gpudirect.target"))
     without_gpu = sorted(w for w, info in workers.items() if not info["gpus"])
     if target is None:
         return "host" if without_gpu else "device"
@@ -244,7 +251,8 @@ def read_parquet(
         worker on the device target, two on the host target, in a count the workers divide
         evenly).
     target
-        ``"device"``, ``"host"``, or None for device when every worker has a GPU.
+        ``"device"``, ``"host"``, or None: the workers' plugins' ``target``, else the
+        client's ``gpudirect.target``, else device when every worker has a GPU.
     client
         The Dask client (default: the current one).
     index
@@ -357,7 +365,8 @@ def read_binary(
         For raw files: the record dtype and per-record shape (default ``()``). ``.npy`` files
         need neither: their header says (C or Fortran order, any fixed-size dtype).
     target
-        ``"device"``, ``"host"``, or None for device when every worker has a GPU.
+        ``"device"``, ``"host"``, or None: the workers' plugins' ``target``, else the
+        client's ``gpudirect.target``, else device when every worker has a GPU.
     client
         The Dask client (default: the current one).
     blocksize

@@ -12,8 +12,9 @@ from typing import Any
 
 import dask.config
 import yaml
+from dask.utils import parse_bytes
 
-from .errors import OptionError
+from .errors import ConfigError, OptionError
 
 _YAML = pathlib.Path(__file__).with_name("gpudirect.yaml")
 
@@ -41,4 +42,35 @@ def resolve_options(overrides: dict[str, Any]) -> dict[str, Any]:
         )
     options = {name: dask.config.get(key) for name, key in PLUGIN_OPTIONS.items()}
     options.update(overrides)
-    return options
+    return {name: _checked(name, value, name in overrides) for name, value in options.items()}
+
+
+def _checked(name: str, value: Any, given: bool) -> Any:
+    """An option's value made what the readers take, or a ConfigError that names where it came
+    from: where the plugin is made (or set up), not in the first read task."""
+    try:
+        if name == "target" and value in (None, "device", "host"):
+            return value
+        if name == "compat_mode":  # YAML reads an unquoted ON or OFF as a boolean
+            mode = {True: "ON", False: "OFF"}.get(value, str(value).upper())
+            if mode in ("AUTO", "ON", "OFF"):
+                return mode
+        if name in ("threads", "max_records") and not isinstance(value, bool | float):
+            number = int(value)
+            if number >= (1 if name == "threads" else 0):
+                return number
+        if name == "task_size" and not isinstance(value, bool):
+            size = parse_bytes(value)
+            if size > 0:
+                return size
+    except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes' failures
+        pass
+    wanted = {
+        "target": "'device', 'host' or None",
+        "threads": "a whole number of at least 1",
+        "task_size": "a positive size, like '4MiB'",
+        "compat_mode": "'AUTO', 'ON' or 'OFF'",
+        "max_records": "a whole number of at least 0",
+    }[name]
+    origin = f"GPUDirectPlugin({name}={value!r})" if given else f"{PLUGIN_OPTIONS[name]}={value!r}"
+    raise ConfigError(f"{origin}: use {wanted}")

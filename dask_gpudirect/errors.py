@@ -27,8 +27,9 @@ class InputError(GPUDirectError, ValueError):
 
 
 class ConfigError(GPUDirectError, ValueError):
-    """A ``gpudirect.allowed-roots`` setting that cannot be used; raised where it is read.
-    (A bad value of a key that one call reads, a blocksize or the shuffle engine, is that
+    """A ``gpudirect.allowed-roots`` setting or a reader option (a ``GPUDirectPlugin``
+    keyword, or the ``gpudirect.*`` key it overrides) that cannot be used; raised where it is
+    read. (A bad value of a key that one call reads, a blocksize or the shuffle engine, is that
     call's :class:`InputError`.)"""
 
 

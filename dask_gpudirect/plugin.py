@@ -39,12 +39,13 @@ class GPUDirectPlugin(WorkerPlugin):
         self.overrides = options
 
     def setup(self, worker: Worker) -> None:
-        access.roots()  # a bad gpudirect.allowed-roots fails the worker's start, not a read
+        # a bad gpudirect.allowed-roots or reader option fails the worker's start, not a read
+        access.roots()
         self.options = resolve_options(self.overrides)
         self.address = worker.address
         self.gpus = gpu_count()
         self.ledger = ledger.of(worker)  # the worker's, so registering again keeps its counts
-        self.ledger.keep(int(self.options["max_records"]))
+        self.ledger.keep(self.options["max_records"])
         self._targets: dict[str, targets.Target] = {}
         self._lock = threading.Lock()
         if self.gpus:
@@ -58,6 +59,8 @@ class GPUDirectPlugin(WorkerPlugin):
         )
 
     def teardown(self, worker: Worker) -> None:
+        if not hasattr(self, "_targets"):  # setup failed (a bad option) before making them
+            return
         metrics.unexport(worker, self.ledger)
         for target in self._targets.values():
             target.close()

@@ -27,7 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 COLUMNS = ["key", "x", "y", "z"]
-KVIKIO = {"threads": 16, "task_size": "4MiB", "compat_mode": "AUTO"}
+KVIKIO = {"threads": 16, "task_size": 4 << 20, "compat_mode": "AUTO"}
 
 
 def _variants(paths: list[str], calls: list[int]) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import subprocess
 
 import dask
@@ -77,7 +78,7 @@ def test_register_plugin_with_options(bare, data):
     bare.register_plugin(dg.GPUDirectPlugin(threads=3, task_size="1MiB"))
     for options in options_by_worker(bare):
         assert options["threads"] == 3
-        assert options["task_size"] == "1MiB"
+        assert options["task_size"] == 1 << 20  # made bytes where the plugin is set up
         assert options["compat_mode"] == dask.config.get("gpudirect.reader.compat-mode")
     assert_same_frame(compute(bare, dg.read_parquet(data, client=bare)), expected_parquet(data))
     assert all(o["threads"] == 3 for o in options_by_worker(bare))  # read_* kept it
@@ -119,6 +120,67 @@ def test_unknown_plugin_option():
         dg.GPUDirectPlugin(thread=3)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "wanted"),
+    [
+        ("threads", "abc", "at least 1"),
+        ("threads", 0, "at least 1"),
+        ("task_size", "10 XB", "a positive size"),
+        ("task_size", 0, "a positive size"),
+        ("max_records", -1, "at least 0"),
+        ("target", "gpu", "'device', 'host' or None"),
+        ("compat_mode", "maybe", "'AUTO', 'ON' or 'OFF'"),
+    ],
+)
+def test_a_bad_plugin_option_fails_where_it_is_given(option, value, wanted):
+    """Not in a read task on a worker, with an error of Python's or kvikio's."""
+    pattern = rf"GPUDirectPlugin\({option}=.*: use .*{re.escape(wanted)}"
+    with pytest.raises(dg.ConfigError, match=pattern):
+        dg.GPUDirectPlugin(**{option: value})
+
+
+def test_a_bad_config_value_fails_the_plugins_setup(tmp_path):
+    """``gpudirect.reader.threads=0`` in a worker's config: registering the plugin fails with
+    the key and the value (a worker given the plugin at start fails to start so), and the
+    plugin's teardown does not fail again."""
+    zero = {"gpudirect.reader.threads": 0}
+    with dask.config.set(zero):
+        with pytest.raises(dg.ConfigError, match=r"gpudirect.reader.threads=0: use"):
+            dg.GPUDirectPlugin()
+    with start_cluster("tcp", n_workers=1, threads=1) as cluster:
+        with Client(cluster, set_as_default=False) as client:
+            [failed] = client.run(_set_up, plugin=dg.GPUDirectPlugin(), config=zero).values()
+            assert failed == "gpudirect.reader.threads=0: use a whole number of at least 1"
+            client.run(dask.config.set, zero)  # the workers' own config from now on
+            with pytest.raises(dg.ConfigError, match=r"gpudirect.reader.threads=0: use"):
+                client.register_plugin(dg.GPUDirectPlugin())
+
+
+def _set_up(dask_worker, plugin, config) -> str | None:
+    """``plugin`` set up on this worker under ``config``, then torn down: the error."""
+    try:
+        with dask.config.set(config):
+            plugin.setup(dask_worker)
+    except dg.ConfigError as exc:
+        plugin.teardown(dask_worker)  # setup failed: nothing to undo, and no second error
+        return str(exc)
+    return None
+
+
+def test_the_workers_plugin_target_is_the_reads(bare, data):
+    """``GPUDirectPlugin(target="host")``: reads that name no target load to host memory,
+    whatever the client's own ``gpudirect.target`` says; a call's ``target=`` still wins, and
+    on workers without a GPU ``target="device"`` is refused by name."""
+    bare.register_plugin(dg.GPUDirectPlugin(target="host"))
+    with dask.config.set({"gpudirect.target": "device"}):
+        df = dg.read_parquet(data, client=bare)
+        assert isinstance(df._meta, pd.DataFrame)
+    bare.register_plugin(dg.GPUDirectPlugin(target="device"))
+    with pytest.raises(dg.InputError, match="target='device' but these workers have no GPU"):
+        dg.read_parquet(data, client=bare)
+    assert isinstance(dg.read_parquet(data, target="host", client=bare)._meta, pd.DataFrame)
+
+
 def test_env_var_reaches_workers(monkeypatch, data):
     """``DASK_GPUDIRECT__READER__THREADS`` set before the cluster starts sets the option."""
     monkeypatch.setenv("DASK_GPUDIRECT__READER__THREADS", "7")
@@ -131,7 +193,7 @@ def test_env_var_reaches_workers(monkeypatch, data):
                 compute(client, dg.read_parquet(data, client=client))
                 [options] = options_by_worker(client)
                 assert options["threads"] == 7
-                assert options["task_size"] == "2MiB"
+                assert options["task_size"] == 2 << 20
     finally:
         monkeypatch.undo()
         dask.config.refresh()

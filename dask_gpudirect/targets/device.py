@@ -22,7 +22,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pylibcudf as plc
 import rmm
-from dask.utils import parse_bytes
 
 from .. import cudf_compat, remote
 from ..compat import PYARROW_DEFAULTS, Conversion
@@ -546,12 +545,12 @@ def configure_kvikio(options: dict[str, Any]) -> str:
     libcudf configures kvikio once per process, on its first read, from the KVIKIO_* env vars;
     running that setup first keeps a later cuDF read from undoing ours.
     """
-    plc.utils._set_up_kvikio(int(options["threads"]))
+    plc.utils._set_up_kvikio(options["threads"])
     kvikio.defaults.set(
         {
-            "num_threads": int(options["threads"]),
-            "task_size": parse_bytes(options["task_size"]),
-            "compat_mode": kvikio.CompatMode[str(options["compat_mode"]).upper()],
+            "num_threads": options["threads"],
+            "task_size": options["task_size"],
+            "compat_mode": kvikio.CompatMode[options["compat_mode"]],
         }
     )
     return "kvikio-compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"

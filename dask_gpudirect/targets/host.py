@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from dask.dataframe.dispatch import concat
 from dask.dataframe.io.parquet.arrow import ArrowDatasetEngine
-from dask.utils import parse_bytes
 
 from .. import remote
 from ..compat import PYARROW_DEFAULTS, Conversion
@@ -239,7 +238,7 @@ class HostTarget(Target):
 
     def __init__(self, options: dict[str, Any], ledger: Ledger):
         super().__init__(options, ledger)
-        self.task_size = parse_bytes(options["task_size"])
+        self.task_size = options["task_size"]
         self.pool = ThreadPoolExecutor(options["threads"], thread_name_prefix="gpudirect-read")
         self._remote_pool: ThreadPoolExecutor | None = None
 
