@@ -21,6 +21,8 @@ from typing import Any
 
 import dask.config
 
+from .errors import ConfigError
+
 KEY = "gpudirect.planning.cache-files"
 
 
@@ -42,11 +44,22 @@ class Kept:
         with self._lock:
             self._values.clear()
 
+    def _entries(self) -> int:
+        """How many values may be kept: the setting, a whole number of at least 0."""
+        value = dask.config.get(self.setting)
+        try:
+            entries = int(value) if isinstance(value, int | str) else -1  # "16" from a yaml
+        except ValueError:
+            entries = -1
+        if entries < 0 or isinstance(value, bool):
+            raise ConfigError(f"{self.setting}={value!r}: use a whole number of at least 0")
+        return entries
+
     def get(self, key_of: Callable[[], Hashable | None], make: Callable[[], Any]) -> Any:
         """What ``make()`` gave before under the key ``key_of()`` gives, or ``make()`` now
         (kept, unless the key is None). Where nothing may be kept, the key (a stat, a pickle)
         is not worked out at all. An error of ``make`` is raised, not kept."""
-        entries = int(dask.config.get(self.setting))
+        entries = self._entries()
         key = key_of() if entries > 0 else None
         if key is None:
             return make()

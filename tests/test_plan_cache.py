@@ -86,6 +86,14 @@ def test_the_least_recently_used_go_first_and_zero_keeps_none(tmp_path):
     assert (planner.calls, len(cache)) == (6, 0)
 
 
+@pytest.mark.parametrize("value", ["abc", -1, 2.5, True])
+def test_a_bad_cache_size_is_named(tmp_path, value):
+    path = write(tmp_path / "0.parquet", 0)
+    with dask.config.set({"gpudirect.planning.cache-files": value}):
+        with pytest.raises(dg.ConfigError, match="gpudirect.planning.cache-files=.*: use a whole"):
+            PlanCache().plan(path, Counting(), ARGS)
+
+
 def _hits(dask_worker) -> int:
     from dask_gpudirect.plan_cache import plans
 

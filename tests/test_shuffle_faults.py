@@ -30,6 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import cloudpickle
+import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
@@ -754,6 +755,33 @@ def test_bad_shuffle_options(tcp, kwargs, match):
     with pytest.raises(dg.InputError, match=match):
         dg.shuffle(df, client=tcp, **kwargs)
     assert ledger_report.records(tcp).empty
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "wanted"),
+    [
+        ("chunk-size", "10 XB", "a positive size"),
+        ("chunk-size", 0, "a positive size"),
+        ("max-in-flight", "abc", "a positive size"),
+        ("host-limit", -1, "a fraction from 0 to 1, or a size"),
+        ("device-limit", "lots", "a fraction from 0 to 1, or a size"),
+        ("disk-limit", -1, "a size like"),
+        ("timeout", -1, "a positive duration"),
+        ("timeout", "soon", "a positive duration"),
+    ],
+)
+def test_a_bad_shuffle_setting_is_named_before_the_shuffle_starts(tcp, key, value, wanted):
+    """Not a worker that "did not answer" with a parser's error inside: the key, the value
+    and what it takes, in the caller's process; nothing moved, and the next shuffle runs."""
+    clear_ledgers(tcp)
+    df = dd.from_pandas(frame(100, keys=5), npartitions=2)
+    with dask.config.set({f"gpudirect.shuffle.{key}": value}):
+        with pytest.raises(dg.ConfigError, match=rf"gpudirect.shuffle.{key}=.*: use {wanted}"):
+            dg.shuffle(df, "k", client=tcp)
+    assert ledger_report.records(tcp).empty
+    assert_hash_partitions(
+        partitions(tcp, dg.shuffle(df, "k", client=tcp)), frame(100, keys=5), "k", 2
+    )
 
 
 def test_shuffle_on_a_series_names_what_it_takes(tcp):

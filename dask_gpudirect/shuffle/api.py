@@ -24,7 +24,7 @@ from .. import targets
 from ..connection import connected
 from ..errors import InputError
 from ..placement import placed_read
-from . import engines
+from . import engines, settings
 from .coordinator import exchange
 from .split import HashSplit, PermutationSplit, contingency
 
@@ -153,6 +153,7 @@ def exchanged(
 ) -> Computed:
     """``df``'s partitions cut by ``splitter`` and moved now: the expression of the computed
     outputs (each like ``meta``), marked as partitioned by those columns where given."""
+    settings.check()  # a bad gpudirect.shuffle.* value: said here, before any input is made
     inputs, placed = _partitions(client, df)
     token = uuid.uuid4().hex  # each call is a new result
     name = f"gpudirect-shuffle-{token}"
@@ -300,6 +301,7 @@ def shuffle_array(
     meta = np.empty_like(arr._meta, shape=(0, *record))
     target = targets.holding(arr._meta)
     splitter = PermutationSplit(seed, contingency(seed, sizes), target, meta)
+    settings.check()
     inputs = _chunks(client, arr)
     name = f"gpudirect-shuffle-array-{uuid.uuid4().hex}"
     keys: list[Key] = [(name, j, *(0,) * len(record)) for j in range(len(sizes))]

@@ -34,11 +34,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import dask.config
 import numpy as np
 from dask.sizeof import sizeof
 from dask.typing import Key
-from dask.utils import funcname, parse_bytes, parse_timedelta
+from dask.utils import funcname
 from distributed import Future, Worker, get_client, secede
 from distributed.comm.addressing import get_address_host
 from distributed.protocol import to_serialize
@@ -51,6 +50,7 @@ from ..errors import ShuffleError
 from ..ledger import STAGED_ACROSS_NODES, Ledger
 from ..phases import Phases
 from ..targets import TargetName
+from . import settings
 from .buffer import SpillBuffer
 from .rapidsmpf_engine import members as rapidsmpf_members
 from .split import Splitter, assembly_segments
@@ -136,7 +136,7 @@ class ShuffleRun:
         self.limiter = ResourceLimiter(in_flight)
         # How long any one wait on a peer may take: a send, the last word, its pieces (room on
         # the wire follows: every send in flight ends within it).
-        self.timeout = parse_timedelta(dask.config.get("gpudirect.shuffle.timeout"))
+        self.timeout = settings.timeout()
 
     async def put(self, inputs: tuple[int, ...], pieces: list[Piece]) -> None:
         """Keep the rows of a chunk of ``inputs``: each piece ``(group, first, counts, rows)``
@@ -506,8 +506,8 @@ class ShuffleService:
         module = targets.module(target)
         memory = module.memory_bytes(self.worker)
         return {
-            "chunk": _capped("chunk-size", memory // CHUNK_SHARE, auto=module.SHUFFLE_CHUNK),
-            "in-flight": _capped("max-in-flight", memory // IN_FLIGHT_SHARE),
+            "chunk": settings.size("chunk-size", memory // CHUNK_SHARE, module.SHUFFLE_CHUNK),
+            "in-flight": settings.size("max-in-flight", memory // IN_FLIGHT_SHARE),
         }
 
     def room(self, target: TargetName) -> dict[str, Any]:
@@ -524,13 +524,12 @@ class ShuffleService:
     def limits(self, target: TargetName) -> dict[str, int]:
         """Bytes of received pieces this worker keeps on the GPU, in host memory and on disk."""
         os.makedirs(self.worker.local_directory, exist_ok=True)
-        disk = dask.config.get("gpudirect.shuffle.disk-limit")
+        disk = settings.disk_limit()
+        device = targets.module("device").memory_bytes(self.worker) if target == "device" else 0
         return {
-            "device": _limit("device-limit", targets.module("device").memory_bytes(self.worker))
-            if target == "device"
-            else 0,
-            "host": _limit("host-limit", targets.module("host").memory_bytes(self.worker)),
-            "disk": parse_bytes(disk)
+            "device": settings.limit("device-limit", device) if device else 0,
+            "host": settings.limit("host-limit", targets.module("host").memory_bytes(self.worker)),
+            "disk": disk
             if disk is not None
             else shutil.disk_usage(self.worker.local_directory).free,
         }
@@ -732,17 +731,3 @@ def _chunks(sizes: dict[int, int], chunk_bytes: int) -> Iterator[tuple[int, ...]
         nbytes += size
     if chunk:
         yield tuple(chunk)
-
-
-def _capped(key: str, cap: int, auto: str | None = None) -> int:
-    """``gpudirect.shuffle.<key>`` in bytes, at most ``cap``; ``auto`` where it says auto."""
-    value = dask.config.get(f"gpudirect.shuffle.{key}")
-    return max(min(parse_bytes(auto if value == "auto" and auto else value), cap), 1)
-
-
-def _limit(key: str, whole: int) -> int:
-    """``gpudirect.shuffle.<key>`` in bytes: a fraction (<= 1) of ``whole``, or a byte size."""
-    value = dask.config.get(f"gpudirect.shuffle.{key}")
-    if isinstance(value, int | float) and 0 <= value <= 1:
-        return int(value * whole)
-    return parse_bytes(value)

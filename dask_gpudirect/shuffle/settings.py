@@ -1,0 +1,83 @@
+"""The ``gpudirect.shuffle.*`` settings a shuffle's workers read, each checked as it is read.
+
+A value that cannot be used is a ConfigError naming the key, the value and what it takes, not
+an error of Dask's parsers deep in a worker's stage (which the client could only report as a
+worker that did not answer). The client checks its own settings before a shuffle makes its inputs
+(:func:`check`): where workers share its config, as a ``LocalCluster``'s do, a bad one stops
+the shuffle before any worker runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask.config
+from dask.utils import parse_bytes, parse_timedelta
+
+from ..errors import ConfigError
+
+
+def size(key: str, cap: int, auto: str | None = None) -> int:
+    """``gpudirect.shuffle.<key>`` in bytes (``auto``: the size given here), at most
+    ``cap``: a positive size."""
+    value = _value(key)
+    nbytes = _bytes(key, auto if value == "auto" and auto else value, "a positive size")
+    if nbytes <= 0:
+        raise _bad(key, value, "a positive size, like '512MiB'")
+    return max(min(nbytes, cap), 1)
+
+
+def limit(key: str, whole: int) -> int:
+    """``gpudirect.shuffle.<key>`` in bytes: a fraction (0 to 1) of ``whole``, or a size."""
+    value = _value(key)
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1:
+        return int(value * whole)
+    return _bytes(key, value, "a fraction from 0 to 1, or a size like '8GiB'")
+
+
+def disk_limit() -> int | None:
+    """``gpudirect.shuffle.disk-limit`` in bytes; None: no limit but the disk's free space."""
+    value = _value("disk-limit")
+    return None if value is None else _bytes("disk-limit", value, "a size like '100GiB', or null")
+
+
+def timeout() -> float:
+    """``gpudirect.shuffle.timeout`` in seconds: the longest wait on a peer."""
+    value = _value("timeout")
+    try:
+        seconds = parse_timedelta(value)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        seconds = None
+    if seconds is None or not seconds > 0:
+        raise _bad("timeout", value, "a positive duration, like '600s'")
+    return seconds
+
+
+def check() -> None:
+    """This process's settings, each read as a worker reads it: a ConfigError if one cannot
+    be used."""
+    for key in ("chunk-size", "max-in-flight"):
+        size(key, 1, auto="1B")
+    for key in ("device-limit", "host-limit"):
+        limit(key, 1)
+    disk_limit()
+    timeout()
+
+
+def _value(key: str) -> Any:
+    return dask.config.get(f"gpudirect.shuffle.{key}")
+
+
+def _bytes(key: str, value: Any, wanted: str) -> int:
+    """``value`` in bytes, at least 0."""
+    try:
+        nbytes = parse_bytes(value) if not isinstance(value, bool) else -1
+    except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes' failures
+        nbytes = -1
+    if nbytes < 0:
+        raise _bad(key, value, wanted)
+    return nbytes
+
+
+def _bad(key: str, value: Any, wanted: str) -> ConfigError:
+    return ConfigError(f"gpudirect.shuffle.{key}={value!r}: use {wanted}")
