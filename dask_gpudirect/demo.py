@@ -61,9 +61,31 @@ def _table(title: str, frame: pd.DataFrame) -> Table:
     return table
 
 
+def _makeable(ctx: click.Context, param: click.Parameter, root: pathlib.Path) -> pathlib.Path:
+    """``--dir``, made where it is missing: a usage error before the cluster starts where it
+    cannot be (a file on its way, a folder this process may not write)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.BadParameter(f"{str(root)!r}: cannot make it ({exc.strerror})") from None
+    return root
+
+
 @click.command()
-@click.option("--dir", "root", default="demo-data", type=click.Path(path_type=pathlib.Path))
-@click.option("--workers", default=2, show_default=True, help="CPU workers when there is no GPU")
+@click.option(
+    "--dir",
+    "root",
+    default="demo-data",
+    type=click.Path(file_okay=False, writable=True, path_type=pathlib.Path),
+    callback=_makeable,
+)
+@click.option(
+    "--workers",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1),
+    help="CPU workers when there is no GPU",
+)
 @click.option(
     "--progress/--no-progress",
     default=True,

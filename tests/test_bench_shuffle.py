@@ -179,6 +179,31 @@ def test_bench_shuffle_refuses_bad_partition_counts(value):
     assert result.exit_code == 2 and "--partitions" in result.output, result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--gib", "-1"], "use a positive number of GiB"),
+        (["--gib", "nan"], "use a positive number of GiB"),
+        (["--gib", "0"], "use a positive number of GiB"),
+        (["--rmm-pool-size", "10XB"], "use a positive size"),
+        (["--rmm-pool-size", "1GB"], "the host target has no RMM pool"),
+        (["--json", "{afile}/x.json"], "cannot write there"),
+        (["--markdown", "/proc/x.md"], "cannot write there"),
+    ],
+)
+def test_bench_shuffle_refuses_bad_options_before_it_runs(tmp_path, args, says):
+    """A usage error at once, not a run that records a size of -1, nor one whose results are
+    lost when its output file cannot be written at the end."""
+    from click.testing import CliRunner
+
+    from dask_gpudirect.bench.shuffle import shuffle
+
+    (tmp_path / "afile").touch()
+    args = [a.format(afile=tmp_path / "afile") for a in args]
+    result = CliRunner().invoke(shuffle, ["--target", "host", "--partitions", "2", *args])
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
 def test_bench_shuffle_refuses_rapidsmpf_on_the_host_target():
     """RapidsMPF shuffles on GPU workers only: a usage error, not a run that says "not run"."""
     from click.testing import CliRunner

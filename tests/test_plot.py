@@ -111,6 +111,35 @@ def test_bench_plot_refuses_other_json(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("# not json\n", "not the JSON of"),
+        ("[]", "not the JSON of"),
+        ('{"benchmark": "shuffle"}', "lacks what its chart needs"),
+    ],
+    ids=["markdown", "a list", "no records"],
+)
+def test_bench_plot_refuses_what_is_no_bench_result(tmp_path, content, says):
+    results = tmp_path / "r.json"
+    results.write_text(content)
+    result = CliRunner().invoke(bench, ["plot", str(results), str(tmp_path / "x.png")])
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bench_plot_writes_where_it_says(tmp_path):
+    """An OUT of no format is a PNG of that name plus ``.png``, as the command says; an OUT
+    under a file is a usage error."""
+    result = CliRunner().invoke(bench, ["plot", str(READ_JSON), str(tmp_path / "chart")])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {tmp_path / 'chart.png'}" in result.output
+    assert_png(tmp_path / "chart.png", min_width=700)
+    (tmp_path / "afile").touch()
+    result = CliRunner().invoke(bench, ["plot", str(READ_JSON), str(tmp_path / "afile" / "x.png")])
+    assert result.exit_code == 2 and "cannot write there" in result.output
+
+
 def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     out = tmp_path / "x.png"

@@ -318,6 +318,24 @@ def test_probe_needs_one_cluster(args):
     assert "give either --scheduler-address ADDR or --local" in result.output
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--local", "--size", "10 XB"], "'10 XB': use a positive size"),
+        (["--local", "--size", "0"], "'0': use a positive size"),
+        (["--local", "--workers", "0"], "0 is not in the range x>=1"),
+        (["--scheduler-address", "notanaddress"], "missing port number in address"),
+        (["--scheduler-address", "foo://h:1"], "unknown address scheme 'foo'"),
+    ],
+)
+def test_probe_refuses_bad_options_before_anything_starts(args, message):
+    """A usage error, at once: not a traceback after a cluster started, nor a client's start
+    on an address it cannot parse (which then hung a minute in its ``__del__``)."""
+    result = CliRunner(env={"DASK_SCHEDULER_ADDRESS": None}).invoke(main, ["probe", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
 def test_doc_example_follows_the_schema():
     """docs/probe.md's example parses and has every key and type; its tables name every key."""
     text = DOC.read_text()

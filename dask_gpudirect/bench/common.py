@@ -11,6 +11,7 @@ import datetime
 import gc
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import shlex
@@ -23,7 +24,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from ..cuda import gpu_count
+from ..measure import byte_size
 from ..progress import Bar
+from .paths import writable
 from .plot import check_matplotlib, draw
 
 if TYPE_CHECKING:
@@ -59,7 +62,14 @@ def _plottable(ctx: click.Context, param: click.Parameter, path: str | None) -> 
     """``--plot``'s path, once matplotlib is known to be there: at the start, not after the run."""
     if path:
         check_matplotlib()
-    return path
+    return writable(ctx, param, path)
+
+
+def positive_gib(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A size in GiB: a usage error where it is not a positive number (0, -1, nan, inf)."""
+    if not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value}: use a positive number of GiB, like 0.25")
+    return value
 
 
 #: The running command's bar and the records it counts, while ``--progress`` shows one.
@@ -127,7 +137,8 @@ def cluster_options(command: F) -> F:
             click.option(
                 "--rmm-pool-size",
                 default=None,
-                help="RMM pool per worker, e.g. 40GB (default: no pool)",
+                callback=byte_size,
+                help="RMM pool per worker, e.g. 40GB (default: no pool; device target only)",
             ),
         ]
     ):
@@ -136,7 +147,12 @@ def cluster_options(command: F) -> F:
 
 
 def resolve_run(
-    target: str, methods: str, known: Sequence[str], workers: int | None, protocol: str | None
+    target: str,
+    methods: str,
+    known: Sequence[str],
+    workers: int | None,
+    protocol: str | None,
+    rmm_pool_size: str | None = None,
 ) -> tuple[str, int, list[str], int, str]:
     """The target, GPU count, methods, workers and protocol a run will use, from its options:
     ``auto`` made concrete, and a usage error for what cannot run here."""
@@ -145,6 +161,8 @@ def resolve_run(
         target = "device" if gpus else "host"
     if target == "device" and not gpus:
         raise click.UsageError("--target device needs a GPU, and none is visible here")
+    if target == "host" and rmm_pool_size is not None:
+        raise click.UsageError("--rmm-pool-size: the host target has no RMM pool")
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = sorted(set(chosen) - set(known))
     if unknown or not chosen:
@@ -170,8 +188,20 @@ def output_options(command: F) -> F:
     and shows."""
     for option in reversed(
         [
-            click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False)),
-            click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False)),
+            click.option(
+                "--json",
+                "json_path",
+                default=None,
+                type=click.Path(dir_okay=False),
+                callback=writable,
+            ),
+            click.option(
+                "--markdown",
+                "md_path",
+                default=None,
+                type=click.Path(dir_okay=False),
+                callback=writable,
+            ),
             PLOT_OPTION,
             PROGRESS_OPTION,
         ]

@@ -54,6 +54,7 @@ from .common import (
     finish,
     log,
     output_options,
+    positive_gib,
     progress_bar,
     resolve_run,
     result_head,
@@ -455,7 +456,14 @@ def _measured(
     type=click.Path(file_okay=False),
     help="Data directory: the Parquet files are written here, and reused when they match.",
 )
-@click.option("--gib", default=0.25, show_default=True, type=float, help="data in memory, GiB")
+@click.option(
+    "--gib",
+    default=0.25,
+    show_default=True,
+    type=float,
+    callback=positive_gib,
+    help="data in memory, GiB",
+)
 @click.option(
     "--files", default=256, show_default=True, type=click.IntRange(1), help="Parquet files"
 )
@@ -503,7 +511,7 @@ def etl(
 ) -> None:
     """Parquet -> shuffle -> group-by sum: dg against Dask (dask_cudf on the GPU), end to end."""
     target, gpus, chosen, workers, protocol = resolve_run(
-        target, methods or ",".join(METHODS), METHODS, workers, protocol
+        target, methods or ",".join(METHODS), METHODS, workers, protocol, rmm_pool_size
     )
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     opts: dict[str, Any] = {

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from .paths import writable
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
@@ -354,14 +356,26 @@ def _share(value: float, roof: float | None) -> str:
 
 @click.command(name="plot")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.argument("out", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False), callback=writable)
 def plot(results: str, out: str) -> None:
-    """Draw a bench result (the JSON of `bench read`, `shuffle`, `etl` or `scale`) as a chart."""
-    with open(results) as f:
-        result = json.load(f)
-    if result.get("benchmark") not in ("read", "shuffle", "etl", "scale"):
-        raise click.UsageError(
-            f"{results} is not the JSON of `bench read`, `shuffle`, `etl` or `scale`"
-        )
-    draw(result, out)
+    """Draw a bench result (the JSON of `bench read`, `shuffle`, `etl` or `scale`) as a chart
+    (PNG where OUT names no format)."""
+    not_one = f"{results} is not the JSON of `bench read`, `shuffle`, `etl` or `scale`"
+    try:
+        with open(results) as f:
+            result = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise click.UsageError(f"{not_one}: {exc}") from None
+    if not isinstance(result, dict) or result.get("benchmark") not in BENCHMARKS:
+        raise click.UsageError(not_one)
+    if not os.path.splitext(out)[1]:
+        out += ".png"  # what matplotlib writes for a name of no format
+    try:
+        draw(result, out)
+    except (KeyError, TypeError, IndexError) as exc:
+        raise click.UsageError(f"{results} lacks what its chart needs ({exc!r})") from None
     click.echo(f"wrote {out}")
+
+
+#: The benchmarks whose JSON the command draws.
+BENCHMARKS = ("read", "shuffle", "etl", "scale")

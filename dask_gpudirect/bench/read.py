@@ -52,7 +52,7 @@ import click
 
 from ..cuda import gpu_count
 from ..discovery import data_files
-from ..measure import start_cluster, stop_cluster
+from ..measure import byte_size, start_cluster, stop_cluster
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
 from .ceilings import dd_direct, gpu_ceilings, run_baselines
 from .common import (
@@ -61,6 +61,7 @@ from .common import (
     finish,
     log,
     output_options,
+    positive_gib,
     progress_bar,
     result_head,
     visible_devices,
@@ -241,14 +242,31 @@ def _cold_dask(
     type=click.Path(file_okay=False),
     help="Data directory (kept, and reused when it matches); default: a temporary one.",
 )
-@click.option("--binary-gib", default=0.25, show_default=True, type=float, help=".npy data, GiB")
-@click.option("--parquet-gib", default=0.25, show_default=True, type=float, help="Parquet, GiB")
+@click.option(
+    "--binary-gib",
+    default=0.25,
+    show_default=True,
+    type=float,
+    callback=positive_gib,
+    help=".npy data, GiB",
+)
+@click.option(
+    "--parquet-gib",
+    default=0.25,
+    show_default=True,
+    type=float,
+    callback=positive_gib,
+    help="Parquet, GiB",
+)
 @click.option("--files", default=8, show_default=True, type=click.IntRange(1), help="files each")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--threads-per-worker", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--protocol", default="tcp", show_default=True, type=click.Choice(["tcp", "ucxx"]))
 @click.option(
-    "--rmm-pool-size", default=None, help="RMM pool per worker, e.g. 40GB (default: no pool)"
+    "--rmm-pool-size",
+    default=None,
+    callback=byte_size,
+    help="RMM pool per worker, e.g. 40GB (default: no pool; device target only)",
 )
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(1), help="warm runs")
 @click.option(
@@ -305,6 +323,8 @@ def read(
         target = "device" if gpus else "host"
     if target == "device" and not gpus:
         raise click.UsageError("--target device needs a GPU, and none is visible here")
+    if target == "host" and rmm_pool_size is not None:
+        raise click.UsageError("--rmm-pool-size: the host target has no RMM pool")
     if target == "device" and workers > gpus:
         raise click.UsageError(
             f"--workers {workers}: LocalCUDACluster has one worker per GPU, {gpus} visible"

@@ -146,9 +146,9 @@ def _command(bench: str, n: int, opts: dict, paths: dict, limit: float) -> list[
     cmd += ["--json", paths["json"], "--markdown", paths["markdown"]]
     if bench == "read":
         cmd += ["--dir", opts["dir"], "--files", str(opts["files"])]
-        return cmd + shlex.split(opts["read_args"])
+        return cmd + opts["read_args"]
     cmd += ["--time-limit", f"{limit - SHUFFLE_MARGIN_S:.0f}"]
-    return cmd + shlex.split(opts["shuffle_args"])
+    return cmd + opts["shuffle_args"]
 
 
 def _one_run(bench: str, n: int, opts: dict, devices: list[str], limit: float) -> dict:
@@ -233,6 +233,14 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
     return counts
 
 
+def _words(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    """More options for each run, split as a shell splits them: a usage error where it cannot."""
+    try:
+        return shlex.split(value)
+    except ValueError as exc:  # "No closing quotation"
+        raise click.BadParameter(f"{value!r}: {exc}") from None
+
+
 @click.command(name="scale")
 @click.option(
     "--gpus",
@@ -251,8 +259,12 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
 @click.option(
     "--benches", default="read,shuffle", show_default=True, help="comma-separated: read, shuffle"
 )
-@click.option("--read-args", default="", help="more options for each `bench read` run")
-@click.option("--shuffle-args", default="", help="more options for each `bench shuffle` run")
+@click.option(
+    "--read-args", default="", callback=_words, help="more options for each `bench read` run"
+)
+@click.option(
+    "--shuffle-args", default="", callback=_words, help="more options for each `bench shuffle` run"
+)
 @click.option(
     "--files",
     default=None,
@@ -299,8 +311,8 @@ def scale(
     target: str,
     protocol: str | None,
     benches: str,
-    read_args: str,
-    shuffle_args: str,
+    read_args: list[str],
+    shuffle_args: list[str],
     files: int | None,
     data_dir: str | None,
     runs_dir: str | None,

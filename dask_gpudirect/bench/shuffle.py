@@ -62,6 +62,7 @@ from .common import (
     finish,
     log,
     output_options,
+    positive_gib,
     progress_bar,
     resolve_run,
     result_head,
@@ -504,7 +505,14 @@ def _one_method(
 
 @click.command(name="shuffle")
 @TARGET_OPTION
-@click.option("--gib", default=0.25, show_default=True, type=float, help="input size, GiB")
+@click.option(
+    "--gib",
+    default=0.25,
+    show_default=True,
+    type=float,
+    callback=positive_gib,
+    help="input size, GiB",
+)
 @click.option(
     "--data",
     default="frame",
@@ -603,7 +611,7 @@ def shuffle(
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
     known = ARRAY_METHODS if data == "array" else METHODS
     target, gpus, chosen, workers, protocol = resolve_run(
-        target, methods or ",".join(known), known, workers, protocol
+        target, methods or ",".join(known), known, workers, protocol, rmm_pool_size
     )
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     if record_bytes % 8:

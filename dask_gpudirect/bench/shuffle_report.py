@@ -187,7 +187,12 @@ HEADER = ("method", "GB/s per GPU", "best", "first run", "seconds", "runs")
 #: The host target has no GPUs: the same figure is per worker there.
 HOST_HEADER = ("method", "GB/s per worker", *HEADER[2:])
 CHECK_HEADER = ("dg.shuffle per GPU against", "ratio", "target", "result")
+HOST_CHECK_HEADER = ("dg.shuffle per worker against", *CHECK_HEADER[1:])
 SWEEP_CHECK_HEADER = ("check", *CHECK_HEADER[1:])
+
+
+def _check_header(result: dict) -> tuple[str, ...]:
+    return HOST_CHECK_HEADER if result["target"] == "host" else CHECK_HEADER
 
 
 def _ledger_header(result: dict) -> tuple[str, ...]:
@@ -372,7 +377,7 @@ def markdown(result: dict) -> str:
     if notes:
         lines += [*(f"{n}  " for n in notes), ""]
     if result["checks"]:
-        lines += [*markdown_table(CHECK_HEADER, _check_rows(result)), ""]
+        lines += [*markdown_table(_check_header(result), _check_rows(result)), ""]
     ledger = _ledger_rows(result)
     if ledger:
         lines += [
@@ -412,7 +417,7 @@ def print_result(result: dict) -> None:
     header = _header(result)
     print_table(title, header, rows, notes, right=header[1:])
     if result["checks"]:
-        print_table("targets", CHECK_HEADER, _check_rows(result), [], right=("ratio",))
+        print_table("targets", _check_header(result), _check_rows(result), [], right=("ratio",))
     ledger = _ledger_rows(result)
     if ledger:
         header = _ledger_header(result)

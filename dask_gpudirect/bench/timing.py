@@ -110,7 +110,7 @@ def _measure(
                     "timed out",
                     bytes=nbytes,
                     note=f"no run finished within its budget of {budget:.0f} s "
-                    f"(< {_gbps(nbytes, budget, per):.3f} GB/s per GPU)",
+                    f"(< {_gbps(nbytes, budget, per):.3f} GB/s per worker)",
                 ), True
             stop = f"run {i + 1} timed out at the budget of {budget:.0f} s"
             return _summarise(key, runs, nbytes, per, note, stop), True
@@ -120,7 +120,7 @@ def _measure(
         speed = _gbps(nbytes, out["seconds"], per)
         log(
             bench,
-            f"{key} run {i + 1}/{1 + repeat}: {out['seconds']:.3f} s, {speed:.3f} GB/s per GPU",
+            f"{key} run {i + 1}/{1 + repeat}: {out['seconds']:.3f} s, {speed:.3f} GB/s per worker",
         )
     return _summarise(key, runs, nbytes, per, note, stop), False
 

@@ -12,6 +12,7 @@ import click
 from dask.utils import parse_bytes
 
 from .. import remote
+from ..measure import byte_size
 from .routes import probe_cluster
 
 if TYPE_CHECKING:
@@ -152,11 +153,19 @@ def _local_cluster(protocol: str, workers: int | None) -> tuple[SpecCluster, Cli
     help="comms of the --local cluster",
 )
 @click.option(
-    "--workers", type=int, help="workers of the --local cluster [default: one per GPU, else 2]"
+    "--workers",
+    type=click.IntRange(1),
+    help="workers of the --local cluster [default: one per GPU, else 2]",
 )
 @click.option("--json", "as_json", is_flag=True, help="print one JSON document (docs/probe.md)")
 @click.option("--quick", is_flag=True, help="skip the measurements")
-@click.option("--size", default="256MiB", show_default=True, help="bytes each measurement moves")
+@click.option(
+    "--size",
+    default="256MiB",
+    show_default=True,
+    callback=byte_size,
+    help="bytes each measurement moves",
+)
 @click.option(
     "--remote",
     "remotes",
@@ -185,6 +194,7 @@ def probe(
     """Per worker: GPU, kvikio, GDS and comms; per path: route, copies, bandwidth, verdict;
     per --remote object: whether every worker reaches it, and how fast."""
     from distributed import Client
+    from distributed.comm import get_address_host_port
 
     from ..measure import stop_cluster
 
@@ -199,6 +209,10 @@ def probe(
     if local:
         cluster, client = _local_cluster(protocol, workers)
     else:
+        try:  # before a Client, whose failed start on a bad address then hangs in __del__
+            get_address_host_port(str(scheduler_address))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--scheduler-address") from None
         try:
             client = Client(scheduler_address, timeout="30s", set_as_default=False)
         except OSError as exc:
