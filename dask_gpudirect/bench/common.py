@@ -65,11 +65,18 @@ def _plottable(ctx: click.Context, param: click.Parameter, path: str | None) -> 
     return writable(ctx, param, path)
 
 
-def positive_gib(ctx: click.Context, param: click.Parameter, value: float) -> float:
+def _positive_gib(ctx: click.Context, param: click.Parameter, value: float) -> float:
     """A size in GiB: a usage error where it is not a positive number (0, -1, nan, inf)."""
     if not (math.isfinite(value) and value > 0):
         raise click.BadParameter(f"{value}: use a positive number of GiB, like 0.25")
     return value
+
+
+def gib_option(name: str, help: str) -> Callable[[F], F]:
+    """A size option in GiB, 0.25 unless given: a usage error where it is no positive number."""
+    return click.option(
+        name, default=0.25, show_default=True, type=float, callback=_positive_gib, help=help
+    )
 
 
 #: The running command's bar and the records it counts, while ``--progress`` shows one.

@@ -52,9 +52,9 @@ from .common import (
     device_names,
     device_only,
     finish,
+    gib_option,
     log,
     output_options,
-    positive_gib,
     progress_bar,
     resolve_run,
     result_head,
@@ -456,14 +456,7 @@ def _measured(
     type=click.Path(file_okay=False),
     help="Data directory: the Parquet files are written here, and reused when they match.",
 )
-@click.option(
-    "--gib",
-    default=0.25,
-    show_default=True,
-    type=float,
-    callback=positive_gib,
-    help="data in memory, GiB",
-)
+@gib_option("--gib", "data in memory, GiB")
 @click.option(
     "--files", default=256, show_default=True, type=click.IntRange(1), help="Parquet files"
 )

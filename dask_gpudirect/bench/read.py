@@ -59,9 +59,9 @@ from .common import (
     TARGET_OPTION,
     device_names,
     finish,
+    gib_option,
     log,
     output_options,
-    positive_gib,
     progress_bar,
     result_head,
     visible_devices,
@@ -242,22 +242,8 @@ def _cold_dask(
     type=click.Path(file_okay=False),
     help="Data directory (kept, and reused when it matches); default: a temporary one.",
 )
-@click.option(
-    "--binary-gib",
-    default=0.25,
-    show_default=True,
-    type=float,
-    callback=positive_gib,
-    help=".npy data, GiB",
-)
-@click.option(
-    "--parquet-gib",
-    default=0.25,
-    show_default=True,
-    type=float,
-    callback=positive_gib,
-    help="Parquet, GiB",
-)
+@gib_option("--binary-gib", ".npy data, GiB")
+@gib_option("--parquet-gib", "Parquet, GiB")
 @click.option("--files", default=8, show_default=True, type=click.IntRange(1), help="files each")
 @click.option("--workers", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--threads-per-worker", default=1, show_default=True, type=click.IntRange(1))

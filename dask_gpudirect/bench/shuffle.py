@@ -60,9 +60,9 @@ from .common import (
     device_names,
     device_only,
     finish,
+    gib_option,
     log,
     output_options,
-    positive_gib,
     progress_bar,
     resolve_run,
     result_head,
@@ -505,14 +505,7 @@ def _one_method(
 
 @click.command(name="shuffle")
 @TARGET_OPTION
-@click.option(
-    "--gib",
-    default=0.25,
-    show_default=True,
-    type=float,
-    callback=positive_gib,
-    help="input size, GiB",
-)
+@gib_option("--gib", "input size, GiB")
 @click.option(
     "--data",
     default="frame",
