@@ -611,6 +611,30 @@ def test_shuffle_array_structured_records(client):
     np.testing.assert_array_equal(got["x"], data["x"][got["id"]])
 
 
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.dtype(">i8"),
+        np.dtype(
+            {"names": ["id", "x"], "formats": ["<i8", ">f8"], "offsets": [0, 16], "itemsize": 32}
+        ),
+    ],
+    ids=["big-endian", "padded record"],
+)
+def test_shuffle_array_chunks_keep_the_arrays_dtype(client, dtype):
+    """Every chunk is in the dtype the array says (byte order, padding), whether it was
+    joined of one piece or of many."""
+    data = np.zeros(300, dtype)
+    ids = data["id"] if dtype.fields else data
+    ids[:] = np.arange(300)
+    y = dg.shuffle_array(da.from_array(data, chunks=50), seed=2, client=client)
+    assert y.dtype == dtype
+    got = blocks(client, y)
+    assert [b.dtype for b in got] == [dtype] * 6
+    ids = np.concatenate([b["id"] if dtype.fields else b for b in got])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(300))
+
+
 def test_explicit_client_need_not_be_current(tcp_client, ucxx_client):
     """``client=`` is enough: neither session client is the default or the current one."""
     pdf = sample_frame(200, keys=10, seed=9)

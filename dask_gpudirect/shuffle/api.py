@@ -263,8 +263,10 @@ def shuffle_array(
     Always on the ``distributed`` engine: RapidsMPF shuffles cuDF tables, not arrays.
 
     The per-epoch global shuffle of a training input pipeline: every record can land in any
-    chunk, chunk sizes stay as they were, and the same ``seed`` gives the same order on the same
-    chunking. CuPy chunks stay on the GPU. Runs now; returns a Dask Array of computed chunks.
+    chunk, the chunk sizes along axis 0 stay as they were (a record is one piece: the other
+    axes are one chunk each in the result), each chunk keeps the array's dtype, and the same
+    ``seed`` gives the same order on the same chunking. CuPy chunks stay on the GPU. Runs now;
+    returns a Dask Array of computed chunks.
 
     Parameters
     ----------

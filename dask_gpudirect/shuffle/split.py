@@ -181,7 +181,14 @@ class PermutationSplit:
         return chunk[start:stop]
 
     def join(self, pieces: list) -> Any:
-        return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+        """``pieces`` end to end, in their own dtype: NumPy's concatenate makes big-endian
+        numbers native and packs a padded record, so a chunk joined of several pieces
+        would differ from one of a single piece, and from the array's dtype."""
+        if len(pieces) == 1:
+            return pieces[0]
+        dtype = pieces[0].dtype
+        kept = {} if dtype.isnative and dtype.fields is None else {"dtype": dtype}
+        return np.concatenate(pieces, **kept)
 
     def outputs(self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range) -> list:
         """Each output's records permuted on their own, all in one gather; the outputs are
