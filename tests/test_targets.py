@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import dask
 import numpy as np
 import pandas as pd
@@ -72,3 +74,48 @@ def test_host_permutations_shuffle_each_run_by_its_own_seed():
     np.testing.assert_array_equal(host.permutations(lengths[2:3], seeds[2:3]), got[5:1005] - 5)
     assert (got[5:1005] - 5 != np.arange(1000)).mean() > 0.9
     assert host.permutations(lengths[:0], seeds[:0]).tolist() == []
+
+
+def test_a_file_missing_from_a_joined_chunk_fails_after_the_reads_before_it(tmp_path, monkeypatch):
+    """The second file of a chunk is gone by read time: its InputError is raised once the
+    reads of the first file have ended, not while they still write into the chunk's buffer
+    (on the GPU, kvikio's reads into a device buffer then freed). A slow disk, which cannot be
+    made here, stands in as the first file's reads waiting until the error was met."""
+    from dask_gpudirect.config import resolve_options
+    from dask_gpudirect.errors import InputError
+    from dask_gpudirect.formats import binary
+    from dask_gpudirect.ledger import Ledger
+    from dask_gpudirect.targets import host
+
+    paths = [str(tmp_path / f"{i}.npy") for i in range(2)]
+    for path in paths:
+        np.save(path, np.arange(1 << 16, dtype="<i8"))
+    plan = binary.plan(paths, None, None, 1 << 40, "host")
+    (tmp_path / "1.npy").unlink()
+    missing, ended = threading.Event(), []
+    pread = host._pread_into
+
+    def slow_pread(fd: int, view: memoryview, offset: int) -> int:
+        missing.wait(timeout=30)  # the disk answers once the second file was found missing
+        try:
+            return pread(fd, view, offset)
+        finally:
+            ended.append(offset)
+
+    monkeypatch.setattr(host, "_pread_into", slow_pread)
+    target = host.HostTarget(resolve_options({"threads": 2, "task_size": 1 << 14}), Ledger("w", 10))
+    checked = target.checked
+
+    def checked_then_said(shard):
+        if shard.path == paths[1]:
+            missing.set()
+        return checked(shard)
+
+    monkeypatch.setattr(target, "checked", checked_then_said)
+    reads = len(range(0, plan.shards[0].size, 1 << 14))
+    with pytest.raises(InputError, match=r"1\.npy"):
+        try:
+            target.read_run(plan.shards)
+        finally:
+            assert len(ended) == reads  # every read of 0.npy had ended when the error came
+    target.close()

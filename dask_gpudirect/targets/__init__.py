@@ -122,10 +122,16 @@ class Target:
         has ended before an error is raised, so that none writes into a freed buffer."""
         with contextlib.ExitStack() as stack:
             started, at = [], 0
-            for shard in shards:
-                file = stack.enter_context(self.checked(shard))
-                started.append(self._start_read(shard, file, view[at : at + shard.size], stack))
-                at += shard.size
+            try:
+                for shard in shards:
+                    file = stack.enter_context(self.checked(shard))
+                    view_of = view[at : at + shard.size]
+                    started.append(self._start_read(shard, file, view_of, stack))
+                    at += shard.size
+            except BaseException:  # a later file missing, changed or refused: the reads of
+                for waits in started:  # the files before it end before their files close
+                    _settle(waits)
+                raise
             counts = [_settle(waits) for waits in started]
             for shard, count in zip(shards, counts, strict=True):
                 if not isinstance(count, int):
