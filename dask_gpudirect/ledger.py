@@ -39,6 +39,7 @@ COPIES: dict[str, int] = {
     # last, so the dashboard's colors of the paths above stay as they were
     "host-remote": 1,  # object storage (s3://, http(s)://) -> host memory by range requests
     "kvikio-remote": 2,  # object storage -> host memory (the HTTP client's) -> GPU, by kvikio
+    "in-process": 0,  # a shuffle piece between two workers of one process: handed over as is
 }
 
 #: Copies of a host-staged GPU transfer between two nodes: GPU -> host -> NIC -> NIC -> host -> GPU.

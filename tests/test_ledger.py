@@ -121,4 +121,26 @@ def test_copies_per_route():
         "host-to-disk": 1,
         "host-remote": 1,  # object store or HTTP server -> host memory
         "kvikio-remote": 2,  # object store or HTTP server -> host memory -> GPU
+        "in-process": 0,  # between two workers of one process
     }
+
+
+def test_a_shuffle_between_workers_of_one_process_copies_nothing():
+    """``LocalCluster(processes=False)``: the pieces go worker to worker by reference
+    (``inproc://``), not over a socket; the ledger says so, and no copy."""
+    import dask.dataframe as dd
+    import pandas as pd
+    from distributed import Client, LocalCluster
+
+    pdf = pd.DataFrame({"k": np.arange(400) % 7, "v": np.arange(400.0)})
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0",
+        plugins={dg.GPUDirectPlugin()},
+    ) as cluster, Client(cluster, set_as_default=False) as client:  # fmt: skip
+        assert all(a.startswith("inproc://") for a in client.scheduler_info()["workers"])
+        out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", client=client)
+        assert len(compute(client, out)) == 400
+        moved = ledger_report.records(client)
+        moved = moved[moved["op"] == "shuffle"]
+        assert set(moved["path"]) == {"local", "in-process"}
+        assert (moved["copies"] == 0).all()
