@@ -278,7 +278,8 @@ def read_parquet(
         Dask's ``dataframe.convert-string`` on, as it is unless set off: strings as
         ``string[pyarrow]``, dates and decimals pyarrow-backed).
     filesystem
-        ``None``, ``"arrow"`` or a local file system (pyarrow's or fsspec's).
+        ``None``, ``"arrow"``, ``"fsspec"`` (Dask's default) or a local file system
+        (pyarrow's or fsspec's).
     storage_options
         For ``s3://`` URLs, as Dask takes them: ``key``, ``secret``, ``token``, ``anon``,
         ``endpoint_url`` (or ``client_kwargs={"endpoint_url": ...}``), ``region``,
@@ -289,6 +290,8 @@ def read_parquet(
     """
     compat.check_kwargs("read_parquet", kwargs)
     compat.check_filesystem(filesystem)
+    if blocksize == "default":  # Dask's spelling of its default
+        blocksize = None
     if not isinstance(calculate_divisions, bool):
         raise InputError(
             None, f"calculate_divisions must be True or False, not {calculate_divisions!r}"

@@ -159,9 +159,10 @@ def _nullable_name(kind: pa.DataType) -> str:
 
 
 def check_filesystem(filesystem: Any) -> None:
-    """Accept what names the local file system (None, ``"arrow"``, pyarrow's or fsspec's local
-    file system); refuse any other with the reason."""
-    if filesystem is None or filesystem == "arrow":
+    """Accept what names the local file system (None, ``"arrow"``, Dask's default
+    ``"fsspec"``, pyarrow's or fsspec's local file system); refuse any other with the
+    reason."""
+    if filesystem is None or filesystem in ("arrow", "fsspec"):
         return
     kind = type(filesystem)
     if (kind.__module__, kind.__name__) in {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import inspect
 import os
 
 import dask
@@ -179,8 +180,19 @@ def test_dask_arguments_accepted(tcp, tmp_path):
         "aggregate_files": None,
         "open_file_options": {},
         "dataset": {},
+        "filesystem": "fsspec",
+        "blocksize": "default",
     }
     got = compute(tcp, dg.read_parquet(path, client=tcp, **defaults))
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0))
+    # every default of dd.read_parquet's signature, as code written for Dask may pass them
+    signature = inspect.signature(dd.read_parquet).parameters.values()
+    given = {
+        p.name: p.default
+        for p in signature
+        if p.default is not inspect.Parameter.empty and p.name != "path"
+    }
+    got = compute(tcp, dg.read_parquet(path, client=tcp, **given))
     pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0))
     with pytest.raises(dg.InputError, match="categories= is not supported"):
         dg.read_parquet(path, categories=["s"], client=tcp)
