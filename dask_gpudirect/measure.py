@@ -1,4 +1,5 @@
-"""What the tools measure with: a local cluster, the pinned-copy ceiling and the pair transfer.
+"""What the tools measure with: a local cluster, the pinned-copy ceiling and the pair transfer
+(and the check of a size option they both take).
 
 ``bench`` and ``probe`` both start a local cluster, time a copy from pinned host memory to the
 GPU and time one buffer sent from a worker to another; here once, so that each tool imports the
