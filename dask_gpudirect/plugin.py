@@ -61,7 +61,9 @@ class GPUDirectPlugin(WorkerPlugin):
     def teardown(self, worker: Worker) -> None:
         if not hasattr(self, "_targets"):  # setup failed (a bad option) before making them
             return
-        metrics.unexport(worker, self.ledger)
+        # the worker's own ledger: in one process, LocalCluster(processes=False, plugins=...)
+        # sets up one plugin object on every worker, and self.ledger is the last one's
+        metrics.unexport(worker, ledger.of(worker))
         for target in self._targets.values():
             target.close()
 

@@ -154,3 +154,25 @@ def test_two_workers_in_one_process_and_registering_again():
         url = f"http://127.0.0.1:{info['services']['dashboard']}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             assert parse(response.read().decode())["dask_gpudirect_bytes"] == {}
+
+
+def test_workers_of_one_process_given_the_plugin_at_start_stop_publishing_when_they_close():
+    """``LocalCluster(processes=False, plugins={GPUDirectPlugin()})`` sets up one plugin object
+    on both workers: each one's series leaves the process's ``/metrics`` when it closes, not
+    only the last one set up (the other's stayed, a worker long gone)."""
+    from dask_gpudirect import metrics
+
+    with (
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            threads_per_worker=1,
+            dashboard_address=":0",
+            plugins={dg.GPUDirectPlugin()},
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        client.run(record_a_read)
+        workers = set(client.nthreads())
+        assert workers <= set(metrics.collector().ledgers)
+    assert not workers & set(metrics.collector().ledgers)
