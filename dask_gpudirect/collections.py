@@ -22,11 +22,11 @@ from dask.dataframe.dask_expr._collection import new_collection
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 from dask.typing import Key
-from dask.utils import parse_bytes
 from distributed import Client, Worker
 
 from . import compat, discovery, plan_cache, read_plans, remote, remote_listing, targets
 from .cluster import survey
+from .config import size_in_bytes
 from .connection import connected
 from .errors import InputError
 from .formats import binary, hive, parquet
@@ -66,12 +66,9 @@ def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> i
         if target == "host":
             return AUTO_HOST
         return min(info["memory"][target] for info in workers.values()) // AUTO_SHARE
-    try:
-        nbytes = parse_bytes(value)
-    except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes([1]): AttributeError
-        raise InputError(
-            None, f"bad blocksize {value!r}: use bytes or a size like '256MiB'"
-        ) from None
+    nbytes = size_in_bytes(value)
+    if nbytes is None:
+        raise InputError(None, f"bad blocksize {value!r}: use bytes or a size like '256MiB'")
     if nbytes <= 0:
         raise InputError(None, f"bad blocksize {value!r}: must be positive")
     return nbytes

@@ -45,6 +45,17 @@ def resolve_options(overrides: dict[str, Any]) -> dict[str, Any]:
     return {name: _checked(name, value, name in overrides) for name, value in options.items()}
 
 
+def size_in_bytes(value: Any) -> int | None:
+    """``value`` in bytes (a number, or a size like ``"4MiB"``); None where it is no size (an
+    unknown unit, a boolean): what every size setting and option is read with."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return parse_bytes(value)
+    except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes([1]): AttributeError
+        return None
+
+
 def _checked(name: str, value: Any, given: bool) -> Any:
     """An option's value made what the readers take, or a ConfigError that names where it came
     from: where the plugin is made (or set up), not in the first read task."""
@@ -59,11 +70,9 @@ def _checked(name: str, value: Any, given: bool) -> Any:
             number = int(value)
             if number >= (1 if name == "threads" else 0):
                 return number
-        if name == "task_size" and not isinstance(value, bool):
-            size = parse_bytes(value)
-            if size > 0:
-                return size
-    except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes' failures
+        if name == "task_size" and (size := size_in_bytes(value) or 0) > 0:
+            return size
+    except (ValueError, TypeError):  # int() of what is no number
         pass
     wanted = {
         "target": "'device', 'host' or None",

@@ -30,15 +30,12 @@ def byte_size(ctx: Any, param: Any, value: str | None) -> str | None:
     """A click callback for a size option (``--size 256MiB``, ``--rmm-pool-size 40GB``): a
     usage error before anything starts where it is no positive size."""
     import click
-    from dask.utils import parse_bytes
+
+    from .config import size_in_bytes
 
     if value is None:
         return None
-    try:
-        nbytes = parse_bytes(value)
-    except (ValueError, TypeError, KeyError):
-        nbytes = 0
-    if nbytes <= 0:
+    if (size_in_bytes(value) or 0) <= 0:
         raise click.BadParameter(f"{value!r}: use a positive size, like 256MiB")
     return value
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import dask.config
-from dask.utils import parse_bytes, parse_timedelta
+from dask.utils import parse_timedelta
 
+from ..config import size_in_bytes
 from ..errors import ConfigError
 
 
@@ -21,8 +22,8 @@ def size(key: str, cap: int, auto: str | None = None) -> int:
     """``gpudirect.shuffle.<key>`` in bytes (``auto``: the size given here), at most
     ``cap``: a positive size."""
     value = _value(key)
-    nbytes = _bytes(key, auto if value == "auto" and auto else value, "a positive size")
-    if nbytes <= 0:
+    nbytes = size_in_bytes(auto if value == "auto" and auto else value)
+    if nbytes is None or nbytes <= 0:
         raise _bad(key, value, "a positive size, like '512MiB'")
     return max(min(nbytes, cap), 1)
 
@@ -70,11 +71,8 @@ def _value(key: str) -> Any:
 
 def _bytes(key: str, value: Any, wanted: str) -> int:
     """``value`` in bytes, at least 0."""
-    try:
-        nbytes = parse_bytes(value) if not isinstance(value, bool) else -1
-    except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes' failures
-        nbytes = -1
-    if nbytes < 0:
+    nbytes = size_in_bytes(value)
+    if nbytes is None or nbytes < 0:
         raise _bad(key, value, wanted)
     return nbytes
 
