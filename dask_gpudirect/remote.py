@@ -316,7 +316,8 @@ class Object:
                 return self._handle.read_at(length, offset)
             return _http_range(self.path, offset, length, self.version)
         except Exception as exc:  # pyarrow: OSError, ArrowException; urllib: URLError...
-            raise error(self.path, exc, self.store) from None
+            failure = error(self.path, exc, self.store)
+        raise failure  # outside the handler: see _opened
 
     def head(self) -> tuple[int, str]:
         """The object's size and version now (a fresh request)."""
@@ -333,22 +334,28 @@ def opened(path: str, store: Store | None) -> Iterator[access.Opened | Object]:
         with access.opened(path) as file:
             yield file
         return
-    store = store or Store()
-    try:
-        if scheme(path) == "s3":
-            handle = filesystem(store).open_input_file(s3_path(path))
-            meta = handle.metadata()  # the HEAD's headers, str -> bytes
-            version = (meta.get("ETag") or meta.get("Last-Modified") or b"").decode()
-            obj = Object(path, store, handle.size(), version, handle)
-        else:
-            obj = Object(path, store, *_http_head(path))
-    except Exception as exc:
-        raise error(path, exc, store) from None
+    obj = _opened(path, store or Store())
     try:
         yield obj
     finally:
         if obj._handle is not None:
             obj._handle.close()
+
+
+def _opened(path: str, store: Store) -> Object:
+    """``path``'s object by one HEAD request. A failure is raised outside the ``except``
+    block, so that it carries no ``__context__``: urllib's ``HTTPError`` holds the response's
+    socket, which Distributed cannot pickle when it sends a task's error to the client."""
+    try:
+        if scheme(path) == "s3":
+            handle = filesystem(store).open_input_file(s3_path(path))
+            meta = handle.metadata()  # the HEAD's headers, str -> bytes
+            version = (meta.get("ETag") or meta.get("Last-Modified") or b"").decode()
+            return Object(path, store, handle.size(), version, handle)
+        return Object(path, store, *_http_head(path))
+    except Exception as exc:
+        failure = error(path, exc, store)
+    raise failure
 
 
 def _version(headers: http.client.HTTPMessage) -> str:
@@ -386,23 +393,37 @@ def _http_head(url: str) -> tuple[int, str]:
 
 
 def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
-    """Bytes ``offset .. offset + length`` of ``url``, checked to be of ``version``."""
-    headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
-    with _retried(urllib.request.Request(url, headers=headers)) as response:
-        if response.status != 206:
-            raise InputError(url, f"the server does not serve byte ranges (HTTP {response.status})")
-        now = _version(response.headers)
-        if now != version:
-            raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
-        try:
-            data = response.read(length)
-        except http.client.IncompleteRead as exc:
-            data = exc.partial
-        if len(data) != length:
-            raise InputError(
-                url, f"the connection was cut after {len(data)} of {length} bytes at {offset}"
-            )
-        return data
+    """Bytes ``offset .. offset + length`` of ``url``, checked to be of ``version``. A body cut
+    short (the connection dropped) is asked for again from where it stopped, after the same
+    backoff as a failed request, ``retries`` times at most."""
+    settings = Settings.current()
+    data = bytearray()
+    for attempt in range(settings.retries + 1):
+        if attempt:
+            time.sleep(settings.backoff * 2 ** (attempt - 1))
+        start = offset + len(data)
+        headers = {"Range": f"bytes={start}-{offset + length - 1}"}
+        with _retried(urllib.request.Request(url, headers=headers)) as response:
+            if response.status != 206:
+                raise InputError(
+                    url, f"the server does not serve byte ranges (HTTP {response.status})"
+                )
+            now = _version(response.headers)
+            if now != version:
+                raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
+            try:
+                data += response.read(length - len(data))
+            except http.client.IncompleteRead as exc:
+                data += exc.partial
+            except (ConnectionError, TimeoutError):
+                pass  # what this response gave is lost with it: asked for again
+        if len(data) == length:
+            return bytes(data)
+    raise InputError(
+        url,
+        f"the connection was cut after {len(data)} of {length} bytes at {offset}, "
+        f"through gpudirect.remote.retries ({settings.retries}) retries",
+    )
 
 
 def pieces(ranges: tuple[tuple[int, int], ...], size: int) -> list[tuple[int, int]]:

@@ -254,13 +254,33 @@ def test_http_retries_a_server_error(tcp, http_url, local_data):
     assert server.fail_next == 0
 
 
-def test_http_connection_cut_mid_read(tcp, http_url):
+def test_http_server_error_at_compute_reaches_the_client_as_an_input_error(tcp, http_url):
+    """urllib's HTTPError holds its socket: an error raised while handling it could not be
+    pickled to the client, which got a bare ``Exception`` with the text in it."""
+    base, _, server = http_url
+    url = f"{base}/npy/shard-1.npy"
+    arr = dg.read_binary(url, client=tcp)
+    server.fail_next = 100
+    try:
+        with worker_config(tcp, {"gpudirect.remote.retries": 1}):
+            with pytest.raises(InputError, match=r"request failed \(HTTP 503\)") as excinfo:
+                compute(tcp, arr)
+    finally:
+        server.fail_next = 0
+    assert url in _message(excinfo)
+
+
+def test_http_connection_cut_mid_read_is_resumed_then_an_error(tcp, http_url):
     base, _, server = http_url
     url = f"{base}/raw.bin"
     arr = dg.read_binary(url, dtype="<i4", client=tcp)
-    server.cut_next = 1
-    with pytest.raises(InputError, match="the connection was cut after 2000 of 4000 bytes"):
-        compute(tcp, arr)
+    server.cut_next = 1  # the rest asked for again from where the body stopped
+    np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
+    assert server.cut_next == 0
+    server.cut_next = 2  # cut at 2000, then the rest cut at 3000: past one retry
+    with worker_config(tcp, {"gpudirect.remote.retries": 1}):
+        with pytest.raises(InputError, match="the connection was cut after 3000 of 4000 bytes"):
+            compute(tcp, arr)
     np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
 
 
