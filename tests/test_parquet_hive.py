@@ -170,6 +170,18 @@ def test_string_keys_and_keys_that_differ(tcp, tmp_path):
         dg.read_parquet(tmp_path, client=tcp)
 
 
+def test_values_of_other_digits_than_ascii_stay_strings(tcp, tmp_path):
+    """Python's ``int`` takes ``"٣"`` (an Arabic-Indic three): Dask and pyarrow keep it a
+    string, so one folder of it and one of ``4`` are a string column, not the ints 3 and 4."""
+    for name in ("\u0663", "4"):
+        folder = tmp_path / f"kind={name}"
+        folder.mkdir()
+        pq.write_table(pa.table({"x": [1, 2]}), folder / "part.parquet")
+    got = compute(tcp, dg.read_parquet(tmp_path, client=tcp))
+    same_as_dask(got, tmp_path)
+    assert sorted(got["kind"]) == ["4", "4", "\u0663", "\u0663"]
+
+
 def test_a_key_that_is_also_a_column_is_refused(tcp, tmp_path):
     folder = tmp_path / "x=1"
     folder.mkdir()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 import urllib.request
 
 import dask
@@ -244,6 +245,22 @@ def test_s3_hive_folders_as_locally(tcp, s3, local_data, tmp_path):
     local = dg.read_parquet(str(tmp_path), client=tcp, filters=[("year", "==", 2025)])
     assert_same_frame(compute(tcp, got), compute(tcp, local))
     assert list(compute(tcp, got)["year"].unique()) == [2025]
+
+
+def test_http_hive_folders_of_encoded_values_as_locally(tcp, http_url, local_data):
+    """A folder ``region=a%2Fb`` (Hive's encoding of ``a/b``) is ``region=a%252Fb`` in its URL:
+    the URL's encoding comes off first, then Hive's, as a local read decodes the folder."""
+    base, root, _ = http_url
+    names = [f"hive-enc/region={r}/part-{k}.parquet" for k, r in enumerate(("eu", "a%2Fb"))]
+    for k, name in enumerate(names):
+        (root / name).parent.mkdir(parents=True)
+        (root / name).write_bytes((local_data / "pq" / f"part-{k}.parquet").read_bytes())
+    urls = [f"{base}/{urllib.parse.quote(name)}" for name in names]
+    kept = [("region", "==", "a/b")]
+    got = compute(tcp, dg.read_parquet(urls, client=tcp, filters=kept))
+    local = compute(tcp, dg.read_parquet([str(root / n) for n in names], client=tcp, filters=kept))
+    assert_same_frame(got, local)
+    assert list(got["region"].unique()) == ["a/b"] and len(got) > 0
 
 
 def test_http_retries_a_server_error(tcp, http_url, local_data):

@@ -24,7 +24,7 @@ from ..filters import Filters
 
 #: What Hive (and Spark, and pyarrow) write for a null partition value.
 NULL = "__HIVE_DEFAULT_PARTITION__"
-_INTEGER = re.compile(r"^-?\d+$")
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits only, as pyarrow and Dask
 _INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -49,7 +49,10 @@ UNPARTITIONED = Partitioning((), {}, {}, {})
 def keys_of(path: str) -> list[tuple[str, str]]:
     """The ``key=value`` folders of ``path`` (of a URL's path: not its query), outermost first,
     each key once."""
-    if remote.is_remote(path):
+    if remote.scheme(path) in ("http", "https"):  # each folder's name percent-encoded in its URL
+        url_path = posixpath.dirname(urllib.parse.urlsplit(path).path)
+        folders = [urllib.parse.unquote(f) for f in url_path.split("/")]
+    elif remote.is_remote(path):  # an S3 key as it is stored
         folders = posixpath.dirname(urllib.parse.urlsplit(path).path).split("/")
     else:
         folders = os.path.dirname(path).split(os.sep)
@@ -85,7 +88,7 @@ def partitioning(files: list[str]) -> Partitioning | None:
 
 def _all_int32(values: set[str]) -> bool:
     return bool(values) and all(
-        _INTEGER.match(v) and _INT32[0] <= int(v) <= _INT32[1] for v in values
+        _INTEGER.fullmatch(v) and _INT32[0] <= int(v) <= _INT32[1] for v in values
     )
 
 
