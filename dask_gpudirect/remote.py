@@ -306,6 +306,12 @@ class Object:
         version stands for it)."""
         return access.Stat(self.size, 0)
 
+    @property
+    def weak_version(self) -> bool:
+        """Whether the version is only a Last-Modified time (an HTTP server without ETags):
+        a rewrite within its second keeps it."""
+        return self.version.startswith(_LAST_MODIFIED)
+
     def pread(self, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
         length = max(0, min(length, self.size - offset))
@@ -358,9 +364,12 @@ def _opened(path: str, store: Store) -> Object:
     raise failure
 
 
+_LAST_MODIFIED = "Last-Modified "
+
+
 def _version(headers: http.client.HTTPMessage) -> str:
     etag = headers.get("ETag")
-    return etag if etag else f"Last-Modified {headers.get('Last-Modified', '')}"
+    return etag if etag else f"{_LAST_MODIFIED}{headers.get('Last-Modified', '')}"
 
 
 def _retried(request: urllib.request.Request) -> http.client.HTTPResponse:

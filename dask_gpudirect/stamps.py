@@ -64,6 +64,16 @@ def check_version(stamp: Stamp, url: str, size: int, version: str) -> None:
         raise InputError(url, CHANGED.format(f"{stamp.version} then, {version} now"))
 
 
+def check_probe(stamp: Stamp, file: Source) -> None:
+    """Raise an InputError if the bytes the plan was made from (a footer, a header) differ
+    now: what tells a rewrite that kept the size and the modification time (or, on an HTTP
+    server without ETags, its second)."""
+    if stamp.probe is not None:
+        offset, length = stamp.probe
+        if zlib.crc32(pread_exact(file, length, offset)) != stamp.crc:
+            raise InputError(file.path, CHANGED.format(f"bytes {offset}-{offset + length} differ"))
+
+
 def check(stamp: Stamp | None, file: Opened) -> None:
     """Raise an InputError if ``file`` is no longer what ``stamp`` was taken of."""
     if stamp is None:  # a raw range read, not planned from the file (the probe's)
@@ -75,10 +85,7 @@ def check(stamp: Stamp | None, file: Opened) -> None:
         then = ", ".join(_when(t) for t in sorted(stamp.mtimes))
         now_at = _when(now.st_mtime_ns)
         raise InputError(file.path, CHANGED.format(f"modified at {then}, now at {now_at}"))
-    if stamp.probe is not None:
-        offset, length = stamp.probe
-        if zlib.crc32(pread_exact(file, length, offset)) != stamp.crc:
-            raise InputError(file.path, CHANGED.format(f"bytes {offset}-{offset + length} differ"))
+    check_probe(stamp, file)
 
 
 def _when(ns: int) -> str:

@@ -186,6 +186,29 @@ def test_http_file_changed_since_planning(tcp, http_url):
     assert f"{base}/changing.npy" in _message(excinfo)
 
 
+def test_http_file_rewritten_within_its_last_modified_second(tcp, http_url):
+    """A server without ETags versions a file by its Last-Modified, to the second: a rewrite
+    of the same size that keeps it is found by the footer the plan was made from."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base, root, _ = http_url
+    path = root / "same-second.parquet"
+
+    def write(start: int) -> None:
+        ids = pa.table({"id": np.arange(start, start + 100, dtype="int64")})
+        pq.write_table(ids, path, compression=None, use_dictionary=False)
+
+    write(0)
+    df = dg.read_parquet(f"{base}/same-second.parquet", client=tcp)
+    planned = os.stat(path)
+    write(1000)
+    os.utime(path, ns=(planned.st_atime_ns, planned.st_mtime_ns))
+    assert os.stat(path).st_size == planned.st_size
+    with pytest.raises(InputError, match=r"changed since it was planned \(bytes"):
+        compute(tcp, df)
+
+
 def test_credentials_never_show(tcp, s3, caplog):
     """The keys appear in no ledger record, report, error text, repr of the shards or of the
     graph, in no log of the client or the workers, nor in the metrics or the dashboard page."""
