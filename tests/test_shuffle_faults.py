@@ -20,7 +20,6 @@ running workers. Bad options, which need no cluster of their own, close the modu
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import signal
@@ -37,7 +36,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask.sizeof import sizeof
-from distributed import Client, futures_of, wait
+from distributed import CancelledError, Client, futures_of, get_worker, wait
 from util import (
     HANG_GUARD,
     RECEIVE,
@@ -187,6 +186,50 @@ def stall_outputs(dask_worker, flag: str) -> None:
         time.sleep(HANG_GUARD)
 
     ShuffleRun.outputs = outputs
+
+
+def shuffle_ended_here(dask_worker, timeout: float) -> bool:
+    """Wait (from a task on this worker) until a shuffle run here has ended: what a stage
+    hears when the shuffle is aborted; False after ``timeout``."""
+    service = shuffle_service(dask_worker)
+    ids = set(service.runs)
+    deadline = time.monotonic() + timeout
+    while not ids & set(service.closed):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def then_raises_on(first: str):
+    """A then= that raises on worker ``first``'s outputs, and on the others returns each only
+    once the shuffle has ended there (the abort that the failure sends has arrived)."""
+
+    def then(part):
+        worker = get_worker()
+        if worker.address == first:
+            raise ValueError("bad partition")
+        shuffle_ended_here(worker, timeout=60)
+        return part
+
+    return then
+
+
+def then_waits_for_the_end(flag: str):
+    """A then= that touches ``flag`` (the stages build outputs) and returns its output only once
+    the shuffle has ended on its worker (or after a minute)."""
+
+    def then(part):
+        open(flag, "w").close()
+        shuffle_ended_here(get_worker(), timeout=60)
+        return part
+
+    return then
+
+
+def outputs_kept(dask_worker) -> dict:
+    """The outputs a worker's stages kept and never saw published, by shuffle."""
+    return {k: len(v) for k, v in shuffle_service(dask_worker).built.items()}
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -515,9 +558,12 @@ def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
     wait(df)
     leaving = Client(cluster.scheduler.address, set_as_default=False)
 
-    def shuffle():
-        with contextlib.suppress(Exception):  # its client closes under it: any error will do
+    def shuffle() -> BaseException | None:
+        try:
             dg.shuffle(leaving.persist(dd.from_pandas(pdf, npartitions=4)), "k", client=leaving)
+        except Exception as exc:  # its client closes under it
+            return exc
+        return None
 
     with worker_config(cluster, {"gpudirect.shuffle.timeout": f"{HANG_GUARD}s"}):
         with ThreadPoolExecutor(1) as pool:
@@ -534,7 +580,9 @@ def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
                 assert not state["runs"]
             finally:
                 os.kill(pid, signal.SIGCONT)
-            running.result(timeout=HANG_GUARD)
+            error = running.result(timeout=HANG_GUARD)
+    # the stages' cancelled error (an AttributeError of the closed client's hid it)
+    assert isinstance(error, (dg.ShuffleError, CancelledError)), repr(error)
     cluster.run(restore_receive)
     wait_until_clean(cluster, timeout=HANG_GUARD)
     assert not any(cluster.run(lambda dask_worker: shuffle_service(dask_worker).built).values())
@@ -570,6 +618,51 @@ def test_a_run_whose_stage_never_started_is_freed_when_the_shuffle_fails(cluster
     finally:
         release.touch()
     blocker.result(timeout=HANG_GUARD)
+
+
+def test_outputs_built_after_the_abort_are_not_kept(cluster):
+    """then= fails on one worker while the other still builds its outputs: that one hears the
+    abort and keeps none of them (it kept every output it built after it, unknown to the
+    scheduler, for good)."""
+    first, other = sorted(cluster.nthreads())
+    pdf = frame(2000, keys=97, seed=14)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    wait(df)
+    with pytest.raises(dg.ShuffleError, match="then=then raised on output partition"):
+        dg.shuffle(df, "k", then=then_raises_on(first), meta=pdf.iloc[:0], client=cluster)
+    wait_until_clean(cluster, timeout=HANG_GUARD)
+    assert cluster.run(outputs_kept) == {first: {}, other: {}}
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+
+
+def test_an_interrupted_call_ends_the_shuffle_on_the_workers(cluster, tmp_path):
+    """Ctrl-C in the caller while the stages build their outputs: every worker hears the
+    shuffle end, and keeps none of its outputs (the stages built and kept them all, outputs
+    that nothing would publish or free)."""
+    import _thread
+
+    pdf = frame(2000, keys=97, seed=15)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    wait(df)
+    building = tmp_path / "building"
+
+    def interrupt_once_building() -> None:
+        deadline = time.monotonic() + HANG_GUARD
+        while not building.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _thread.interrupt_main()
+
+    interrupter = threading.Thread(target=interrupt_once_building, daemon=True)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        then = then_waits_for_the_end(str(building))
+        dg.shuffle(df, "k", then=then, meta=pdf.iloc[:0], client=cluster)
+    interrupter.join()
+    wait_until_clean(cluster, timeout=HANG_GUARD)
+    assert not any(cluster.run(outputs_kept).values())
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
 def test_registering_the_readers_again_mid_shuffle_leaves_it_alone(cluster):

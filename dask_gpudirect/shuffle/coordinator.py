@@ -151,9 +151,12 @@ def _exchange(
         inputs.clear()
         with clock("publish"):  # kept, the outputs end the shuffle on the scheduler
             return _publish_outputs(client, plan)
-    except BaseException:  # forgotten by the scheduler (a no-op where an abort did it)
+    except BaseException as exc:  # every participant's run ended (a no-op where an abort
+        # did it): a caller interrupted (Ctrl-C) would leave the stages building outputs that
+        # no one publishes; a closed client's shuffles the scheduler ends itself
         with clock("end"), contextlib.suppress(OSError):  # a lost scheduler must not hide
-            _end(client, plan)  # the first error
+            if client.status == "running":  # the first error
+                _end(client, plan, abort=f"the caller's call ended: {type(exc).__name__}")
         raise
     finally:
         clock.count_collections()

@@ -392,6 +392,7 @@ class ShuffleService:
         like any result; the scheduler learns of them from :meth:`report_built`. (``update_data``'s
         own stimulus: ``Worker.update_data`` sizes each value again for its reply, and Dask's
         sizeof of a pandas frame costs about 0.15 ms; the task states hold the sizes.)"""
+        self.raise_if_ended(shuffle_id)  # aborted while its outputs were built: keep none
         stimulus_id = f"gpudirect-shuffle-{shuffle_id}-keep-{time.time()}"
         self.worker.handle_stimulus(UpdateDataEvent(data=outputs, stimulus_id=stimulus_id))
         tasks = self.worker.state.tasks
@@ -476,15 +477,20 @@ class ShuffleService:
     # --- run lifecycle (event loop) ----------------------------------------------------------
     def run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
         """The run of ``shuffle_id``, made when its first message or its stage task arrives."""
-        if shuffle_id in self.closed:
-            raise ShuffleError(
-                f"shuffle {shuffle_id} has ended here: {self.closed[shuffle_id]}", secondary=True
-            )
+        self.raise_if_ended(shuffle_id)
         if shuffle_id not in self.runs:
             buffer = self._buffer(shuffle_id, target)
             in_flight = self.batches(target)["in-flight"]
             self.runs[shuffle_id] = ShuffleRun(self, shuffle_id, buffer, in_flight)
         return self.runs[shuffle_id]
+
+    def raise_if_ended(self, shuffle_id: str) -> None:
+        """Refuse work for a shuffle that ended here (aborted, or done): a late piece, an
+        output built after the abort."""
+        if shuffle_id in self.closed:
+            raise ShuffleError(
+                f"shuffle {shuffle_id} has ended here: {self.closed[shuffle_id]}", secondary=True
+            )
 
     def stage_run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
         run = self.run(shuffle_id, target)
@@ -631,6 +637,7 @@ class ShuffleService:
 
     def _then(self, then: Callable[[Any], Any], shuffle_id: str, j: int, part: Any) -> Any:
         """``then(part)`` of output ``j``; its error, named, fails the shuffle."""
+        self.raise_if_ended(shuffle_id)  # aborted meanwhile: build no more
         try:
             return then(part)
         except Exception as exc:
