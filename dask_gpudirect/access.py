@@ -22,6 +22,10 @@ import dask.config
 from .errors import ConfigError, InputError
 
 KEY = "gpudirect.allowed-roots"
+#: The environment variable of ``KEY``, taken where the configuration sets no roots: a
+#: ``LocalCluster(env={ENV: ...})`` worker is handed the client's whole configuration by its
+#: nanny, whose null would otherwise override the limit the worker's environment asks for.
+ENV = "DASK_GPUDIRECT__ALLOWED_ROOTS"
 
 #: The one answer for a path outside the roots: it says nothing of what lies there.
 REFUSED = "outside gpudirect.allowed-roots: the workers do not read or list it"
@@ -48,6 +52,8 @@ def roots() -> tuple[str, ...] | None:
 def _configured() -> tuple[str, ...] | None:
     """The roots as configured, checked (see :func:`roots`); None: no limit."""
     value = dask.config.get(KEY, default=None)
+    if value is None and ENV in os.environ:
+        value = dask.config.interpret_value(os.environ[ENV])
     if value is None:
         return None
     if isinstance(value, (str, os.PathLike)):

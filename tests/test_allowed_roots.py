@@ -189,6 +189,20 @@ def test_bad_allowed_roots_fail_the_plugin_on_a_running_cluster(roots):
                 dg.read_binary(data / "in.npy", client=client)
 
 
+def test_allowed_roots_in_a_local_clusters_env(roots):
+    """``LocalCluster(env={"DASK_GPUDIRECT__ALLOWED_ROOTS": ...})``: each nanny hands its
+    worker the client's whole configuration, whose null roots overrode the environment's, so
+    every path was read."""
+    data, outside = roots
+    env = {"DASK_GPUDIRECT__ALLOWED_ROOTS": str(data)}
+    with start_cluster("tcp", n_workers=1, env=env) as cluster, Client(cluster) as client:
+        arr = dg.read_binary(data / "in.npy", client=client)
+        np.testing.assert_array_equal(compute(client, arr), np.arange(100))
+        with pytest.raises(dg.InputError) as info:
+            dg.read_binary(outside / "out.npy", client=client)
+        assert str(info.value) == refused(outside / "out.npy")
+
+
 def test_allowed_roots_from_the_environment_of_dask_worker(tmp_path, roots):
     """``DASK_GPUDIRECT__ALLOWED_ROOTS`` of real ``dask worker --preload`` processes: several
     roots joined by ``os.pathsep`` on one worker, one root on the other, a bad value that stops
