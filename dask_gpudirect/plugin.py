@@ -39,6 +39,14 @@ class GPUDirectPlugin(WorkerPlugin):
         self.overrides = options
 
     def setup(self, worker: Worker) -> None:
+        if getattr(self, "address", worker.address) != worker.address:
+            # LocalCluster(processes=False, plugins={...}) hands this one object to every worker
+            # of the process: each gets a copy of its own (readers, ledger, address), or the
+            # first to close would close the readers of all
+            own = GPUDirectPlugin(**self.overrides)
+            worker.plugins[self.name] = own
+            own.setup(worker)
+            return
         # a bad gpudirect.allowed-roots or reader option fails the worker's start, not a read
         access.roots()
         self.options = resolve_options(self.overrides)
@@ -61,9 +69,7 @@ class GPUDirectPlugin(WorkerPlugin):
     def teardown(self, worker: Worker) -> None:
         if not hasattr(self, "_targets"):  # setup failed (a bad option) before making them
             return
-        # the worker's own ledger: in one process, LocalCluster(processes=False, plugins=...)
-        # sets up one plugin object on every worker, and self.ledger is the last one's
-        metrics.unexport(worker, ledger.of(worker))
+        metrics.unexport(worker, self.ledger)
         for target in self._targets.values():
             target.close()
 

@@ -373,3 +373,31 @@ def test_workers_in_the_users_own_process_freeze_nothing():
     ):
         client.register_plugin(dg.GPUDirectPlugin())
         assert client.run(has_plugin) and gc.get_freeze_count() == before
+
+
+def test_workers_of_one_process_given_one_plugin_object_each_read_on_their_own(tmp_path):
+    """``LocalCluster(processes=False, plugins={GPUDirectPlugin()})`` hands one plugin object
+    to both workers: each sets up a copy of its own, so the first to close leaves the other's
+    readers open (they shared them, and the address of the last one set up)."""
+    np.save(tmp_path / "a.npy", np.arange(1000))
+    with (
+        LocalCluster(
+            n_workers=2,
+            processes=False,
+            threads_per_worker=1,
+            dashboard_address=None,
+            plugins={dg.GPUDirectPlugin(threads=2)},
+        ) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        first, second = sorted(client.nthreads())
+        plugins = client.run(lambda dask_worker: dask_worker.plugins["gpudirect"])
+        assert plugins[first] is not plugins[second]
+        assert {w: p.address for w, p in plugins.items()} == {first: first, second: second}
+        assert plugins[second].options["threads"] == 2
+        arr = dg.read_binary(tmp_path / "a.npy", blocksize=800, client=client)
+        np.testing.assert_array_equal(compute(client, arr), np.arange(1000))
+        client.retire_workers([first], close_workers=True)
+        client.wait_for_workers(1)
+        arr = dg.read_binary(tmp_path / "a.npy", blocksize=800, client=client)
+        np.testing.assert_array_equal(compute(client, arr), np.arange(1000))
