@@ -15,7 +15,7 @@ from .cuda import gpu_count
 from .dashboard import DashboardPlugin
 from .errors import ClusterError
 from .placement import PlacementPlugin
-from .plugin import GPUDirectPlugin, current_plugin
+from .plugin import DefaultReaders, GPUDirectPlugin, current_plugin
 from .shuffle.plugin import ShuffleSchedulerPlugin, ShuffleWorkerPlugin
 
 logger = logging.getLogger(__name__)
@@ -107,9 +107,10 @@ async def _describe(
 
 def _registered(dask_scheduler: Scheduler) -> dict[str, Any]:
     """The worker and scheduler plugins the scheduler holds, by name; its workers' server ids
-    (a restarted worker has a new one) and its reader plugin, hashed (None: none)."""
+    (a restarted worker has a new one) and its reader plugin (or the defaults'), hashed
+    (None: none)."""
     workers, scheduler = dask_scheduler.worker_plugins, dask_scheduler.plugins
-    readers = workers.get(GPUDirectPlugin.name)
+    readers = workers.get(GPUDirectPlugin.name) or workers.get(DefaultReaders.name)
     return {
         "worker": list(workers),
         "scheduler": list(scheduler),
@@ -118,24 +119,31 @@ def _registered(dask_scheduler: Scheduler) -> dict[str, Any]:
     }
 
 
-def ensure_plugins(client: Client, need_readers: list[str] | None = None) -> None:
+def ensure_plugins(
+    client: Client, need_readers: list[str] | None = None, readers: bool = True
+) -> None:
     """Register the reader, shuffle, placement and dashboard plugins where they are missing, and
-    say so. Where all are there (every call after the first): one round trip to the scheduler,
-    which hands its worker plugins to every worker that joins; one more to the workers where
-    the reader plugin came with them (``plugins=``) rather than through the scheduler, unless
-    the caller says which workers lack it and need it (``need_readers``: the survey learns
-    which lack it; a shuffle, which reads nothing, needs it on none)."""
-    _register_missing(client, client.run_on_scheduler(_registered), need_readers)
+    say so. The readers come through :class:`.DefaultReaders`, which sets up a
+    GPUDirectPlugin of defaults only on a worker without one of its own (``plugins=``, a
+    user's ``register_plugin``), now and on every worker that joins later. Where all are there
+    (every call after the first): one round trip to the scheduler. Before, one more to the
+    workers, unless the caller says which lack the reader plugin (``need_readers``: the survey
+    learns which); a shuffle, which reads nothing, registers no readers (``readers=False``)."""
+    held = client.run_on_scheduler(_registered)
+    _register_missing(client, held, need_readers, readers)
 
 
 def _register_missing(
-    client: Client, held: dict[str, list[str]], need_readers: list[str] | None
+    client: Client,
+    held: dict[str, list[str]],
+    need_readers: list[str] | None,
+    readers: bool = True,
 ) -> None:
     """:func:`ensure_plugins`, the scheduler's plugins (``held``) known."""
     missing = need_readers
     if missing is None:
         missing = []
-        if GPUDirectPlugin.name not in held["worker"]:
+        if not {GPUDirectPlugin.name, DefaultReaders.name} & set(held["worker"]):
             missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
     if missing:
         cluster = client.cluster
@@ -148,7 +156,8 @@ def _register_missing(
         logger.info(
             "registering GPUDirectPlugin with defaults on %d worker(s): %s", len(missing), missing
         )
-        client.register_plugin(GPUDirectPlugin())
+    if missing or (readers and DefaultReaders.name not in held["worker"]):
+        client.register_plugin(DefaultReaders())
     for plugin, kind in (
         (ShuffleWorkerPlugin, "worker"),
         (ShuffleSchedulerPlugin, "scheduler"),

@@ -91,6 +91,23 @@ class GPUDirectPlugin(WorkerPlugin):
         return {"gpus": self.gpus, "options": self.options}
 
 
+class DefaultReaders(WorkerPlugin):
+    """Sets up a GPUDirectPlugin of defaults on a worker that has none, and leaves a worker's
+    own alone. Registered through the scheduler, it reaches every worker that joins later
+    too: one started without ``plugins=`` that a read placed on a lost worker may move to.
+    (Registering GPUDirectPlugin itself where one worker lacked it replaced every worker's,
+    the user's options and the readers of running reads with it.)"""
+
+    name = "gpudirect-defaults"
+    idempotent = False  # registered again, it reaches the workers that lack readers now
+
+    def setup(self, worker: Worker) -> None:
+        if GPUDirectPlugin.name not in worker.plugins:
+            plugin = GPUDirectPlugin()
+            plugin.setup(worker)  # a bad option raises here, before the worker holds it
+            worker.plugins[GPUDirectPlugin.name] = plugin
+
+
 def _freeze_imports(worker: Worker) -> None:
     """Take what the worker holds at its first setup out of the garbage collector's walks.
 

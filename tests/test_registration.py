@@ -56,11 +56,18 @@ def fresh_client():
 @pytest.fixture
 def bare(fresh_client):
     """``fresh_client`` with no GPUDirectPlugin on any worker at the start of the test."""
-    if any(fresh_client.run(has_plugin).values()):
-        fresh_client.unregister_worker_plugin("gpudirect")
+    held = fresh_client.run_on_scheduler(lambda dask_scheduler: set(dask_scheduler.worker_plugins))
+    for name in held & {"gpudirect", "gpudirect-defaults"}:
+        fresh_client.unregister_worker_plugin(name)
+    fresh_client.run(drop_readers)  # set up by gpudirect-defaults, or given at start
     assert not any(fresh_client.run(has_plugin).values())
     with fresh_client.as_current():
         yield fresh_client
+
+
+async def drop_readers(dask_worker) -> None:
+    if "gpudirect" in dask_worker.plugins:
+        await dask_worker.plugin_remove("gpudirect")
 
 
 @pytest.fixture(scope="module")
@@ -275,6 +282,38 @@ def test_a_worker_that_joins_later_gets_the_plugin_and_takes_part(tmp_path):
         np.testing.assert_array_equal(client.compute(arr).result(), np.arange(4000))
         readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
         assert readers == set(client.nthreads())
+
+
+def test_a_plain_worker_that_joins_gets_default_readers_and_others_keep_theirs(tmp_path):
+    """A cluster given the plugin at start (``plugins=``), then a worker started without it:
+    the first read left defaults with the scheduler, which that worker sets up as it joins
+    (it had none, and a read moved to it from a lost worker failed), while the first worker
+    keeps its own options (each read re-registered defaults on every worker, options and the
+    readers of running reads replaced)."""
+    np.save(tmp_path / "x.npy", np.arange(4000, dtype=np.int64))
+    plugins = {dg.GPUDirectPlugin(threads=3)}
+    log = open(tmp_path / "worker.log", "w")
+    with (
+        start_cluster("tcp", n_workers=1, threads=1, plugins=plugins) as cluster,
+        Client(cluster) as client,
+    ):
+        (first,) = client.nthreads()
+        arr = dg.read_binary(tmp_path / "x.npy", client=client)
+        np.testing.assert_array_equal(compute(client, arr), np.arange(4000))
+        worker = [*dask_command("worker"), cluster.scheduler_address, "--nthreads", "1"]
+        plain = spawn([*worker, "--no-dashboard"], log)
+        try:
+            client.wait_for_workers(2, timeout=300)
+            (joined,) = set(client.nthreads()) - {first}
+            options = client.run(plugin_options)
+            assert (options[first]["threads"], options[joined]["threads"]) == (3, 16)
+            arr = dg.read_binary(tmp_path / "x.npy", blocksize=4000, client=client)  # 8 chunks
+            np.testing.assert_array_equal(compute(client, arr), np.arange(4000))
+            assert client.run(plugin_options)[first]["threads"] == 3
+        finally:
+            plain.terminate()
+            plain.wait(timeout=60)
+            log.close()
 
 
 # --- what a user gets wrong first ---------------------------------------------------------

@@ -100,7 +100,7 @@ def exchange(
     results alive long after the user dropped the output.) ``progress`` shows a bar on stderr
     (None: as ``gpudirect.shuffle.progress`` says).
     """
-    ensure_plugins(client, need_readers=[])  # a shuffle reads nothing
+    ensure_plugins(client, need_readers=[], readers=False)  # a shuffle reads nothing
     if progress is None:
         progress = bool(dask.config.get("gpudirect.shuffle.progress"))
     with ShuffleProgress(client, len(inputs), progress) as shown:
