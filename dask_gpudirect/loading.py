@@ -22,14 +22,14 @@ def load_chunk(shards: tuple[Shard, ...]) -> Any:
     """Task body of one chunk of a binary read: its shards' records end to end (small files
     joined: ``binary.joins``), read into one buffer on this worker's target, as one array."""
     plugin = current_plugin()
-    target = plugin.target(shards[0].target)
-    try:  # the read checks the worker's own roots and the stamps: the planning is not trusted
-        buffer = target.read_run(shards)
-    except InputError as exc:
-        shard = next((s for s in shards if s.path == exc.path), shards[0])
-        raise elsewhere(shard, plugin.address, exc) from None
-    with decoding(*shards):
-        return binary.joined([shard.part for shard in shards]).decode(target, buffer)
+    with plugin.target(shards[0].target).used() as target:
+        try:  # the read checks the worker's own roots and the stamps: the planning is not trusted
+            buffer = target.read_run(shards)
+        except InputError as exc:
+            shard = next((s for s in shards if s.path == exc.path), shards[0])
+            raise elsewhere(shard, plugin.address, exc) from None
+        with decoding(*shards):
+            return binary.joined([shard.part for shard in shards]).decode(target, buffer)
 
 
 def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
@@ -42,13 +42,13 @@ def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
     selection (``df[[]]``), and every column would come back."""
     shards = tuple(parquet.projected(shard, columns) for shard in shards)
     plugin = current_plugin()
-    target = plugin.target(shards[0].target)
     grouped = parquet.runs(shards)
-    try:
-        decoded = target.read_parquet(grouped)
-    except InputError as exc:
-        shard = next((s for s in shards if s.path == exc.path), shards[0])
-        raise elsewhere(shard, plugin.address, exc) from None
+    with plugin.target(shards[0].target).used() as target:
+        try:
+            decoded = target.read_parquet(grouped)
+        except InputError as exc:
+            shard = next((s for s in shards if s.path == exc.path), shards[0])
+            raise elsewhere(shard, plugin.address, exc) from None
     helpers = module(target.name)
     frames = []
     # footer-only runs (files filters rule out whole, checked by the read) give no rows: only

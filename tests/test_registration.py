@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import subprocess
+import time
 
 import dask
 import dask.dataframe as dd
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import Client, LocalCluster
 from util import (
+    HANG_GUARD,
     assert_same_frame,
     compute,
     dask_command,
@@ -314,6 +316,51 @@ def test_a_plain_worker_that_joins_gets_default_readers_and_others_keep_theirs(t
             plain.terminate()
             plain.wait(timeout=60)
             log.close()
+
+
+def test_registering_the_plugin_again_mid_read_lets_the_read_finish(tmp_path):
+    """``register_plugin(GPUDirectPlugin(threads=3))`` (the documented way to change the
+    readers' options) while a read runs: the old readers close once that read has ended (they
+    closed at once, and the read failed with "cannot schedule new futures after shutdown")."""
+    np.save(tmp_path / "x.npy", np.arange(4000, dtype=np.int64))
+    started, release = tmp_path / "started", tmp_path / "release"
+
+    def hold_reads(dask_worker) -> None:
+        """Test instrumentation: each read touches ``started`` and waits for ``release``."""
+        from dask_gpudirect.targets.host import HostTarget
+
+        read_run = HostTarget.read_run
+
+        def held(self, shards):
+            dask_worker.held_target = self
+            started.touch()
+            deadline = time.monotonic() + HANG_GUARD
+            while not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return read_run(self, shards)
+
+        HostTarget.read_run = held
+
+    def old_readers_closed(dask_worker) -> bool:
+        return dask_worker.held_target.pool._shutdown
+
+    with (
+        start_cluster("tcp", n_workers=1, threads=1, plugins={dg.GPUDirectPlugin()}) as cluster,
+        Client(cluster) as client,
+    ):
+        arr = dg.read_binary(tmp_path / "x.npy", client=client)
+        client.run(hold_reads)
+        future = client.compute(arr)
+        deadline = time.monotonic() + HANG_GUARD
+        while not started.exists():
+            assert time.monotonic() < deadline, "the read never started"
+            time.sleep(0.02)
+        client.register_plugin(dg.GPUDirectPlugin(threads=3))
+        assert not any(client.run(old_readers_closed).values())  # the read still uses them
+        release.touch()
+        np.testing.assert_array_equal(future.result(timeout=HANG_GUARD), np.arange(4000))
+        assert all(client.run(old_readers_closed).values())
+        assert [o["threads"] for o in options_by_worker(client)] == [3]
 
 
 # --- what a user gets wrong first ---------------------------------------------------------

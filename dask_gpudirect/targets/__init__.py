@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
@@ -70,6 +71,32 @@ class Target:
     def __init__(self, options: dict[str, Any], ledger: Ledger):
         self.options = options
         self.ledger = ledger
+        self._users = 0  # read tasks using this target now
+        self._closing = False
+        self._users_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def used(self) -> Iterator[Target]:
+        """This target, for one read task: a :meth:`close` meanwhile (the plugin registered
+        again, for new options) waits for the task to end before it releases the threads."""
+        with self._users_lock:
+            self._users += 1
+        try:
+            yield self
+        finally:
+            with self._users_lock:
+                self._users -= 1
+                last = self._closing and not self._users
+            if last:
+                self._release()
+
+    def close(self) -> None:
+        """Release threads and handles, once the read tasks using this target have ended."""
+        with self._users_lock:
+            self._closing = True
+            idle = not self._users
+        if idle:
+            self._release()
 
     def _allocate(self, size: int) -> tuple[Any, Any]:
         """A new buffer of ``size`` bytes on this target, and a byte view of it to slice."""
@@ -207,8 +234,8 @@ class Target:
     def as_array(self, buffer: Any, dtype: np.dtype, shape: tuple[int, ...], order: Order) -> Any:
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Release threads and handles."""
+    def _release(self) -> None:
+        """Release threads and handles (no read uses them)."""
 
 
 def _settle(waits: list[Callable[[], int]]) -> int | OSError | RuntimeError:

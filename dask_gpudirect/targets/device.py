@@ -670,7 +670,7 @@ class DeviceTarget(Target):
             self._pool = ThreadPoolExecutor(connections, thread_name_prefix="gpudirect-remote")
         return self._pool
 
-    def close(self) -> None:
+    def _release(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -302,7 +302,7 @@ class HostTarget(Target):
     ) -> np.ndarray:
         return buffer.view(dtype).reshape(shape, order=order)
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self._remote_pool is not None:
             self._remote_pool.shutdown(wait=False, cancel_futures=True)
