@@ -7,7 +7,9 @@ drops annotations and fuses tasks, the placement travels inside the shard itself
 :class:`PlacementPlugin` finds shards in incoming tasks (fused or not) and restricts each task
 to its worker. The restriction is strict while that worker lives (work stealing would otherwise
 hand a busy worker's shards to an idle one that may not see the file) and loosened when it
-leaves: then any worker may run it, and the read says why it ran there.
+leaves: then any worker may run it, and the read says why it ran there. A task that arrives
+while its worker retires (``closing_gracefully``, where ``retire_workers`` may keep it for
+good) is not restricted at all.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from dask.task_spec import DataNode, Task
 from dask.typing import Key
-from distributed import Scheduler, SchedulerPlugin
+from distributed import Scheduler, SchedulerPlugin, Status
 from distributed.scheduler import TaskStateState
 
 from .errors import InputError
@@ -232,8 +234,9 @@ class PlacementPlugin(SchedulerPlugin):
             if ts is None or ts.run_spec is None:
                 continue
             shard = _shard_of(ts.run_spec)
-            if shard is not None and shard.worker in scheduler.workers:
-                ts.worker_restrictions = {shard.worker}
+            worker = shard.worker if shard is not None else None
+            if worker is not None and _staying(scheduler, worker):
+                ts.worker_restrictions = {worker}
                 ts.loose_restrictions = False
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
@@ -249,3 +252,9 @@ class PlacementPlugin(SchedulerPlugin):
                     again[ts.key] = "waiting"
         if again:
             scheduler.transitions(again, stimulus_id=f"gpudirect-placement-left-{time()}")
+
+
+def _staying(scheduler: Scheduler, worker: str) -> bool:
+    """Whether ``worker`` is in the cluster and not retiring: a read may be pinned to it."""
+    ws = scheduler.workers.get(worker)
+    return ws is not None and ws.status != Status.closing_gracefully

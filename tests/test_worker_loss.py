@@ -46,6 +46,22 @@ def test_shards_of_a_worker_that_died_are_read_by_the_others(tmp_path):
         )  # the nanny's restart, done before the cluster closes
 
 
+def test_shards_of_a_retiring_worker_are_read_by_the_others(tmp_path):
+    """``retire_workers(..., close_workers=False, remove=False)`` keeps a worker in the cluster,
+    retiring (``closing_gracefully``) for good, and gives it no task: reads placed on it before
+    it retired run on the others (they waited in ``no-worker`` for ever)."""
+    expected = np.arange(60_000, dtype=np.int64)
+    np.save(tmp_path / "x.npy", expected)
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=client)  # 12 shards
+        retiring = sorted(client.nthreads())[0]
+        assert any(s.worker == retiring for s in _shards(arr))
+        client.retire_workers([retiring], close_workers=False, remove=False)
+        np.testing.assert_array_equal(client.compute(arr).result(timeout=120), expected)
+        readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
+        assert readers and retiring not in readers
+
+
 async def _add_plugin(dask_worker) -> None:
     await dask_worker.plugin_add(DieWhenLoading())
 
