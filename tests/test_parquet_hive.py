@@ -153,13 +153,20 @@ def test_columns_may_name_partition_keys(tcp, tmp_path):
     assert sorted(year.astype(int)) == sorted([y for y in YEARS for _ in range(2 * 40)])
 
 
-def test_string_keys_and_keys_that_differ(tcp, tmp_path):
-    for name in ("a", "b"):
-        folder = tmp_path / f"kind={name}"
+def kind_folders(client, root, values) -> pd.DataFrame:
+    """``kind=V/part.parquet`` of two rows for each of ``values``, read, and checked against
+    Dask's read."""
+    for value in values:
+        folder = root / f"kind={value}"
         folder.mkdir()
         pq.write_table(pa.table({"x": [1, 2]}), folder / "part.parquet")
-    got = compute(tcp, dg.read_parquet(tmp_path, client=tcp))
-    same_as_dask(got, tmp_path)
+    got = compute(client, dg.read_parquet(root, client=client))
+    same_as_dask(got, root)
+    return got
+
+
+def test_string_keys_and_keys_that_differ(tcp, tmp_path):
+    kind_folders(tcp, tmp_path, ("a", "b"))
     with pytest.raises(dg.InputError, match="on a partition column whose values are strings"):
         dg.read_parquet(tmp_path, filters=[("kind", "==", 1)], client=tcp)
 
@@ -173,12 +180,7 @@ def test_string_keys_and_keys_that_differ(tcp, tmp_path):
 def test_values_of_other_digits_than_ascii_stay_strings(tcp, tmp_path):
     """Python's ``int`` takes ``"٣"`` (an Arabic-Indic three): Dask and pyarrow keep it a
     string, so one folder of it and one of ``4`` are a string column, not the ints 3 and 4."""
-    for name in ("\u0663", "4"):
-        folder = tmp_path / f"kind={name}"
-        folder.mkdir()
-        pq.write_table(pa.table({"x": [1, 2]}), folder / "part.parquet")
-    got = compute(tcp, dg.read_parquet(tmp_path, client=tcp))
-    same_as_dask(got, tmp_path)
+    got = kind_folders(tcp, tmp_path, ("\u0663", "4"))
     assert sorted(got["kind"]) == ["4", "4", "\u0663", "\u0663"]
 
 
