@@ -19,6 +19,7 @@ import dask.array as da
 import dask.dataframe as dd
 from dask.base import tokenize
 from dask.dataframe.dask_expr._collection import new_collection
+from dask.dataframe.dask_expr._expr import ArrowStringConversion
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 from dask.typing import Key
@@ -330,12 +331,15 @@ def read_parquet(
             label="gpudirect-read-parquet",
             enforce_metadata=False,
         ).expr
+        if isinstance(read, ArrowStringConversion):
+            # Partitions keep the types they are decoded to (the setting was read into
+            # ``conversion`` above): Dask's "convert-string" would cast every object column,
+            # lists and bytes too, to strings. (Not by setting it off around from_map: Dask's
+            # config is the process's, and two reads in two threads could leave it off.)
+            read = read.frame
         return CountedRead.of(read, [parquet.rows(p) for p in partitions])
 
-    # Partitions keep the types they are decoded to (the setting was read into ``conversion``
-    # above): dask's "convert-string" would cast every object column, lists and bytes too, to
-    # strings.
-    with clock("partitions"), dask.config.set({"dataframe.convert-string": False}):
+    with clock("partitions"):
         cut = (at_least, spread, calculate_divisions)
         expr = read_plans.reads.collection(found, parquet.plan, args, cut, build)
         frame = new_collection(expr)

@@ -524,6 +524,33 @@ def test_the_types_dask_gives(tcp, tmp_path, convert_string, dtype_backend):
     assert len(compute(tcp, joined)) == len(want[["s", "x"]].merge(want[["s", "i"]], on="s"))
 
 
+def test_a_read_leaves_the_processs_convert_string_setting_alone(tcp, tmp_path, monkeypatch):
+    """Dask's config is the process's: a read that set ``convert-string`` off while it built
+    its collection turned it off for the other threads meanwhile, and two reads in two threads
+    could leave it off for good (every later frame's strings then pandas' ``str``). What the
+    process's setting is while a read builds its partitions (seen where it counts their
+    rows), and after."""
+    from dask_gpudirect import collections
+
+    seen = []
+    counted = collections.CountedRead.of
+
+    def of(read, rows):
+        seen.append(dask.config.get("dataframe.convert-string"))
+        return counted(read, rows)
+
+    monkeypatch.setattr(collections.CountedRead, "of", of)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"s": ["a", "b"], "b": [b"x", b"y"], "l": [[1], [2]]}), path)
+    with dask.config.set({"dataframe.convert-string": True}):
+        df = dg.read_parquet(path, client=tcp)
+        assert seen == [True] and dask.config.get("dataframe.convert-string") is True
+    assert df.dtypes["s"] == pd.StringDtype("pyarrow")  # as Dask converts strings
+    assert (df.dtypes["b"], df.dtypes["l"]) == (np.dtype(object),) * 2  # bytes, lists kept
+    got = compute(tcp, df)
+    assert list(got["b"]) == [b"x", b"y"] and [list(v) for v in got["l"]] == [[1], [2]]
+
+
 def test_a_dictionary_columns_categories_are_unknown_in_meta_as_in_dask(tcp, tmp_path):
     """Each file holds its own categories, so Dask's meta says they are unknown
     (``cat.known`` False): what depends on them (``cat.categories``, ``get_dummies``) then asks

@@ -161,18 +161,17 @@ def exchanged(
     outputs = exchange(
         client, inputs, splitter, keys, splitter.target, progress, engines, placed, then
     )
-    with dask.config.set({"dataframe.convert-string": False}):
-        # named by the call's own token: tokenizing a thousand futures for a name that is
-        # unique anyway costs about 0.1 s
-        return Computed(
-            layer=dict(zip(keys, outputs, strict=True)),
-            _meta=meta,
-            divisions=(None,) * (splitter.npartitions + 1),
-            keys=keys,
-            name_prefix=name,
-            partitioned_by=partitioned_by,
-            _determ_token=token,
-        )
+    # named by the call's own token: tokenizing a thousand futures for a name that is unique
+    # anyway costs about 0.1 s
+    return Computed(
+        layer=dict(zip(keys, outputs, strict=True)),
+        _meta=meta,
+        divisions=(None,) * (splitter.npartitions + 1),
+        keys=keys,
+        name_prefix=name,
+        partitioned_by=partitioned_by,
+        _determ_token=token,
+    )
 
 
 def _keys(df: dd.DataFrame, on: Any) -> list:
