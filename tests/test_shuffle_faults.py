@@ -654,11 +654,16 @@ def test_an_interrupted_call_ends_the_shuffle_on_the_workers(cluster, tmp_path):
         _thread.interrupt_main()
 
     interrupter = threading.Thread(target=interrupt_once_building, daemon=True)
-    interrupter.start()
-    with pytest.raises(KeyboardInterrupt):
-        then = then_waits_for_the_end(str(building))
-        dg.shuffle(df, "k", then=then, meta=pdf.iloc[:0], client=cluster)
-    interrupter.join()
+    # Python's own Ctrl-C handler, whatever an earlier test in this process left in its place
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            then = then_waits_for_the_end(str(building))
+            dg.shuffle(df, "k", then=then, meta=pdf.iloc[:0], client=cluster)
+        interrupter.join()
+    finally:
+        signal.signal(signal.SIGINT, handler)
     wait_until_clean(cluster, timeout=HANG_GUARD)
     assert not any(cluster.run(outputs_kept).values())
     out = dg.shuffle(df, "k", client=cluster)
