@@ -131,7 +131,10 @@ def data_files(directory: str, listing: Listing = FLAT) -> list[str]:
             files.append(entry.path)
     if listing.recursive:
         for folder in folders:
-            files.extend(data_files(folder, listing))
+            try:
+                files.extend(data_files(folder, listing))
+            except (FileNotFoundError, NotADirectoryError):  # gone since this one was listed
+                continue
     return files
 
 

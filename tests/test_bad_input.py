@@ -7,6 +7,7 @@ every failure the same cluster still loads a good dataset.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import re
@@ -81,6 +82,33 @@ def test_empty_directory(tcp, tmp_path):
         dg.read_parquet(empty, client=tcp)
     with raises_naming(empty, "no data files"):
         dg.read_binary(empty, dtype="f8", client=tcp)
+
+
+def test_a_subfolder_removed_while_its_parent_is_listed(tmp_path, monkeypatch):
+    """A subfolder another process removes between the listing of its parent and its own is
+    left out, as if it had gone before: it made the whole directory "no such file or directory
+    on any worker". (The removal is made to come at that moment: the listing is wrapped.)"""
+    from dask_gpudirect import discovery
+
+    root = tmp_path / "table"
+    root.mkdir()
+    write(root / "part-0.parquet")
+    (root / "going").mkdir()
+    write(root / "going" / "part-1.parquet")
+    scandir = os.scandir
+
+    def scandir_then_remove(path):
+        with scandir(path) as listed:
+            entries = list(listed)
+        if os.fspath(path) == os.fspath(root):
+            (root / "going" / "part-1.parquet").unlink()
+            (root / "going").rmdir()
+        return contextlib.nullcontext(entries)
+
+    monkeypatch.setattr(discovery.os, "scandir", scandir_then_remove)
+    found = discovery.view(os.fspath(root), discovery.Listing((".parquet",), recursive=True))
+    assert found.kind == discovery.DIRECTORY
+    assert [entry[0] for entry in found.files] == [os.fspath(root / "part-0.parquet")]
 
 
 def test_directory_where_a_file_is_expected(tmp_path):
