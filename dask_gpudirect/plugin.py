@@ -43,9 +43,7 @@ class GPUDirectPlugin(WorkerPlugin):
             # LocalCluster(processes=False, plugins={...}) hands this one object to every worker
             # of the process: each gets a copy of its own (readers, ledger, address), or the
             # first to close would close the readers of all
-            own = GPUDirectPlugin(**self.overrides)
-            worker.plugins[self.name] = own
-            own.setup(worker)
+            _set_up_own(worker, self.overrides)
             return
         # a bad gpudirect.allowed-roots or reader option fails the worker's start, not a read
         access.roots()
@@ -103,9 +101,15 @@ class DefaultReaders(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         if GPUDirectPlugin.name not in worker.plugins:
-            plugin = GPUDirectPlugin()
-            plugin.setup(worker)  # a bad option raises here, before the worker holds it
-            worker.plugins[GPUDirectPlugin.name] = plugin
+            _set_up_own(worker, {})
+
+
+def _set_up_own(worker: Worker, options: dict[str, Any]) -> None:
+    """A GPUDirectPlugin of ``worker``'s own, set up, then held by it (a bad option raises
+    before the worker holds it)."""
+    plugin = GPUDirectPlugin(**options)
+    plugin.setup(worker)
+    worker.plugins[GPUDirectPlugin.name] = plugin
 
 
 def _freeze_imports(worker: Worker) -> None:

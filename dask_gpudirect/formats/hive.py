@@ -49,11 +49,10 @@ UNPARTITIONED = Partitioning((), {}, {}, {})
 def keys_of(path: str) -> list[tuple[str, str]]:
     """The ``key=value`` folders of ``path`` (of a URL's path: not its query), outermost first,
     each key once."""
-    if remote.scheme(path) in ("http", "https"):  # each folder's name percent-encoded in its URL
-        url_path = posixpath.dirname(urllib.parse.urlsplit(path).path)
-        folders = [urllib.parse.unquote(f) for f in url_path.split("/")]
-    elif remote.is_remote(path):  # an S3 key as it is stored
+    if remote.is_remote(path):
         folders = posixpath.dirname(urllib.parse.urlsplit(path).path).split("/")
+        if remote.scheme(path) != "s3":  # http(s): each folder's name percent-encoded (S3: as
+            folders = [urllib.parse.unquote(f) for f in folders]  # the key is stored)
     else:
         folders = os.path.dirname(path).split(os.sep)
     pairs = [f.split("=", 1) for f in folders if "=" in f]
