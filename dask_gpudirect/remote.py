@@ -389,8 +389,13 @@ def _retried(request: urllib.request.Request) -> http.client.HTTPResponse:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             if attempt == settings.retries:
                 raise
-        time.sleep(settings.backoff * 2**attempt)
+        _back_off(settings, attempt)
         attempt += 1
+
+
+def _back_off(settings: Settings, retry: int) -> None:
+    """Wait before retry ``retry`` (from 0): ``gpudirect.remote.backoff``, doubled each time."""
+    time.sleep(settings.backoff * 2**retry)
 
 
 def _http_head(url: str) -> tuple[int, str]:
@@ -409,7 +414,7 @@ def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
     data = bytearray()
     for attempt in range(settings.retries + 1):
         if attempt:
-            time.sleep(settings.backoff * 2 ** (attempt - 1))
+            _back_off(settings, attempt - 1)
         start = offset + len(data)
         headers = {"Range": f"bytes={start}-{offset + length - 1}"}
         with _retried(urllib.request.Request(url, headers=headers)) as response:
