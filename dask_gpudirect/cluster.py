@@ -185,25 +185,43 @@ def survey(
             _register_missing(client, held, [])
             return known.survey(entries, listing)
 
+    def described(**options: Any) -> Any:
+        return client.run(_describe, entries=entries, listing=listing, on_error="return", **options)
+
     async def ask() -> tuple[Any, Any]:
         return await asyncio.gather(
-            client.run(_describe, entries=entries, listing=listing, asynchronous=True),
-            client.run_on_scheduler(_registered, asynchronous=True),
+            described(asynchronous=True), client.run_on_scheduler(_registered, asynchronous=True)
         )
 
     if held is None:
-        workers, held = client.sync(ask)
+        asked, held = client.sync(ask)
     else:  # what the scheduler said a moment ago stands: only the workers are asked
-        workers = client.run(_describe, entries=entries, listing=listing)
+        asked = described()
+    workers, gone = answered(asked)
     missing = [w for w, info in workers.items() if info is None]
     _register_missing(client, held, missing)
     if missing:
-        workers = client.run(_describe, entries=entries, listing=listing)
+        workers, more_gone = answered(described())
+        gone += more_gone
     if not workers:
         raise ClusterError("the cluster has no workers")
     lacking = [w for w, info in workers.items() if info is None]
     if lacking:  # a worker that joined as the plugin was registered
         raise ClusterError(f"GPUDirectPlugin is not set up on worker(s) {lacking}: try again")
-    if not missing:  # else the scheduler's plugins have changed since it answered
+    if not missing and not gone:  # else the plugins or the workers have changed meanwhile
         known_workers.remember(client, workers, held)
     return workers
+
+
+def answered(results: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``client.run``'s results (``on_error="return"``) as the workers' answers, and the
+    workers that left while they were asked (killed, or gone before the call reached them):
+    their calls failed with a closed comm, an ``OSError``, and the work goes on without them.
+    Any other error is raised, as ``client.run`` raises it."""
+    gone = [w for w, result in results.items() if isinstance(result, OSError)]
+    for result in results.values():
+        if isinstance(result, BaseException) and not isinstance(result, OSError):
+            raise result
+    if gone:
+        logger.warning("worker(s) %s left the cluster while asked; going on without them", gone)
+    return {w: result for w, result in results.items() if w not in gone}, gone

@@ -26,10 +26,10 @@ from dask.typing import Key
 from distributed import Client, Worker
 
 from . import compat, discovery, plan_cache, read_plans, remote, remote_listing, targets
-from .cluster import survey
+from .cluster import answered, survey
 from .config import size_in_bytes
 from .connection import connected
-from .errors import InputError
+from .errors import ClusterError, InputError
 from .formats import binary, hive, parquet
 from .loading import load_chunk, load_partition
 from .phases import Phases
@@ -180,13 +180,33 @@ def _plan(client: Client, found: discovery.Found, planner: Callable[..., P], *ar
 def _plan_on_workers(
     client: Client, found: discovery.Found, planner: Callable[..., P], args: tuple
 ) -> P:
-    groups = planners(list(dict.fromkeys(found.files)), found.readable)  # each file once
-    planned = client.run(
-        _plan_here, groups=groups, planner=planner, args=args, workers=list(groups)
-    )
+    readable = dict(found.readable)
+    left = list(dict.fromkeys(found.files))  # each file once
     by_file: dict[str, P | InputError] = {}
-    for worker, files in groups.items():
-        by_file.update(zip(files, pickle.loads(planned[worker]), strict=True))
+    while left:  # until every file is planned: a worker that leaves meanwhile, by the others
+        groups = planners(left, readable)
+        planned, gone = answered(
+            client.run(
+                _plan_here,
+                groups=groups,
+                planner=planner,
+                args=args,
+                workers=list(groups),
+                on_error="return",
+            )
+        )
+        for worker, answer in planned.items():
+            by_file.update(zip(groups[worker], pickle.loads(answer), strict=True))
+        left = [path for worker in gone for path in groups[worker]]
+        for worker in gone:
+            del readable[worker]
+        orphan = next((p for p in left if not any(p in fs for fs in readable.values())), None)
+        if orphan is not None:
+            could = [w for w, files in found.readable.items() if orphan in files]
+            raise ClusterError(
+                f"{orphan}: every worker that could read it ({', '.join(could)}) left the "
+                "cluster while the read was planned"
+            )
     plan = combine([by_file[path] for path in found.files])
     # a copy of a file on another node was modified at another time: its reads accept that too
     shards = [

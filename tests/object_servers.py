@@ -124,6 +124,10 @@ class _FaultyRangeHandler(RangeHandler):
         return super().send_head()
 
     def send_range(self, body, start, info):
+        gate = self.server.gate
+        if gate is not None:  # a slow server: ranged requests wait until the test opens it
+            gate.arrived.release()
+            gate.opened.wait()
         if self.server.cut_next > 0:  # the connection drops after half the body
             self.server.cut_next -= 1
             self.send_response(206)
@@ -133,6 +137,15 @@ class _FaultyRangeHandler(RangeHandler):
             self.close_connection = True
             return io.BytesIO(body[: len(body) // 2])
         return super().send_range(body, start, info)
+
+
+class Gate:
+    """Holds the HTTP server's range requests: ``arrived`` counts those held, each waits
+    until ``opened`` is set."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Semaphore(0)
+        self.opened = threading.Event()
 
 
 @pytest.fixture(scope="session")
@@ -147,6 +160,7 @@ def http_url(tmp_path_factory, local_data):
     with serving(str(root), _FaultyRangeHandler) as server:
         server.fail_next = 0  # requests to answer 503 before serving again
         server.cut_next = 0  # range requests whose connection drops mid-body
+        server.gate = None  # a Gate that holds every range request
         yield base_url(server), root, server
 
 

@@ -9,11 +9,23 @@ scheduler hands the lost shards to workers that can read them, and the result is
 from __future__ import annotations
 
 import os
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pandas as pd
+import psutil
 from distributed import Client, Event, WorkerPlugin, wait
-from util import clear_ledgers, shards_of, start_cluster
+from object_servers import Gate
+from util import (
+    HANG_GUARD,
+    assert_same_frame,
+    clear_ledgers,
+    expected_parquet,
+    shards_of,
+    start_cluster,
+)
 
 import dask_gpudirect as dg
 
@@ -62,8 +74,63 @@ def test_shards_of_a_retiring_worker_are_read_by_the_others(tmp_path):
         assert readers and retiring not in readers
 
 
-async def _add_plugin(dask_worker) -> None:
-    await dask_worker.plugin_add(DieWhenLoading())
+class DieWhenSurveyed(dg.GPUDirectPlugin):
+    """The reader plugin, which ends this worker's process when a read's survey asks it what
+    it sees: a worker killed while the client asks the workers, before any task."""
+
+    def describe(self):
+        os._exit(1)
+
+
+def test_a_worker_that_dies_while_a_read_asks_the_workers_is_left_out(tmp_path):
+    """The read is planned and read by the workers still there (it raised Distributed's
+    ``CommClosedError`` from the survey's broadcast)."""
+    expected = pd.DataFrame({"k": np.arange(2_000), "x": np.arange(2_000) * 0.5})
+    for i in range(4):
+        expected.iloc[i * 500 : (i + 1) * 500].to_parquet(tmp_path / f"part-{i}.parquet")
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        victim = sorted(client.nthreads())[0]
+        client.run(_add_plugin, plugin=DieWhenSurveyed(), workers=[victim])
+        df = dg.read_parquet(tmp_path, client=client)
+        assert_same_frame(df.compute(), expected)
+        readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
+        assert readers and victim not in readers
+        client.wait_for_workers(2, timeout=300)  # the nanny's restart, before the cluster closes
+
+
+def test_a_worker_that_dies_while_it_plans_a_read_leaves_its_files_to_the_others(
+    http_url, local_data
+):
+    """Each worker plans one file (its footer's request held by the server) when one is
+    killed: the other plans that file too, and reads both (it raised ``CommClosedError``)."""
+    base, _, server = http_url
+    urls = [f"{base}/pq/part-{k}.parquet" for k in range(2)]
+    expected = expected_parquet([local_data / "pq" / f"part-{k}.parquet" for k in (0, 1)])
+    gate = Gate()
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        victim = sorted(client.nthreads())[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        server.gate = gate
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                read = pool.submit(dg.read_parquet, urls, client=client)
+                for _ in urls:
+                    assert gate.arrived.acquire(timeout=HANG_GUARD), read.exception()
+                os.kill(pid, signal.SIGKILL)
+                psutil.Process(pid).wait(timeout=HANG_GUARD)  # dead before it gets its footer
+                gate.opened.set()
+                df = read.result(timeout=HANG_GUARD)
+        finally:
+            server.gate = None
+            gate.opened.set()
+        assert_same_frame(df.compute(), expected)
+        readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
+        assert readers and victim not in readers
+        client.wait_for_workers(2, timeout=300)  # the nanny's restart, before the cluster closes
+
+
+async def _add_plugin(dask_worker, plugin: WorkerPlugin | None = None) -> None:
+    await dask_worker.plugin_add(plugin or DieWhenLoading())
 
 
 def _shards(arr) -> list:
