@@ -387,7 +387,8 @@ def read_binary(
         in :func:`read_parquet`.
     dtype, shape
         For raw files: the record dtype and per-record shape (default ``()``). ``.npy`` files
-        need neither: their header says (C or Fortran order, any fixed-size dtype).
+        need neither: their header says (C or Fortran order, any fixed-size dtype). A file
+        named otherwise is a ``.npy`` by its content only where ``dtype`` is not given.
     target
         ``"device"``, ``"host"``, or None: the workers' plugins' ``target``, else the
         client's ``gpudirect.target``, else device when every worker has a GPU.
@@ -405,6 +406,10 @@ def read_binary(
         False: no chunk holds records of two files (files smaller than ``blocksize`` are a
         chunk each), for work that must not cross a file's end within a chunk.
     """
+    # a bad dtype= or shape= is named here, before any worker is asked
+    shape = binary.checked_shape(shape)
+    if dtype is not None:
+        binary.fixed_dtype(dtype, None)
     setting = _prepare(client, paths, target, storage_options=storage_options)
     client, found, target = setting.client, setting.found, setting.target
     spread = setting.spread(blocksize, "gpudirect.binary.blocksize")

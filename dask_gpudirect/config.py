@@ -7,6 +7,7 @@ set in a Dask yaml file, with ``DASK_GPUDIRECT__READER__THREADS=8`` and friends,
 
 from __future__ import annotations
 
+import numbers
 import pathlib
 from typing import Any
 
@@ -50,6 +51,8 @@ def size_in_bytes(value: Any) -> int | None:
     unknown unit, a boolean): what every size setting and option is read with."""
     if isinstance(value, bool):
         return None
+    if isinstance(value, numbers.Integral):  # a NumPy integer too, which parse_bytes refuses
+        return int(value)
     try:
         return parse_bytes(value)
     except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes([1]): AttributeError

@@ -144,7 +144,16 @@ def _register_cudf_with_dask() -> None:
 def current_plugin(worker: Worker | None = None) -> GPUDirectPlugin:
     """The plugin of ``worker`` (default: the worker running this task), or a clear error if it
     was never registered: the one way the package reaches a worker's plugin."""
-    worker = worker or get_worker()
+    if worker is None:
+        try:
+            worker = get_worker()
+        except ValueError:  # Dask's "No worker found"
+            raise ClusterError(
+                "dask-gpudirect reads run on the workers of a distributed cluster (each on a "
+                "worker that sees its file, through its GPUDirectPlugin), and this task ran "
+                "outside one: compute with a distributed Client, not scheduler='sync', "
+                "'threads' or 'processes'"
+            ) from None
     plugin = worker.plugins.get(GPUDirectPlugin.name)
     if not isinstance(plugin, GPUDirectPlugin):
         raise ClusterError(

@@ -339,9 +339,10 @@ def test_object_dtype(tcp, tmp_path):
         dg.read_binary(path, client=tcp)
     raw = tmp_path / "objects.raw"
     raw.write_bytes(bytes(64))
-    with raises_naming(raw, "not a fixed-size type"):
+    # an option wrong whatever the file: said before any worker is asked
+    with pytest.raises(dg.InputError, match="dtype object is not a fixed-size type"):
         dg.read_binary(raw, dtype=object, client=tcp)
-    with raises_naming(raw, "bad dtype"):
+    with pytest.raises(dg.InputError, match="bad dtype 'not-a-dtype'"):
         dg.read_binary(raw, dtype="not-a-dtype", client=tcp)
 
 
@@ -438,11 +439,44 @@ def test_bad_target(tcp, good):
         dg.read_parquet(good, target="gpu", client=tcp)
 
 
-def test_bad_record_shape(tcp, tmp_path):
+@pytest.mark.parametrize("shape", [(-1,), 4.0, np.array(4.0), "4", (2, None)])
+def test_bad_record_shape(tcp, tmp_path, shape):
+    """Refused in the caller's process, naming the shape (a float or a 0-d array raised a
+    bare TypeError from the workers' planning)."""
     raw = tmp_path / "r.raw"
     np.arange(10.0).tofile(raw)
     with pytest.raises(dg.InputError, match="bad shape"):
-        dg.read_binary(raw, dtype="f8", shape=(-1,), client=tcp)
+        dg.read_binary(raw, dtype="f8", shape=shape, client=tcp)
+
+
+def test_dtype_numpy_refuses_with_a_value_error(tcp, tmp_path):
+    raw = tmp_path / "r.raw"
+    np.arange(10.0).tofile(raw)
+    with pytest.raises(dg.InputError, match="bad dtype"):
+        dg.read_binary(raw, dtype=("f4", -1), client=tcp)
+
+
+def test_numpy_integer_sizes(tcp, tmp_path, good):
+    """A blocksize computed with NumPy (``itemsize * n``) is a size, as a Python int is."""
+    raw = tmp_path / "r.raw"
+    np.arange(10.0).tofile(raw)
+    x = dg.read_binary(raw, dtype="f8", blocksize=np.int64(8) * 5, client=tcp)
+    assert x.chunks[0] == (5, 5)
+    assert_same_frame(
+        compute(tcp, dg.read_parquet(good, blocksize=np.int64(10**6), client=tcp)),
+        compute(tcp, dg.read_parquet(good, client=tcp)),
+    )
+
+
+def test_a_local_scheduler_is_told_to_use_the_cluster(tcp, tmp_path):
+    """Computed with Dask's local schedulers (as one debugs a graph), a read says it runs on
+    a distributed cluster's workers (Distributed's bare "No worker found" before)."""
+    raw = tmp_path / "r.raw"
+    np.arange(10.0).tofile(raw)
+    x = dg.read_binary(raw, dtype="f8", client=tcp)
+    for scheduler in ("sync", "threads"):
+        with pytest.raises(dg.ClusterError, match="run on the workers of a distributed cluster"):
+            x.compute(scheduler=scheduler)
 
 
 # --- files that change after planning -------------------------------------------------------

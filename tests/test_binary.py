@@ -351,6 +351,17 @@ def test_npy_recognised_by_magic_not_name(tcp, tmp_path):
     assert_same_array(compute(tcp, dg.read_binary(path, client=tcp)), expected)
 
 
+def test_dtype_given_reads_a_file_of_another_name_raw(tcp, tmp_path):
+    """With ``dtype=``, a file not named ``.npy`` is raw records, as ``np.fromfile`` reads it,
+    even where its bytes start as a ``.npy`` header does (it failed as a bad header)."""
+    records = np.zeros((8, 16), dtype="u1")
+    records[0, :8] = np.frombuffer(b"\x93NUMPY\x01\x00", "u1")
+    path = tmp_path / "records.bin"
+    records.tofile(path)
+    got = compute(tcp, dg.read_binary(path, dtype="u1", shape=16, client=tcp))
+    assert_same_array(got, records)
+
+
 def test_a_name_with_brackets_is_that_file(tcp, tmp_path):
     """``a[1].npy`` that exists is that file, not a pattern matching ``a1.npy`` (as ``np.load``
     reads it); a folder so named is that folder; a pattern that names no file is still one."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
+import operator
 import tokenize
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
@@ -87,10 +88,11 @@ class _Layout:
     npy: bool  # from a .npy header, not from dtype= and shape=
 
 
-def _fixed_dtype(dtype: DTypeLike, path: str | None) -> np.dtype:
+def fixed_dtype(dtype: DTypeLike, path: str | None) -> np.dtype:
+    """``dtype`` as a NumPy dtype of fixed-size records, or an InputError naming ``path``."""
     try:
         dtype = np.dtype(dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # ("f4", -1): a ValueError
         raise InputError(path, f"bad dtype {dtype!r}: {exc}") from None
     if dtype.hasobject or dtype.itemsize == 0:
         raise InputError(path, f"dtype {dtype} is not a fixed-size type")
@@ -134,7 +136,7 @@ def _npy_layout(path: str, size: int, header: bytes) -> _Layout:
     except (ValueError, SyntaxError, TypeError, EOFError, tokenize.TokenError) as exc:
         raise InputError(path, f"bad .npy header: {exc}") from None
     offset = f.tell()
-    dtype = _fixed_dtype(dtype, path)
+    dtype = fixed_dtype(dtype, path)
     if len(shape) == 0:
         raise InputError(path, "0-d .npy array has no records along axis 0")
     if any(n < 0 for n in shape):
@@ -170,14 +172,16 @@ def _layout(
     """What ``path`` holds, from one open (allowed roots checked on it; a remote object's
     ``store``), and its stamp."""
     with remote.opened(path, store) as f:
-        if f.pread(len(NPY_MAGIC), 0) == NPY_MAGIC or path.endswith(".npy"):
+        # a file of another name is a .npy by its magic, unless dtype= says to read it raw
+        # (records that happen to start with those bytes, or a .npy's bytes as np.fromfile)
+        if path.endswith(".npy") or (dtype is None and f.pread(len(NPY_MAGIC), 0) == NPY_MAGIC):
             header = _npy_header(f)
             layout = _npy_layout(path, f.stat.st_size, header)
             stamp = stamps.take(f, (0, len(header)), header)
         else:
             if dtype is None:
                 raise InputError(path, "raw binary file: pass dtype= (and shape= for each record)")
-            fixed = _fixed_dtype(dtype, path)
+            fixed = fixed_dtype(dtype, path)
             # a subarray dtype (("f4", (3, 4))) adds its shape to each record's, as NumPy's
             record_shape = (*(shape or ()), *fixed.shape)
             layout = _raw_layout(path, f.stat.st_size, fixed.base, record_shape)
@@ -199,14 +203,7 @@ def plan(
 ) -> BinaryPlan:
     """Shards of whole records per file; all files must hold one dtype and record shape.
     ``store``: how to reach remote objects."""
-    record_shape = None
-    if shape is not None:
-        record_shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-        if any(not isinstance(n, (int, np.integer)) or n < 0 for n in record_shape):
-            raise InputError(
-                None, f"bad shape {record_shape}: a record shape is a tuple of sizes >= 0"
-            )
-        record_shape = tuple(int(n) for n in record_shape)
+    record_shape = checked_shape(shape)
     shards: list[Shard] = []
     first: _Layout | None = None
     for path in files:
@@ -217,6 +214,23 @@ def plan(
         shards.extend(_file_shards(path, layout, stamp, blocksize, target, store))
     assert first is not None, "plan takes one file or more"
     return BinaryPlan(shards, first.dtype, first.shape[1:], files[0], first.npy)
+
+
+def checked_shape(shape: int | Sequence[int] | None) -> tuple[int, ...] | None:
+    """``shape=`` as a record shape (a size, or a sequence of them), or an InputError."""
+    if shape is None:
+        return None
+    sizes: tuple[Any, ...]
+    try:
+        sizes = (operator.index(shape),)  # type: ignore[arg-type]
+    except TypeError:
+        try:
+            sizes = tuple(shape)  # type: ignore[arg-type]
+        except TypeError:  # a float, a 0-d array
+            sizes = (shape,)
+    if any(not isinstance(n, (int, np.integer)) or n < 0 for n in sizes):
+        raise InputError(None, f"bad shape {shape!r}: a record shape is a tuple of sizes >= 0")
+    return tuple(int(n) for n in sizes)
 
 
 def _check_kind(path: str, npy: bool, first: str, first_npy: bool) -> None:
