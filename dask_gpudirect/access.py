@@ -11,6 +11,7 @@ whatever exists there, naming only the path the user gave.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import stat
@@ -26,6 +27,12 @@ KEY = "gpudirect.allowed-roots"
 #: ``LocalCluster(env={ENV: ...})`` worker is handed the client's whole configuration by its
 #: nanny, whose null would otherwise override the limit the worker's environment asks for.
 ENV = "DASK_GPUDIRECT__ALLOWED_ROOTS"
+
+#: Set while this thread lists paths as workers without roots would (:mod:`.known_workers`):
+#: the roots of this process, in its config or its environment, are not theirs.
+_UNLIMITED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "gpudirect_unlimited", default=False
+)
 
 #: The one answer for a path outside the roots: it says nothing of what lies there.
 REFUSED = "outside gpudirect.allowed-roots: the workers do not read or list it"
@@ -88,7 +95,20 @@ class _Limits:
         return _within(path, self.real + self.given) and _within(os.path.realpath(path), self.real)
 
 
+@contextlib.contextmanager
+def unlimited() -> Iterator[None]:
+    """No roots in this thread for the block, whatever this process's config or environment
+    says: for listing as workers that have none."""
+    token = _UNLIMITED.set(True)
+    try:
+        yield
+    finally:
+        _UNLIMITED.reset(token)
+
+
 def _limits() -> _Limits | None:
+    if _UNLIMITED.get():
+        return None
     entries = _configured()
     if entries is None:
         return None

@@ -20,7 +20,6 @@ import dataclasses
 import weakref
 from typing import Any
 
-import dask.config
 from distributed import Client
 
 from . import access, discovery
@@ -42,8 +41,9 @@ class Known:
 
     def survey(self, entries: list[str], listing: discovery.Listing) -> dict[str, dict]:
         """The survey these workers would answer, from this process's own views of ``entries``
-        (without roots: the workers have none, whatever the client's config says)."""
-        with dask.config.set({access.KEY: None}):
+        (without roots: the workers have none, whatever the client's config or environment
+        says)."""
+        with access.unlimited():
             views = discovery.views(entries, listing)
         return {worker: {**info, "views": views} for worker, info in self.described.items()}
 

@@ -18,8 +18,8 @@ from distributed import Client
 from util import assert_same_frame, compute, expected_parquet, plugin_options, start_cluster
 
 import dask_gpudirect as dg
+from dask_gpudirect import access, discovery, known_workers
 from dask_gpudirect import cluster as dg_cluster
-from dask_gpudirect import discovery, known_workers
 
 
 def write(path, start: int, n: int = 500) -> str:
@@ -92,6 +92,19 @@ def test_the_survey_without_the_workers_is_what_they_would_answer(tcp, tmp_path)
     assert known_workers.recall(tcp) is not None
     listed = dg_cluster.survey(tcp, entries, listing)
     assert listed == tcp.run(dg_cluster._describe, entries=entries, listing=listing)
+
+
+def test_the_clients_own_roots_are_not_the_workers(tcp, tmp_path, monkeypatch):
+    """Roots in the client's environment (its workers have none) refuse nothing: the client
+    lists for the workers as they would (the third read of one file was refused)."""
+    path = write(tmp_path / "d.parquet", 0)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv(access.ENV, os.fspath(elsewhere))
+    for _ in range(3):  # the first may register the reader plugin; the last is remembered
+        got = compute(tcp, dg.read_parquet(path, client=tcp))
+    assert known_workers.recall(tcp) is not None
+    assert_same_frame(got, expected_parquet(path))
 
 
 def test_a_new_worker_a_restart_or_a_new_reader_plugin_asks_the_workers(tmp_path):
