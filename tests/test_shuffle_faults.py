@@ -20,6 +20,8 @@ running workers. Bad options, which need no cluster of their own, close the modu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -546,6 +548,34 @@ def test_stopped_peer_fails_the_shuffle_within_the_timeout(cluster):
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
+def test_a_stopped_worker_holding_inputs_fails_the_shuffle_within_the_timeout(cluster):
+    """Stopped (SIGSTOP) before the shuffle asks the input holders for their room: a
+    ShuffleError naming it after gpudirect.shuffle.timeout (the call waited as long as the
+    worker stayed stopped), and the same shuffle runs once it goes on."""
+    pdf = frame(2000, keys=97, seed=18)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    wait(df)
+    victim = sorted({w for ws in cluster.who_has(df).values() for w in ws})[0]
+    pid = cluster.run(os.getpid, workers=[victim])[victim]
+
+    def shuffle():
+        with cluster.as_current():
+            return dg.shuffle(df, "k", client=cluster)
+
+    with dask.config.set({"gpudirect.shuffle.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            running = pool.submit(shuffle)
+            # over tcp the timeout's words; over UCXX the endpoint may close first
+            with pytest.raises(dg.ShuffleError, match="did not answer") as info:
+                running.result(timeout=HANG_GUARD)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert victim in str(info.value)
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+
+
 def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
     """A client closed while its shuffle waits on a stopped peer ends that shuffle on every
     worker at once, not after gpudirect.shuffle.timeout (here far longer than the test's
@@ -666,6 +696,86 @@ def test_an_interrupted_call_ends_the_shuffle_on_the_workers(cluster, tmp_path):
         signal.signal(signal.SIGINT, handler)
     wait_until_clean(cluster, timeout=HANG_GUARD)
     assert not any(cluster.run(outputs_kept).values())
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+
+
+@contextlib.contextmanager
+def scheduler_handler(client, name: str, handler):
+    """The scheduler's (in this process) handler ``name`` replaced by ``handler(real, **msg)``,
+    and Python's own Ctrl-C handler in place (an earlier test may have left another)."""
+    scheduler = client.cluster.scheduler
+    real = scheduler.handlers[name]
+
+    def replaced(**msg):  # a coroutine where handler is one: the scheduler awaits it
+        return handler(real, **msg)
+
+    scheduler.handlers[name] = replaced
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield scheduler
+    finally:
+        scheduler.handlers[name] = real
+        signal.signal(signal.SIGINT, sigint)
+
+
+def ctrl_c() -> None:
+    """The caller's Ctrl-C: SIGINT to this process, which its main thread raises."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_an_interrupt_as_the_stages_start_ends_them(cluster):
+    """Ctrl-C while the stages are submitted, the scheduler told of them only after the
+    caller's end: every participant hears the shuffle end and keeps no output (the call left
+    before its ``try``, and the stages ran on and kept outputs that nothing published)."""
+    pdf = frame(2000, keys=97, seed=16)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    wait(df)
+    started: list[str] = []
+
+    async def start_after_the_end(real, shuffle_id, **msg):
+        started.append(shuffle_id)
+        ctrl_c()
+        plugin = cluster.cluster.scheduler.plugins["gpudirect-shuffle"]
+        deadline = time.monotonic() + 30
+        while shuffle_id not in plugin.ended and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return real(shuffle_id=shuffle_id, **msg)
+
+    with scheduler_handler(cluster, "gpudirect_shuffle_start", start_after_the_end):
+        with pytest.raises(KeyboardInterrupt):
+            dg.shuffle(df, "k", client=cluster)
+    deadline = time.monotonic() + HANG_GUARD
+    while not all(started[0] in s["closed"] for s in cluster.run(shuffle_state).values()):
+        assert time.monotonic() < deadline, "a participant never heard the shuffle end"
+        time.sleep(0.1)
+    wait_until_clean(cluster, timeout=HANG_GUARD)
+    assert not any(cluster.run(outputs_kept).values())
+    out = dg.shuffle(df, "k", client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+
+
+def test_an_interrupt_as_the_outputs_are_published_lets_them_go(cluster):
+    """Ctrl-C as the scheduler's reply to the publish comes back: the outputs it kept for the
+    client are let go (they stayed wanted by a client that held no future of them, on the
+    workers until it closed)."""
+    pdf = frame(2000, keys=97, seed=17)
+    df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+    wait(df)
+    held = set(cluster.cluster.scheduler.tasks)
+
+    def publish_then_interrupt(real, **msg):
+        reply = real(**msg)
+        ctrl_c()
+        return reply
+
+    with scheduler_handler(cluster, "gpudirect_shuffle_publish", publish_then_interrupt) as s:
+        with pytest.raises(KeyboardInterrupt):
+            dg.shuffle(df, "k", client=cluster)
+        deadline = time.monotonic() + HANG_GUARD
+        while set(s.tasks) != held:
+            assert time.monotonic() < deadline, f"left on the scheduler: {set(s.tasks) - held}"
+            time.sleep(0.1)
     out = dg.shuffle(df, "k", client=cluster)
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 

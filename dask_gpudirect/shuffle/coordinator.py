@@ -37,6 +37,7 @@ from ..errors import ShuffleError
 from ..phases import Phases
 from ..progress import ShuffleProgress
 from ..targets import TargetName
+from . import settings
 from .engines import holds
 from .plugin import service
 from .split import Splitter
@@ -138,9 +139,9 @@ def _exchange(
             client, inputs, splitter, keys, target, engines, prepared, then
         )
     last_engine = plan.engine
-    with clock("start"):
-        stages = _start(client, plan, on_worker, nbytes)
-    try:
+    try:  # an interrupt in the start, the stages already submitted, ends them too
+        with clock("start"):
+            stages = _start(client, plan, on_worker, nbytes)
         with clock("stages"):
             _watch(client, plan, stages, shown, inputs)
         # Let go of the stages and the inputs now (``inputs`` is emptied: the caller's list):
@@ -153,7 +154,8 @@ def _exchange(
             return _publish_outputs(client, plan)
     except BaseException as exc:  # every participant's run ended (a no-op where an abort
         # did it): a caller interrupted (Ctrl-C) would leave the stages building outputs that
-        # no one publishes; a closed client's shuffles the scheduler ends itself
+        # no one publishes, or the published outputs wanted by no future; a closed client's
+        # shuffles the scheduler ends itself
         with clock("end"), contextlib.suppress(OSError):  # a lost scheduler must not hide
             if client.status == "running":  # the first error
                 _end(client, plan, abort=f"the caller's call ended: {type(exc).__name__}")
@@ -178,6 +180,7 @@ def _prepare(
         keys=[f.key for f in inputs],
         target=target,
         placed=placed,
+        timeout=settings.timeout(),
     )
 
 

@@ -22,6 +22,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+from time import time
 from typing import Any, NoReturn
 
 from dask._task_spec import Task
@@ -42,6 +43,9 @@ FAIL = "gpudirect-shuffle-fail"
 #: The worker's stream op that says whether the scheduler kept the outputs it reported:
 #: ``shuffle_id``, ``kept``.
 PUBLISHED = "gpudirect-shuffle-published"
+#: How many published shuffles the scheduler remembers the outputs of: a caller interrupted
+#: as the publish's reply came ends its shuffle right after.
+MAX_PUBLISHED = 16
 
 
 class ShuffleWorkerPlugin(WorkerPlugin):
@@ -130,6 +134,11 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         # they are published; and the shuffles that ended, whose late reports are not kept
         self.reports: dict[str, dict[str, dict[Key, int]]] = {}
         self.ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # the last shuffles published: their client and output keys, let go of where the
+        # client's call ends without them (interrupted as the reply came)
+        self.published: collections.OrderedDict[str, tuple[str, list[Key]]] = (
+            collections.OrderedDict()
+        )
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -141,13 +150,19 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         scheduler.stream_handlers[BUILT] = self.built
 
     async def prepare(
-        self, keys: list, target: str, placed: list[tuple[str, int]] | None = None
+        self,
+        keys: list,
+        target: str,
+        placed: list[tuple[str, int]] | None = None,
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """What the client plans a shuffle of the inputs ``keys`` by, in one round trip of
         its own: where each input is and its bytes (the scheduler's) and the room of each
-        worker that holds one (the workers', asked at once). With ``placed`` (the worker
-        that computes each input, and its bytes read) the inputs need not be computed yet:
-        ``unplaced`` where one of those workers has left, so its input may run elsewhere."""
+        worker that holds one (the workers', asked at once, each given ``timeout`` seconds,
+        the client's ``gpudirect.shuffle.timeout``: a stopped worker answers never). With
+        ``placed`` (the worker that computes each input, and its bytes read) the inputs need
+        not be computed yet: ``unplaced`` where one of those workers has left, so its input
+        may run elsewhere."""
         who_has, nbytes = {}, {}
         for i, key in enumerate(keys):
             ts = self.scheduler.tasks.get(key)
@@ -163,7 +178,12 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
                 raise ShuffleError(f"shuffle input {key!r} is no longer in memory: run it again")
         holders = sorted({workers[0] for workers in who_has.values()})
         rooms = await asyncio.gather(
-            *(self.scheduler.rpc(w).gpudirect_shuffle_room(target=target) for w in holders),
+            *(
+                asyncio.wait_for(
+                    self.scheduler.rpc(w).gpudirect_shuffle_room(target=target), timeout
+                )
+                for w in holders
+            ),
             return_exceptions=True,
         )
         lost = [(w, e) for w, e in zip(holders, rooms, strict=True) if isinstance(e, Exception)]
@@ -171,8 +191,13 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             return {"unplaced": True}
         if lost:
             (worker, error), *_ = lost
+            why = (
+                f"in gpudirect.shuffle.timeout, {timeout} s"
+                if isinstance(error, TimeoutError)
+                else repr(error)
+            )
             raise ShuffleError(
-                f"worker {worker}, which holds shuffle inputs, did not answer ({error!r}): "
+                f"worker {worker}, which holds shuffle inputs, did not answer ({why}): "
                 "run the shuffle again"
             )
         return {
@@ -186,8 +211,13 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         self, shuffle_id: str, client: str, participants: list[str], stages: dict[str, str]
     ) -> None:
         """Watch a shuffle whose stages were just submitted; one with a participant already gone
-        fails at once, as if it had left during it."""
-        self.active[shuffle_id] = _Active(client, set(participants), stages)
+        fails at once, as if it had left during it. One that ended before it started (its
+        caller interrupted while the stages were submitted) ends on every participant."""
+        shuffle = _Active(client, set(participants), stages)
+        if shuffle_id in self.ended:
+            self._tell(shuffle, shuffle_id, "the caller's call ended before it started", True)
+            return
+        self.active[shuffle_id] = shuffle
         gone = sorted(set(participants) - set(self.scheduler.workers))
         if gone:  # one is enough: the shuffle fails, and the client cancels every stage
             self._lost(shuffle_id, gone[0])
@@ -235,6 +265,9 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         scheduler.extensions["spans"].observe_tasks(tasks, code=(), span_metadata={})
         self._tell_kept(reports, shuffle_id, kept=True)
         self.shuffle_ended(shuffle_id)  # its outputs are kept: the client need not end it
+        self.published[shuffle_id] = (client, [ts.key for ts in tasks])
+        if len(self.published) > MAX_PUBLISHED:
+            self.published.popitem(last=False)
         return {"lost": [], "outputs": count}
 
     def _tell_kept(self, reports: dict[str, dict], shuffle_id: str, kept: bool) -> None:
@@ -244,7 +277,15 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         self.scheduler.send_all({}, {worker: [message] for worker in alive})
 
     def shuffle_ended(self, shuffle_id: str, reason: str | None = None) -> None:
-        """Forget a shuffle; with a ``reason``, first end its run on every participant."""
+        """Forget a shuffle; with a ``reason``, first end its run on every participant, or,
+        where its outputs were published already, let the client's hold on them go."""
+        published = self.published.pop(shuffle_id, None)
+        if published is not None and reason is not None:
+            client, keys = published
+            if client in self.scheduler.clients:
+                self.scheduler.client_releases_keys(
+                    keys, client, stimulus_id=f"gpudirect-shuffle-end-{time()}"
+                )
         self._forget(shuffle_id)
         shuffle = self.active.pop(shuffle_id, None)
         if shuffle is not None and reason is not None:
