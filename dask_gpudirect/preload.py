@@ -3,7 +3,9 @@
 Options as flags after the preload, e.g. ``dask worker ADDR --preload dask_gpudirect.preload
 --gpudirect-threads=8``: the worker CLI hands options it does not know to the preload (there is
 no ``--preload-argv`` flag). Give the scheduler address as ``ADDR``: with ``--scheduler-file``
-and no address, click takes the first such flag for the address and drops it silently.
+and no address, click takes the first such flag for the address, so ``--gpudirect-threads=8``
+is dropped silently and ``--gpudirect-threads 8`` stops the worker ("unexpected extra
+argument"). A bad value, a flag's or the worker's config's, stops the worker with its error.
 Anything not given comes from Dask config (``DASK_GPUDIRECT__READER__THREADS=8`` ...).
 
 ``dask cuda worker`` hands every preload the same flags, its own ``--create-cuda-context``
@@ -14,8 +16,9 @@ under ``dask cuda worker`` set options with ``DASK_GPUDIRECT__*`` variables, not
 from __future__ import annotations
 
 import click
-from distributed import Worker
+from distributed import Worker, WorkerPlugin
 
+from .errors import GPUDirectError
 from .plugin import GPUDirectPlugin
 
 
@@ -39,8 +42,25 @@ def dask_setup(
         "task_size": gpudirect_task_size,
         "compat_mode": gpudirect_compat_mode,
     }
-    plugin = GPUDirectPlugin(**{k: v for k, v in options.items() if v is not None})
     # Set up with the plugins given at start (preloads run just before them), not here:
     # distributed logs and ignores an error of a preload, but a plugin that fails at start
-    # (a bad gpudirect.* value) stops the worker, with that error.
+    # (a bad gpudirect.* value, a flag's or the worker's config's) stops the worker, with that
+    # error.
+    plugin: WorkerPlugin
+    try:
+        plugin = GPUDirectPlugin(**{k: v for k, v in options.items() if v is not None})
+    except GPUDirectError as exc:
+        plugin = _Refused(exc)
     worker._pending_plugins = (*worker._pending_plugins, plugin)
+
+
+class _Refused(WorkerPlugin):
+    """Stands for a GPUDirectPlugin whose options are bad: its setup raises their error."""
+
+    name = GPUDirectPlugin.name
+
+    def __init__(self, error: GPUDirectError):
+        self.error = error
+
+    def setup(self, worker: Worker) -> None:
+        raise self.error

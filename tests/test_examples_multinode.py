@@ -21,20 +21,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from util import HANG_GUARD, wait_for_address
+from util import HANG_GUARD, dask_command, wait_for_address
 
 import dask_gpudirect  # noqa: F401  (loads the gpudirect.* defaults)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "multinode"
 DOC = ROOT / "docs" / "deployment.md"
-
-
-def dask_command(name: str) -> list[str]:
-    script = shutil.which("dask", path=os.path.dirname(sys.executable))
-    if script:
-        return [script, name]
-    return [sys.executable, "-m", f"distributed.cli.dask_{name}"]
 
 
 @pytest.mark.parametrize("script", ["launch.sh", "slurm.sbatch"])
@@ -138,6 +131,35 @@ def test_client_runs_against_preloaded_workers(tmp_path):
                     p.kill()
                     p.wait()
         log.close()
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"),
+    [([], {"DASK_GPUDIRECT__READER__THREADS": "0"}), (["--gpudirect-threads", "0"], {})],
+    ids=["worker-config", "flag"],
+)
+def test_a_bad_reader_value_stops_a_preloaded_worker(tmp_path, flags, env):
+    """As the docs say, with the error in the worker's log: such a worker joined without
+    the plugin (Distributed only logs a preload's error), and every read on the cluster then
+    failed with a ConfigError that named no worker."""
+    from distributed import LocalCluster
+
+    log_path = tmp_path / "worker.log"
+    with LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address=":0") as cluster:
+        args = [*dask_command("worker"), cluster.scheduler_address, "--no-nanny"]
+        args += ["--no-dashboard", "--preload", "dask_gpudirect.preload", *flags]
+        with open(log_path, "w") as log:
+            worker = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}
+            )
+            try:
+                assert worker.wait(timeout=HANG_GUARD) != 0
+            finally:
+                if worker.poll() is None:
+                    worker.kill()
+        assert not cluster.scheduler.workers
+    # "gpudirect.reader.threads=0" from the config, "GPUDirectPlugin(threads=0)" from the flag
+    assert re.search(r"ConfigError: \S*threads=0\)?: use a whole number", log_path.read_text())
 
 
 # --- every name docs/deployment.md uses exists ------------------------------------------
