@@ -17,11 +17,11 @@ import sys
 import pytest
 from click.testing import CliRunner
 from object_servers import BUCKET
-from util import HANG_GUARD
+from util import HANG_GUARD, worker_config
 
 from dask_gpudirect.cli import main
 from dask_gpudirect.ledger_report import records
-from dask_gpudirect.probe import LABELS, _gds_reason, pair_route, parse_ep_info
+from dask_gpudirect.probe import LABELS, _gds_reason, pair_route, parse_ep_info, routes
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "probe.md"
 NONE = type(None)
@@ -263,6 +263,28 @@ def test_probe_measures(client):
     in_node = doc["paths"]["gpu_to_gpu_in_node"]
     assert in_node["gbps"] > 0 and in_node["measurements"][0]["gbps"] == in_node["gbps"]
     assert len(records(client)) == before  # the probe's reads stay out of the user's ledger
+
+
+def test_probe_measures_storage_on_workers_with_roots(tcp_client, tmp_path):
+    """Its own file in the worker's local directory, outside the roots the worker keeps to
+    (a usual setup: roots /data, scratch elsewhere): measured, where it failed as refused."""
+    with worker_config(tcp_client, {"gpudirect.allowed-roots": [os.fspath(tmp_path)]}):
+        doc = probe_json(tcp_client, "--size", "1MiB")
+    storage = doc["paths"]["storage_to_gpu"]
+    assert all(m["gbps"] > 0 for m in storage["measurements"]), storage
+    assert storage["route"] == "posix-host", storage
+
+
+def test_a_verdict_where_workers_differ_says_each():
+    """ "see each one" pointed at nothing in the text output: now a line per measurement."""
+    measured = routes._measurement(["tcp://a:1"], "posix-host", 1, 5.0, "no GPU")
+    failed = routes._measurement(["tcp://b:2"], None, None, None, "measurement failed: Oops")
+    verdict = routes._summary("storage_to_gpu", [measured, failed])["verdict"]
+    assert verdict.splitlines() == [
+        "storage -> GPU: mixed, 5.0 GB/s: workers differ:",
+        "  tcp://a:1: posix-host, 1 copy, 5.0 GB/s: no GPU",
+        "  tcp://b:2: measurement failed: Oops",
+    ]
 
 
 def test_probe_human(tcp_client):

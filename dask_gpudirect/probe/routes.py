@@ -192,20 +192,32 @@ def _pairs(workers: list[dict]) -> tuple[tuple[dict, dict] | None, tuple[dict, d
     return in_node, ((firsts[0], firsts[1]) if len(firsts) > 1 else None)
 
 
+def _said(route: str | None, copies: int | None, gbps: float | None, reason: str) -> str:
+    """A route, its copies and rate, and why, as a verdict says them."""
+    parts = [p for p in (route, _copies(copies), gbps and f"{gbps:.1f} GB/s") if p]
+    return ", ".join(parts) + (": " if parts else "") + reason
+
+
 def _summary(name: str, measurements: list[dict], why_none: str = "") -> dict:
     """One path of the document: the route the measurements share, their median rate, a verdict."""
+    each = ""
     if not measurements:
         route = copies = gbps = None
         reason = why_none
     else:
         shared = {(m["route"], m["copies"], m["reason"]) for m in measurements}
         route, copies, reason = (
-            shared.pop() if len(shared) == 1 else ("mixed", None, "workers differ: see each one")
+            shared.pop() if len(shared) == 1 else ("mixed", None, "workers differ:")
         )
         rates = [m["gbps"] for m in measurements if m["gbps"]]
         gbps = statistics.median(rates) if rates else None
-    parts = [p for p in (route, _copies(copies), gbps and f"{gbps:.1f} GB/s") if p]
-    verdict = f"{LABELS[name]}: " + ", ".join(parts) + (": " if parts else "") + reason
+        if route == "mixed":  # a line for each, under the verdict
+            each = "".join(
+                f"\n  {', '.join(m['workers'])}: "
+                + _said(m["route"], m["copies"], m["gbps"], m["reason"])
+                for m in measurements
+            )
+    verdict = f"{LABELS[name]}: " + _said(route, copies, gbps, reason) + each
     return {
         "route": route,
         "copies": copies,
