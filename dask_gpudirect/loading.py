@@ -71,5 +71,5 @@ def elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
     return InputError(
         shard.path,
         f"{exc.problem} (read on {here} because {shard.worker}, where placement put it, "
-        "left the cluster)",
+        "left the cluster; read_* again places it on the workers there now)",
     )
