@@ -61,8 +61,9 @@ def store_of(path: str, store: Store | None) -> Store | None:
 
 
 def checked_url(url: str) -> str:
-    """``url`` as given, refused where it carries credentials: a ``user:password@`` or a query
-    string (a presigned signature) would show in the ledger and in errors."""
+    """``url`` as given (an HTTP(S) path percent-encoded where it needs to be), refused where
+    it carries credentials: a ``user:password@`` or a query string (a presigned signature)
+    would show in the ledger and in errors."""
     parts = urllib.parse.urlsplit(url)
     if parts.username or parts.password or (parts.query and scheme(url) != "s3"):
         raise InputError(
@@ -73,7 +74,14 @@ def checked_url(url: str) -> str:
         )
     if not parts.netloc:
         raise InputError(url, "a remote URL needs a bucket or host")
+    if scheme(url) in ("http", "https"):  # a space or a non-ASCII letter as a browser sends it
+        # (urllib and libcurl refuse them); what is encoded already stays as it is
+        url = urllib.parse.urlunsplit(parts._replace(path=urllib.parse.quote(parts.path, _SAFE)))
     return url
+
+
+#: What an HTTP(S) URL's path keeps as written: its separators and percent-encoding.
+_SAFE = "/%:@!$&'()*+,;=~"
 
 
 def _redacted(parts: urllib.parse.SplitResult) -> str:

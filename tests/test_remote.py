@@ -118,6 +118,18 @@ def test_http_parquet_and_npy_equal_local(tcp, http_url, local_data):
     assert _routes(tcp) == {"host-remote"}
 
 
+def test_http_names_with_spaces_and_other_letters_as_written(tcp, http_url, local_data):
+    """A URL as a browser takes it, a space and a non-ASCII letter in it (urllib refused it:
+    "URL can't contain control characters"); one encoded already stays as it was."""
+    base, root, _ = http_url
+    name = "odd names/größe 1.npy"
+    (root / name).parent.mkdir()
+    (root / name).write_bytes((local_data / "npy" / "shard-0.npy").read_bytes())
+    expected = np.load(local_data / "npy" / "shard-0.npy")
+    for url in (f"{base}/{name}", f"{base}/{urllib.parse.quote(name)}"):
+        np.testing.assert_array_equal(compute(tcp, dg.read_binary(url, client=tcp)), expected)
+
+
 def _message(excinfo) -> str:
     return str(excinfo.value)
 
