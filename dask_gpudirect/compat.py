@@ -178,12 +178,13 @@ def check_filesystem(filesystem: Any) -> None:
 
 
 def extensions_of(value: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...] | None:
-    """``parquet_file_extension`` as lower-case suffixes; None or False: every file."""
+    """``parquet_file_extension`` as suffixes, matched by case as Dask's; None or False:
+    every file."""
     if value is None or value is False:
         return None
     if isinstance(value, str):
         value = (value,)
-    suffixes = tuple(str(v).lower() for v in value)
+    suffixes = tuple(str(v) for v in value)
     if not suffixes or not all(suffixes):
         raise InputError(None, f"parquet_file_extension={value!r}: give suffixes like '.parquet'")
     return suffixes

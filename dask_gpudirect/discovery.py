@@ -49,7 +49,7 @@ class Listing:
 
     def takes(self, name: str) -> bool:
         """Whether a directory read takes the (not hidden) file ``name``."""
-        return self.extensions is None or name.lower().endswith(self.extensions)
+        return self.extensions is None or name.endswith(self.extensions)  # as Dask: by case
 
 
 FLAT = Listing()
@@ -83,11 +83,15 @@ class Found:
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def _local(path: str | os.PathLike) -> str:
+def _local(path: str | bytes | os.PathLike) -> str:
     """``path`` as an absolute local path: ``~`` expanded, ``file://`` URLs taken as their path,
     ``s3://`` and ``http(s)://`` URLs kept (:mod:`.remote`), and other URLs refused (they would
-    otherwise become local names like ``/cwd/gs:/...``)."""
-    text = os.fspath(path)
+    otherwise become local names like ``/cwd/gs:/...``). A ``..`` is left for the workers to
+    follow, as the kernel does: after a symlink it leads elsewhere than its name says."""
+    try:
+        text = os.fsdecode(path)
+    except TypeError:
+        raise InputError(None, f"not a path: {path!r}") from None
     if remote.is_remote(text):
         return remote.checked_url(text)
     url = _SCHEME.match(text)
@@ -99,13 +103,25 @@ def _local(path: str | os.PathLike) -> str:
                 "network-mounted files, s3:// and http(s):// URLs (copy the data to such a "
                 "place, or mount it)",
             )
-        text = urllib.parse.unquote(urllib.parse.urlparse(text).path)
-    return os.path.abspath(os.path.expanduser(text))
+        parts = urllib.parse.urlsplit(text)
+        if parts.query or parts.fragment or text.endswith(("?", "#")):
+            raise InputError(
+                text,
+                "a file:// URL's ? and # start its query and fragment, which name no file: "
+                "write them %3F and %23, or give the path itself",
+            )
+        text = urllib.parse.unquote(parts.path)
+    text = os.path.join(os.getcwd(), os.path.expanduser(text))
+    # "." and doubled slashes go, as abspath's would; ".." stays
+    tidy = [part for part in text.split(os.sep) if part not in ("", ".")]
+    return os.sep + os.sep.join(tidy)
 
 
-def absolute(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str]:
+def absolute(
+    paths: str | bytes | os.PathLike | Iterable[str | bytes | os.PathLike],
+) -> list[str]:
     """The user's paths as absolute strings (relative ones against the client's directory)."""
-    if isinstance(paths, (str, os.PathLike)):
+    if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
     entries = [_local(p) for p in paths]
     if not entries:
@@ -147,8 +163,8 @@ def view(entry: str, listing: Listing = FLAT) -> View:
     pattern = glob.has_magic(entry) and not os.path.lexists(entry)
     found = None if pattern else _stat(entry)  # one stat for a file named, not three
     try:
-        if pattern:
-            kind, candidates = GLOB, glob.glob(entry)
+        if pattern:  # "**" any depth of folders, as Dask's (fsspec's) globs
+            kind, candidates = GLOB, glob.glob(entry, recursive=True)
         elif found is not None and stat.S_ISDIR(found.st_mode):
             kind, candidates = DIRECTORY, data_files(entry, listing)
         elif found is not None or os.path.lexists(entry):  # a dangling link is a FILE too
@@ -169,10 +185,10 @@ def view(entry: str, listing: Listing = FLAT) -> View:
             files.append(seen(path))
         except access.Refused:
             refused.append(path)
-        except InputError:  # planning says what is wrong with it (unreadable, a FIFO...),
-            # unless a listing found it and it is not a file: a subdirectory a pattern matched,
-            # a dangling link or a file gone meanwhile
-            if kind == FILE or (os.path.exists(path) and not os.path.isdir(path)):
+        except InputError:  # planning says what is wrong with it (unreadable, a FIFO, a
+            # dangling link...), unless a listing found it and it is not a file: a
+            # subdirectory a pattern matched, or a file gone meanwhile
+            if kind == FILE or (os.path.lexists(path) and not os.path.isdir(path)):
                 files.append((path, *_size_and_times(path)))
     if kind == FILE and not files and not refused:
         return View(MISSING)

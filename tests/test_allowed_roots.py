@@ -51,8 +51,9 @@ def client(roots):
 
 
 def refused(given) -> str:
-    """The one message for a path outside the roots: the path as given, nothing else."""
-    return f"{os.path.abspath(given)}: {access.REFUSED}"
+    """The one message for a path outside the roots: the path as given (absolute, its ``..``
+    kept), nothing else."""
+    return f"{os.fspath(given)}: {access.REFUSED}"
 
 
 def test_inside_the_roots_loads(client, roots):

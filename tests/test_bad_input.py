@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import os
 import re
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -330,6 +331,18 @@ def test_truncated_npy(tcp, tmp_path):
         f.truncate(os.path.getsize(path) - 16)
     with raises_naming(path, "truncated .npy"):
         dg.read_binary(path, client=tcp)
+
+
+@pytest.mark.parametrize("how", ["folder", "glob"])
+def test_a_dangling_link_in_a_dataset_is_named(tcp, tmp_path, good, how):
+    """As Dask: its rows were left out without a word."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(good, data / "part.0.parquet")
+    os.symlink(tmp_path / "gone.parquet", data / "part.1.parquet")
+    path = data if how == "folder" else data / "*.parquet"
+    with raises_naming(data / "part.1.parquet", "no such file"):
+        compute(tcp, dg.read_parquet(path, client=tcp))
 
 
 def test_object_dtype(tcp, tmp_path):

@@ -67,10 +67,12 @@ def test_files_laid_out_differently_are_never_decoded_in_one_call(tmp_path):
 
 
 def test_a_folder_takes_its_parquet_files(tcp, tmp_path):
-    """As Dask: files ending in .parquet, .parq or .pq; not README.txt, _SUCCESS, .crc files."""
+    """As Dask: files ending in .parquet, .parq or .pq, by case; not README.txt, _SUCCESS,
+    .crc files (nor OLD.PARQUET, which was read)."""
     write(tmp_path / "part-0.parquet", frame(0))
     write(tmp_path / "part-1.parq", frame(50))
-    write(tmp_path / "part-2.PQ", frame(100))
+    write(tmp_path / "part-2.pq", frame(100))
+    write(tmp_path / "OLD.PARQUET", frame(1000))
     (tmp_path / "README.txt").write_text("what this data is\n")
     (tmp_path / "_SUCCESS").write_bytes(b"")
     (tmp_path / ".part-0.parquet.crc").write_bytes(b"\x00" * 8)
@@ -79,9 +81,60 @@ def test_a_folder_takes_its_parquet_files(tcp, tmp_path):
 
     only = compute(tcp, dg.read_parquet(tmp_path, parquet_file_extension=".parq", client=tcp))
     pd.testing.assert_frame_equal(only.reset_index(drop=True), frame(50))
+    upper = compute(tcp, dg.read_parquet(tmp_path, parquet_file_extension=".PARQUET", client=tcp))
+    pd.testing.assert_frame_equal(upper.reset_index(drop=True), frame(1000))
     readme = os.fspath(tmp_path / "README.txt")
     with pytest.raises(dg.InputError, match=f"{readme}: not a valid Parquet file"):
         dg.read_parquet(tmp_path, parquet_file_extension=None, client=tcp)  # every file
+
+
+def test_dot_dot_after_a_link_is_where_the_link_leads(tcp, tmp_path):
+    """``x/link/../f.parquet`` is the file the kernel opens, as Dask reads it: ``..`` of
+    where ``link`` leads (it was folded by name to ``x/f.parquet``, another file)."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y" / "sub").mkdir(parents=True)
+    write(tmp_path / "x" / "f.parquet", frame(0))
+    write(tmp_path / "y" / "f.parquet", frame(500))
+    os.symlink(tmp_path / "y" / "sub", tmp_path / "x" / "link")
+    path = os.fspath(tmp_path / "x" / "link" / ".." / "f.parquet")
+    got = compute(tcp, dg.read_parquet(path, client=tcp))
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(500))
+    assert dd.read_parquet(path).compute(scheduler="sync")["id"].tolist() == got["id"].tolist()
+
+
+def test_a_double_star_globs_any_depth(tcp, tmp_path):
+    """``**`` matches folders at any depth (none too), as Dask's globs do; it matched one."""
+    for i, rel in enumerate(["top", "s/mid", "s/t/low"]):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        write(tmp_path / f"{rel}.parquet", frame(50 * i))
+        np.save(tmp_path / f"{rel}.npy", np.array([i]))
+    pattern = os.fspath(tmp_path / "**" / "*.parquet")
+    got = compute(tcp, dg.read_parquet(pattern, client=tcp))
+    theirs = dd.read_parquet(pattern).compute(scheduler="sync")
+    assert sorted(got["id"].tolist()) == list(range(150))
+    assert got["id"].tolist() == theirs["id"].tolist()
+    arr = compute(tcp, dg.read_binary(tmp_path / "**" / "*.npy", client=tcp))
+    assert sorted(arr.tolist()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("tail", ["?art.0.parquet", "#part.0.parquet", "part.0.parquet?"])
+def test_a_file_url_with_a_query_or_fragment_is_refused(tcp, tmp_path, tail):
+    """They name no file: the URL's path alone (the whole folder) was read."""
+    write(tmp_path / "part.0.parquet", frame(0))
+    url = f"file://{tmp_path}/{tail}"
+    with pytest.raises(dg.InputError, match="query and fragment"):
+        dg.read_parquet(url, client=tcp)
+    encoded = f"file://{tmp_path}/part.0.parquet"
+    assert len(compute(tcp, dg.read_parquet(encoded, client=tcp))) == 50
+
+
+def test_bytes_paths_are_paths(tcp, tmp_path):
+    """As NumPy takes them (a bytes path was taken as a list of numbers)."""
+    np.save(tmp_path / "a.npy", np.arange(3))
+    for given in (os.fsencode(tmp_path / "a.npy"), [os.fsencode(tmp_path / "a.npy")]):
+        assert compute(tcp, dg.read_binary(given, client=tcp)).tolist() == [0, 1, 2]
+    with pytest.raises(dg.InputError, match="not a path: 3"):
+        dg.read_binary([3], client=tcp)
 
 
 @pytest.mark.parametrize("how", ["folder", "glob", "hive"])
