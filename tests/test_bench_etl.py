@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 from pandas.testing import assert_frame_equal
@@ -162,6 +163,24 @@ def test_bench_etl_host(tmp_path):
     assert "| scan | dd.read_parquet(...).persist() |" in markdown
     assert "cudf-polars" not in markdown and "rapidsmpf" not in markdown  # GPU-only methods
     assert out["png"].stat().st_size > 0
+
+
+def test_data_folder_of_other_files_is_refused_not_emptied(tmp_path):
+    """``--dir`` of a user's files: refused, every file kept (they were deleted, ``--dir .``
+    the working directory); a folder the bench wrote is rewritten for another dataset, and a
+    file the user put there stays."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "important.txt").write_text("precious")
+    with pytest.raises(click.ClickException, match="holds files the bench did not write"):
+        dataset(str(tmp_path / "mine"), "etl", 1 / 1024, 2, keys=[16])
+    assert (tmp_path / "mine" / "important.txt").read_text() == "precious"
+    ours = tmp_path / "ours"
+    dataset(str(ours), "etl", 1 / 1024, 3, keys=[16])
+    (ours / "notes.txt").write_text("mine")
+    paths, _ = dataset(str(ours), "etl", 1 / 1024, 2, keys=[16])
+    assert sorted(os.listdir(ours)) == ["_bench.json", "notes.txt", "part-000.parquet",
+                                        "part-001.parquet"]  # fmt: skip
+    assert paths == [str(ours / "part-000.parquet"), str(ours / "part-001.parquet")]
 
 
 def test_combine_shuffles_partial_sums_not_rows(tcp, tmp_path):

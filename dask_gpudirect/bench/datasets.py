@@ -10,11 +10,13 @@ import contextlib
 import json
 import math
 import os
-import shutil
+import re
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+import click
 
 from .common import GIB, log
 
@@ -27,6 +29,10 @@ PARQUET_ROW_GROUP = 1 << 20
 #: z (the rows of ``--gib``; each more key count of a sweep adds a column of 8 bytes a row).
 ETL_BYTES_PER_ROW = 40
 DATA_VERSION = 2
+#: What a dataset's folder holds besides its files ('_' files are skipped by every reader).
+MANIFEST = "_bench.json"
+#: The names of the files a dataset writes.
+_WRITTEN = re.compile(r"part-\d{3,}\.(npy|parquet)")
 
 
 def key_column(keys: int) -> str:
@@ -105,6 +111,22 @@ def _write_etl_parquet(path: str, rows: int, seed: int, keys: Sequence[int]) -> 
     return int(table["z"].to_numpy().sum())
 
 
+def _make_room(directory: str) -> None:
+    """``directory`` made, or emptied of the files an earlier dataset of the bench wrote there
+    (its manifest says it is the bench's); a folder of anything else is refused, never
+    emptied: ``--dir .`` must not delete a user's files."""
+    os.makedirs(directory, exist_ok=True)
+    names = os.listdir(directory)
+    if names and MANIFEST not in names:
+        raise click.ClickException(
+            f"{directory} holds files the bench did not write (it has no {MANIFEST}): give "
+            "--dir a new or empty folder"
+        )
+    for name in names:
+        if name == MANIFEST or _WRITTEN.fullmatch(name):
+            os.remove(os.path.join(directory, name))
+
+
 def _bench_of(kind: str) -> str:
     return "etl" if kind == "etl" else "read"
 
@@ -121,15 +143,14 @@ def dataset(
         spec["keys"] = list(keys)
     ext = ".npy" if kind == "binary" else ".parquet"
     paths = [os.path.join(directory, f"part-{i:03d}{ext}") for i in range(files)]
-    manifest = os.path.join(directory, "_bench.json")  # '_' files are skipped by every reader
+    manifest = os.path.join(directory, MANIFEST)
     with contextlib.suppress(OSError, ValueError):
         with open(manifest) as f:
             old = json.load(f)
         if old.get("spec") == spec and all(os.path.isfile(p) for p in paths):
             log(_bench_of(kind), f"reusing {kind} data in {directory}")
             return paths, old["info"]
-    shutil.rmtree(directory, ignore_errors=True)
-    os.makedirs(directory)
+    _make_room(directory)
     target = int(gib * GIB)
     start = time.perf_counter()
     jobs: list[Future[Any]]

@@ -454,7 +454,8 @@ def _measured(
     "root",
     required=True,
     type=click.Path(file_okay=False),
-    help="Data directory: the Parquet files are written here, and reused when they match.",
+    help="Data directory: the Parquet files are written here, and reused when they match "
+    "(a folder of files the bench did not write is refused).",
 )
 @gib_option("--gib", "data in memory, GiB")
 @click.option(

@@ -240,7 +240,8 @@ def _cold_dask(
     "root",
     default=None,
     type=click.Path(file_okay=False),
-    help="Data directory (kept, and reused when it matches); default: a temporary one.",
+    help="Data directory (kept, and reused when it matches; a folder of files the bench did "
+    "not write is refused); default: a temporary one.",
 )
 @gib_option("--binary-gib", ".npy data, GiB")
 @gib_option("--parquet-gib", "Parquet, GiB")
