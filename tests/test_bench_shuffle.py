@@ -316,3 +316,41 @@ def test_bench_shuffle_array_refuses_what_it_cannot_run(args, says):
 
     result = CliRunner().invoke(shuffle, ["--target", "host", "--data", "array", *args])
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_ctrl_c_between_runs_keeps_the_runs_that_finished():
+    """Ctrl-C as the release after a run waits: that run and those before it are the method's
+    record (the record said "not run, interrupted", every finished run lost)."""
+    from dask_gpudirect.bench import timing
+
+    releases = []
+
+    def release_then_ctrl_c() -> None:
+        releases.append(None)
+        if len(releases) == 2:
+            raise KeyboardInterrupt
+
+    def run_once() -> dict:
+        return {"seconds": 0.5, "note": ""}
+
+    try:  # a plain KeyboardInterrupt would end pytest's whole session: caught here
+        timing._measure("m", run_once, 10**9, 1, 5, 600, release_then_ctrl_c)
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    assert isinstance(interrupted, timing._Interrupted), repr(interrupted)
+    record = interrupted.record
+    assert record["runs"] == [0.5, 0.5] and record["status"] == "ok"
+    assert record["stopped"] == "interrupted after run 2"
+
+
+def test_an_interrupted_bench_exits_130(tmp_path):
+    """As a shell reports a command Ctrl-C stopped, so that ``bench ... && next`` stops (it
+    exited 0); what was measured is written first."""
+    from dask_gpudirect.bench.common import finish
+
+    result = {"device": "CPU", "records": [], "interrupted": True}
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit) as info:
+        finish(result, "host", lambda r: None, (str(out), None, lambda r: "", None))
+    assert info.value.code == 130
+    assert json.loads(out.read_text())["interrupted"] is True

@@ -426,7 +426,8 @@ def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
 
 def finish(result: dict, target: str, print_result: Callable[[dict], None], outputs: tuple) -> None:
     """Name the device where it was not found, write ``outputs`` (``write_outputs``' paths and
-    renderer) and print the result; then exit non-zero if a measurement or the run failed."""
+    renderer) and print the result; then exit non-zero if a measurement or the run failed, or
+    130 where Ctrl-C stopped it (as a shell says so: ``bench ... && next`` stops)."""
     result["device"] = result["device"] or (
         f"CPU {result['host']['cpu']}" if target == "host" else "unknown GPU"
     )
@@ -438,6 +439,8 @@ def finish(result: dict, target: str, print_result: Callable[[dict], None], outp
         if result.get("error"):
             why += f"; the run stopped: {result['error']}"
         raise SystemExit(f"{why}: see the table and the log")
+    if result.get("interrupted"):
+        raise SystemExit(130)
 
 
 def ucx_environment() -> dict[str, str]:

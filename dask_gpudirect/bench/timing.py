@@ -114,14 +114,18 @@ def _measure(
                 ), True
             stop = f"run {i + 1} timed out at the budget of {budget:.0f} s"
             return _summarise(key, runs, nbytes, per, note, stop), True
-        after()
         note = note or out.get("note", "")
-        runs.append(out)
+        runs.append(out)  # kept, whatever interrupts the release after it
         speed = _gbps(nbytes, out["seconds"], per)
         log(
             bench,
             f"{key} run {i + 1}/{1 + repeat}: {out['seconds']:.3f} s, {speed:.3f} GB/s per worker",
         )
+        try:
+            after()
+        except KeyboardInterrupt:
+            stop = f"interrupted after run {i + 1}"
+            raise _Interrupted(_summarise(key, runs, nbytes, per, note, stop)) from None
     return _summarise(key, runs, nbytes, per, note, stop), False
 
 
