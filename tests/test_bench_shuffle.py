@@ -318,6 +318,21 @@ def test_bench_shuffle_array_refuses_what_it_cannot_run(args, says):
     assert result.exit_code == 2 and says in result.output, result.output
 
 
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [("", "--methods: none given"), ("gpudirect,tasks,gpudirect", "gpudirect given twice")],
+)
+def test_bench_methods_empty_or_twice_are_refused(given, says):
+    """An empty list said 'rapidsmpf: runs on GPU workers only'; a method twice ran twice and
+    left the progress bar short."""
+    from click.testing import CliRunner
+
+    from dask_gpudirect.bench.shuffle import shuffle
+
+    result = CliRunner().invoke(shuffle, ["--target", "host", "--methods", given])
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
 def test_ctrl_c_between_runs_keeps_the_runs_that_finished():
     """Ctrl-C as the release after a run waits: that run and those before it are the method's
     record (the record said "not run, interrupted", every finished run lost)."""

@@ -173,7 +173,11 @@ def resolve_run(
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = sorted(set(chosen) - set(known))
     if unknown or not chosen:
-        raise click.UsageError(f"--methods: unknown {unknown}; choose from {', '.join(known)}")
+        what = f"unknown {unknown}" if unknown else "none given"
+        raise click.UsageError(f"--methods: {what}; choose from {', '.join(known)}")
+    twice = sorted({m for m in chosen if chosen.count(m) > 1})
+    if twice:
+        raise click.UsageError(f"--methods: {', '.join(twice)} given twice")
     workers = workers or (gpus if target == "device" else 2)
     protocol = protocol or ("ucxx" if target == "device" else "tcp")
     return target, gpus, chosen, workers, protocol

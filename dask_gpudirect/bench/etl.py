@@ -505,7 +505,12 @@ def etl(
 ) -> None:
     """Parquet -> shuffle -> group-by sum: dg against Dask (dask_cudf on the GPU), end to end."""
     target, gpus, chosen, workers, protocol = resolve_run(
-        target, methods or ",".join(METHODS), METHODS, workers, protocol, rmm_pool_size
+        target,
+        ",".join(METHODS) if methods is None else methods,
+        METHODS,
+        workers,
+        protocol,
+        rmm_pool_size,
     )
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     opts: dict[str, Any] = {

@@ -604,7 +604,12 @@ def shuffle(
     """Shuffle speed of dg.shuffle against Dask's task and P2P shuffles and a raw transfer."""
     known = ARRAY_METHODS if data == "array" else METHODS
     target, gpus, chosen, workers, protocol = resolve_run(
-        target, methods or ",".join(known), known, workers, protocol, rmm_pool_size
+        target,
+        ",".join(known) if methods is None else methods,
+        known,
+        workers,
+        protocol,
+        rmm_pool_size,
     )
     chosen = device_only(chosen, DEVICE_ONLY, target, methods is None)
     if record_bytes % 8:
