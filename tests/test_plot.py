@@ -140,6 +140,18 @@ def test_bench_plot_writes_where_it_says(tmp_path):
     assert result.exit_code == 2 and "cannot write there" in result.output
 
 
+@pytest.mark.parametrize("command", ["plot", "shuffle"])
+def test_a_format_matplotlib_does_not_write_is_refused_at_the_start(tmp_path, command):
+    """Refused before the run (``--plot x.xyz`` ran the whole bench, then failed with a
+    traceback and printed no table)."""
+    out = str(tmp_path / "x.xyz")
+    args = ["plot", str(READ_JSON), out] if command == "plot" else ["shuffle", "--plot", out]
+    result = CliRunner().invoke(bench, args)
+    assert result.exit_code == 2, result.output
+    assert "matplotlib writes no .xyz file" in result.output
+    assert not os.path.exists(out)
+
+
 def test_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     out = tmp_path / "x.png"

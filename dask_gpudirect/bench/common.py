@@ -27,7 +27,7 @@ from ..cuda import gpu_count
 from ..measure import byte_size
 from ..progress import Bar
 from .paths import writable
-from .plot import check_matplotlib, draw
+from .plot import draw, plottable
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -58,13 +58,6 @@ VERSIONED = [
 ]
 
 
-def _plottable(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
-    """``--plot``'s path, once matplotlib is known to be there: at the start, not after the run."""
-    if path:
-        check_matplotlib()
-    return writable(ctx, param, path)
-
-
 def _positive_gib(ctx: click.Context, param: click.Parameter, value: float) -> float:
     """A size in GiB: a usage error where it is not a positive number (0, -1, nan, inf)."""
     if not (math.isfinite(value) and value > 0):
@@ -93,7 +86,7 @@ PLOT_OPTION = click.option(
     "plot_path",
     default=None,
     type=click.Path(dir_okay=False),
-    callback=_plottable,
+    callback=plottable,
     help="Draw the GB/s against the ceilings to this PNG (needs the plot extra).",
 )
 TARGET_OPTION = click.option(

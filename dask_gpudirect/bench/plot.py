@@ -35,6 +35,22 @@ def check_matplotlib() -> None:
         raise click.UsageError(INSTALL_HINT) from None
 
 
+def plottable(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """A chart's path, checked at the start, not after the run it would draw: matplotlib is
+    there and writes its format (none: PNG), and the place is writable."""
+    if path:
+        check_matplotlib()
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        ext = os.path.splitext(path)[1][1:].lower()
+        if ext and ext not in formats:
+            raise click.BadParameter(
+                f"{path!r}: matplotlib writes no .{ext} file; use one of {', '.join(formats)}"
+            )
+    return writable(ctx, param, path)
+
+
 def draw(result: dict, path: str) -> None:
     """Draw ``result`` (of ``bench read``, ``shuffle``, ``etl`` or ``scale``) to ``path``."""
     check_matplotlib()
@@ -356,7 +372,7 @@ def _share(value: float, roof: float | None) -> str:
 
 @click.command(name="plot")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.argument("out", type=click.Path(dir_okay=False), callback=writable)
+@click.argument("out", type=click.Path(dir_okay=False), callback=plottable)
 def plot(results: str, out: str) -> None:
     """Draw a bench result (the JSON of `bench read`, `shuffle`, `etl` or `scale`) as a chart
     (PNG where OUT names no format)."""
