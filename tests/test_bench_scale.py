@@ -19,7 +19,8 @@ from util import HANG_GUARD
 
 from dask_gpudirect.bench import scale
 from dask_gpudirect.bench.common import child_env
-from dask_gpudirect.bench.scale_report import gbps_text, rows_of, table
+from dask_gpudirect.bench.scale_report import rows_of, table
+from dask_gpudirect.bench.tables import figure_text
 
 ROOT = pathlib.Path(__file__).parent.parent
 TINY = str(1 / 1024)  # GiB
@@ -95,22 +96,22 @@ def test_bench_scale_host(tmp_path):
     for n in (1, 2):
         cells = rows[str(n)]
         read = {(r["key"], r["cache"]): r for r in child[("read", n)]["records"]}
-        assert cells[1] == gbps_text(read[("dg-binary", "warm")]["gbps"])
+        assert cells[1] == figure_text(read[("dg-binary", "warm")]["gbps"])
         assert cells[2].startswith("not run [")  # no GPU: no pinned ceiling, no ratio
         assert cells[3] == "-"
         if n == 1:  # all copying at once: only with several workers
             assert cells[4] == "-"
         else:
             assert cells[4].startswith("not run [")
-        assert cells[5] == gbps_text(read[("dg-parquet", "warm")]["gbps"])
+        assert cells[5] == figure_text(read[("dg-parquet", "warm")]["gbps"])
         shuffled = {r["key"]: r for r in child[("shuffle", n)]["records"]}
         per = {k: r.get("gbps_per_gpu") for k, r in shuffled.items()}
-        assert cells[6] == gbps_text(per["gpudirect"])
+        assert cells[6] == figure_text(per["gpudirect"])
         if n == 2:
-            assert cells[7] == gbps_text(per["raw"])
+            assert cells[7] == figure_text(per["raw"])
         else:  # the raw transfer needs two workers
             assert cells[7].startswith("not run [")
-        assert cells[8] == f"{gbps_text(per['tasks'])} / {gbps_text(per['p2p'])}"
+        assert cells[8] == f"{figure_text(per['tasks'])} / {figure_text(per['p2p'])}"
         faster = max(("tasks", "p2p"), key=per.get)
         assert cells[9] == f"{per['gpudirect'] / per[faster]:.2f}x {faster}"
     markdown = out_md.read_text()

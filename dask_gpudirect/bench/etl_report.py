@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import math
 
-from .tables import between_runs_note, footnote, judge, markdown_table, print_table
+from .tables import (
+    between_runs_note,
+    figure_text,
+    footnote,
+    judge,
+    markdown_table,
+    print_table,
+)
 
 #: The methods, in table order.
 METHODS = (
@@ -271,7 +278,9 @@ def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
         cells = [f"{seconds[m]:.3f}" if m in seconds else "-" for m in methods]
         if ratio:
             both = "gpudirect" in seconds and "polars" in seconds
-            cells.append(f"{seconds['polars'] / seconds['gpudirect']:.2f}x" if both else "-")
+            cells.append(
+                f"{figure_text(seconds['polars'] / seconds['gpudirect'])}x" if both else "-"
+            )
         groups = distinct_keys(result, query)
         rows.append((query, "?" if groups is None else str(groups), *cells))
     return header, rows
@@ -280,7 +289,7 @@ def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
 def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
-        ratio = f"{c['ratio']:.2f}x" if c["ratio"] is not None else "-"
+        ratio = f"{figure_text(c['ratio'])}x" if c["ratio"] is not None else "-"
         want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
         rows.append((c["check"], ratio, want, c["result"]))
     return rows

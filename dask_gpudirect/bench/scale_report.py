@@ -6,7 +6,7 @@ anything; every figure here is one a child run measured.
 
 from __future__ import annotations
 
-from .tables import footnote, markdown_table, print_table
+from .tables import figure_text, footnote, markdown_table, print_table
 
 
 def count_text(n: int, opts: dict) -> str:
@@ -101,11 +101,6 @@ def _header(target: str) -> tuple[str, ...]:
     )
 
 
-def gbps_text(value: float) -> str:
-    """Two decimals, or two significant digits below 0.1 GB/s, where 0.00 would hide the figure."""
-    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
-
-
 def table(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
     """The table's cells and footnotes, from the rows' figures."""
     notes: list[str] = []
@@ -114,7 +109,7 @@ def table(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         if cell is None:
             return "-"
         if cell["value"] is not None:
-            return gbps_text(cell["value"])
+            return figure_text(cell["value"])
         return f"{cell['status']} [{footnote(notes, cell['note'] or 'no reason given')}]"
 
     def ratio(value: float | None, suffix: str = "") -> str:

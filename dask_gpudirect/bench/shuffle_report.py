@@ -6,7 +6,14 @@ judged and rendered again without a cluster.
 
 from __future__ import annotations
 
-from .tables import between_runs_note, footnote, judge, markdown_table, print_table
+from .tables import (
+    between_runs_note,
+    figure_text,
+    footnote,
+    judge,
+    markdown_table,
+    print_table,
+)
 
 #: The methods, in table order.
 METHODS = ("gpudirect", "rapidsmpf", "dask-gpudirect", "tasks", "p2p", "raw")
@@ -216,9 +223,9 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
             rows.append(
                 (
                     label,
-                    f"{rec['gbps_per_gpu']:.2f}",
-                    f"{rec['best_gbps_per_gpu']:.2f}",
-                    f"{rec['first_gbps_per_gpu']:.2f}",
+                    figure_text(rec["gbps_per_gpu"]),
+                    figure_text(rec["best_gbps_per_gpu"]),
+                    figure_text(rec["first_gbps_per_gpu"]),
                     f"{rec['seconds']:.3f}",
                     f"1 + {rec['warm_runs']}",
                 )
@@ -237,7 +244,7 @@ def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
         unit = "" if c.get("absolute") else "x"
-        ratio = f"{c['ratio']:.2f}{unit}" if c["ratio"] is not None else "-"
+        ratio = f"{figure_text(c['ratio'])}{unit}" if c["ratio"] is not None else "-"
         bound = "<=" if c.get("at_most") else ">="
         want = f"{bound} {c['target']:.2f}{unit}" if c["target"] is not None else "-"
         plain = c.get("at_most") or c.get("absolute")
@@ -322,7 +329,7 @@ def _scaling_rows(result: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]
                 continue
             first.setdefault(m, rec["seconds"])
             cells.append(
-                f"{rec['seconds']:.2f} s, {rec['gbps_per_gpu']:.2f} GB/s, "
+                f"{rec['seconds']:.2f} s, {figure_text(rec['gbps_per_gpu'])} GB/s, "
                 f"{rec['seconds'] / first[m]:.1f}x"
             )
         rows.append(tuple(cells))

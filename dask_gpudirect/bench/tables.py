@@ -10,6 +10,12 @@ import shutil
 from collections.abc import Sequence
 
 
+def figure_text(value: float) -> str:
+    """A rate or a ratio: two decimals, or two significant digits below 0.1, where 0.00 would
+    hide the figure."""
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """Lines of a Markdown table (``|`` in cells escaped)."""
     lines = [
