@@ -183,6 +183,19 @@ def test_data_folder_of_other_files_is_refused_not_emptied(tmp_path):
     assert paths == [str(ours / "part-000.parquet"), str(ours / "part-001.parquet")]
 
 
+def test_sizes_past_what_can_be_written_are_said_not_a_traceback(tmp_path):
+    """``--keys`` past int64 is a usage error; ``--gib`` past the machine's memory says the data
+    cannot be written (both ended in a traceback)."""
+    too_many = CliRunner().invoke(etl, ["--dir", str(tmp_path / "a"), "--keys", str(2**64)])
+    assert too_many.exit_code == 2 and "counts go up to 2^62" in too_many.output
+    huge = ["--target", "host", "--dir", str(tmp_path / "b"), "--gib", "100000", "--files", "1"]
+    result = CliRunner().invoke(etl, huge)
+    assert result.exit_code == 1, result.output
+    assert (
+        "cannot write the data (MemoryError" in result.output or "ArrayMemoryError" in result.output
+    )
+
+
 def test_combine_shuffles_partial_sums_not_rows(tcp, tmp_path):
     """``combine`` sums each read partition by key before the shuffle, as Dask's and
     cudf-polars' group-bys do: it moves a row per key and partition, not every row, and sums to

@@ -111,7 +111,13 @@ def counts_option(
         counts = []
     if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
         raise click.BadParameter(f"{value!r}: use a count (>= 1) or distinct counts like 8,64,256")
+    if max(counts) > MAX_COUNT:  # keys are int64 values drawn below the count
+        raise click.BadParameter(f"{value!r}: counts go up to 2^62")
     return sorted(counts)
+
+
+#: The largest count a count option takes.
+MAX_COUNT = 2**62
 
 
 def cluster_options(command: F) -> F:

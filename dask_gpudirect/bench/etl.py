@@ -525,7 +525,10 @@ def etl(
         "methods": chosen,
         "method_timeout": method_timeout,
     }
-    paths, data = dataset(root, "etl", gib, files, keys=keys)
+    try:
+        paths, data = dataset(root, "etl", gib, files, keys=keys)
+    except (MemoryError, OSError) as exc:  # --gib past the memory or the disk
+        raise click.ClickException(f"cannot write the data ({type(exc).__name__}: {exc})") from None
     names = device_names() if target == "device" else []
     result = {
         **result_head("etl", target, gpus, opts),
