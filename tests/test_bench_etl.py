@@ -191,9 +191,7 @@ def test_sizes_past_what_can_be_written_are_said_not_a_traceback(tmp_path):
     huge = ["--target", "host", "--dir", str(tmp_path / "b"), "--gib", "100000", "--files", "1"]
     result = CliRunner().invoke(etl, huge)
     assert result.exit_code == 1, result.output
-    assert (
-        "cannot write the data (MemoryError" in result.output or "ArrayMemoryError" in result.output
-    )
+    assert "Error: cannot write the data (MemoryError" in result.output
 
 
 def test_combine_shuffles_partial_sums_not_rows(tcp, tmp_path):
