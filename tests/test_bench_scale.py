@@ -144,6 +144,22 @@ def test_runs_that_cannot_run_say_why(monkeypatch, tmp_path):
     assert status[("shuffle", 2)] == ("not run", "--time-limit reached")
 
 
+def test_the_least_time_limit_starts_a_first_run(monkeypatch):
+    """A --time-limit below what any run needs is a usage error (60 was taken, and nothing
+    ran); at the least one taken, the first run of either bench starts."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(scale.scale, ["--time-limit", "60"])
+    assert result.exit_code == 2 and "--time-limit" in result.output, result.output
+    monkeypatch.setattr(scale, "_one_run", lambda b, n, *_: {"bench": b, "gpus": n, "status": "ok"})
+    for bench in scale.BENCHES:
+        opts = {"gpus": [1], "benches": [bench], "target": "host", f"{bench}_limit": 600.0}
+        result = {"runs": []}
+        deadline = time.monotonic() + scale.LEAST_TIME_LIMIT_S - scale.RESERVE_S
+        scale._run_all(result, opts, [], deadline=deadline)
+        assert result["runs"][0]["status"] == "ok", result
+
+
 def test_failed_run_without_json_fills_its_cells_with_why():
     result = {
         "target": "device",

@@ -53,6 +53,9 @@ SHUFFLE_MARGIN_S = 20.0
 MIN_LIMIT_S = {"read": 30.0, "shuffle": 30.0 + SHUFFLE_MARGIN_S}
 #: Seconds that --time-limit keeps back to write the table.
 RESERVE_S = 10.0
+#: The least --time-limit: the first run of either bench starts within it, after the
+#: command's own start (60 ran nothing).
+LEAST_TIME_LIMIT_S = RESERVE_S + GRACE_S + max(MIN_LIMIT_S.values()) + RESERVE_S
 
 
 def _log(message: str) -> None:
@@ -302,8 +305,9 @@ def _words(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
 @click.option(
     "--time-limit",
     default=None,
-    type=click.FloatRange(60),
-    help="seconds for the whole command: runs that no longer fit are not started",
+    type=click.FloatRange(LEAST_TIME_LIMIT_S),
+    help="seconds for the whole command: runs that no longer fit are not started (at least "
+    f"{LEAST_TIME_LIMIT_S:.0f}, what the first run of either bench needs)",
 )
 @output_options
 def scale(
