@@ -204,6 +204,19 @@ def test_bench_shuffle_refuses_bad_options_before_it_runs(tmp_path, args, says):
     assert result.exit_code == 2 and says in result.output, result.output
 
 
+def test_an_output_checked_then_refused_leaves_no_folder(tmp_path):
+    """The folders made to check ``--json``'s place go again when a later option is refused
+    (an empty folder was left behind)."""
+    from click.testing import CliRunner
+
+    from dask_gpudirect.bench.shuffle import shuffle
+
+    out = tmp_path / "new" / "deeper" / "r.json"
+    result = CliRunner().invoke(shuffle, ["--json", str(out), "--gib", "0"])
+    assert result.exit_code == 2 and "use a positive number of GiB" in result.output
+    assert not (tmp_path / "new").exists()
+
+
 def test_bench_shuffle_refuses_rapidsmpf_on_the_host_target():
     """RapidsMPF shuffles on GPU workers only: a usage error, not a run that says "not run"."""
     from click.testing import CliRunner
