@@ -144,6 +144,23 @@ def test_runs_that_cannot_run_say_why(monkeypatch, tmp_path):
     assert status[("shuffle", 2)] == ("not run", "--time-limit reached")
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--read-args", "--bogus"], "No such option '--bogus'"),
+        (["--read-args", "--workers 2"], "--workers: scale sets it for each run"),
+        (["--shuffle-args", "--json x.json"], "--json: scale sets it for each run"),
+    ],
+)
+def test_a_runs_options_are_checked_at_the_start(args, says):
+    """As the bench would parse them, before any run (each child failed after it started, ran
+    with another worker count than its row said, or wrote its JSON where scale did not look)."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(scale.scale, ["--target", "host", *args])
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
 def test_the_least_time_limit_starts_a_first_run(monkeypatch):
     """A --time-limit below what any run needs is a usage error (60 was taken, and nothing
     ran); at the least one taken, the first run of either bench starts."""

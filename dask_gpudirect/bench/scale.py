@@ -236,12 +236,36 @@ def _counts(text: str | None, target: str, gpus: int) -> list[int]:
     return counts
 
 
+#: The options scale gives each run itself: its count, its place, its outputs and limits.
+SET_BY_SCALE = {
+    "--target", "--workers", "--protocol", "--json", "--markdown", "--dir", "--files",
+    "--time-limit",
+}  # fmt: skip
+
+
 def _words(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
-    """More options for each run, split as a shell splits them: a usage error where it cannot."""
+    """More options for each run of ``--read-args``' or ``--shuffle-args``' bench, split as a
+    shell splits them and parsed as that bench parses them, at the start: a usage error where
+    one is not the bench's, or is one scale sets itself (a child then failed after its run,
+    or ran with a count its row did not say)."""
+    from .read import read
+    from .shuffle import shuffle
+
     try:
-        return shlex.split(value)
+        words = shlex.split(value)
     except ValueError as exc:  # "No closing quotation"
         raise click.BadParameter(f"{value!r}: {exc}") from None
+    command = read if param.name == "read_args" else shuffle
+    try:
+        given, _, _ = command.make_parser(click.Context(command)).parse_args(list(words))
+    except click.UsageError as exc:
+        raise click.BadParameter(f"{value!r}: {exc.format_message()}") from None
+    taken = sorted(
+        flag for p in command.params if p.name in given for flag in p.opts if flag in SET_BY_SCALE
+    )
+    if taken:
+        raise click.BadParameter(f"{', '.join(taken)}: scale sets it for each run")
+    return words
 
 
 @click.command(name="scale")
