@@ -244,8 +244,6 @@ class ShuffleRun:
             done, _ = await asyncio.wait({call}, timeout=self.timeout)
             if not done:  # a stopped peer is not gone: its socket still takes bytes
                 self.fail(self._no_answer([dest]))
-                call.add_done_callback(lambda c: c.cancelled() or c.exception())
-                call.cancel()  # the comm error the cancel may cause is not the cause
                 return
             call.result()
         except Exception as exc:  # any comm failure fails the whole shuffle
@@ -259,6 +257,10 @@ class ShuffleRun:
             )
             return
         finally:
+            if not call.done():  # given up on, or this send cancelled (the run aborted): the
+                # comm error the cancel may cause is not the cause, and is not left unread
+                call.add_done_callback(lambda c: c.cancelled() or c.exception())
+                call.cancel()
             await self.limiter.decrease(nbytes)
         path, copies = transfer_path(exchange.target, worker.address, dest)
         self.service.ledger.add(
