@@ -110,6 +110,10 @@ def _local(path: str | bytes | os.PathLike) -> str:
                 "a file:// URL's ? and # start its query and fragment, which name no file: "
                 "write them %3F and %23, or give the path itself",
             )
+        if parts.netloc.lower() not in ("", "localhost"):
+            raise InputError(
+                text, f"a file:// URL of host {parts.netloc!r}: only this machine's are read"
+            )
         text = urllib.parse.unquote(parts.path)
     text = os.path.join(os.getcwd(), os.path.expanduser(text))
     # "." and doubled slashes go, as abspath's would; ".." stays

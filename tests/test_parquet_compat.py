@@ -126,6 +126,15 @@ def test_a_file_url_with_a_query_or_fragment_is_refused(tcp, tmp_path, tail):
         dg.read_parquet(url, client=tcp)
     encoded = f"file://{tmp_path}/part.0.parquet"
     assert len(compute(tcp, dg.read_parquet(encoded, client=tcp))) == 50
+    local = f"file://localhost{tmp_path}/part.0.parquet"
+    assert len(compute(tcp, dg.read_parquet(local, client=tcp))) == 50
+
+
+def test_a_file_url_of_another_host_is_refused(tcp, tmp_path):
+    """It was read as this machine's path of that name."""
+    write(tmp_path / "part.0.parquet", frame(0))
+    with pytest.raises(dg.InputError, match="a file:// URL of host 'elsewhere'"):
+        dg.read_parquet(f"file://elsewhere{tmp_path}/part.0.parquet", client=tcp)
 
 
 def test_bytes_paths_are_paths(tcp, tmp_path):
