@@ -5,7 +5,8 @@ A local path is listed by every worker (each sees its own disks, :mod:`.discover
 every worker's view, and placement then balances the objects' bytes over all workers. Listing
 follows the rules of a local directory read (:meth:`.discovery.Listing.hidden`, ``takes``; every
 read's files are ordered by :func:`.discovery.merge`); a glob matches one key segment per pattern
-segment, as ``glob.glob`` does one path component. HTTP(S) has no listing: a URL names one file.
+segment, as ``glob.glob`` does one path component, and ``**`` any number of them. HTTP(S) has
+no listing: a URL names one file.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ def view(entry: str, listing: Listing, store: remote.Store) -> View:
     path = remote.s3_path(entry).rstrip("/")
     fs = remote.filesystem(store)
     try:
-        if glob.has_magic(path):
-            return View(GLOB, _globbed(entry, fs, path))
         info = fs.get_file_info(path)
+        # a key that exists as written is that object, brackets and all ("a[1].npy"), not a
+        # pattern that may match another ("a1.npy"): the rule of a local path
+        if info.type == pafs.FileType.NotFound and glob.has_magic(path):
+            return View(GLOB, _globbed(entry, fs, path))
         if info.type == pafs.FileType.File:
             return View(FILE, ((entry, info.size, 0, 0),))
         if info.type == pafs.FileType.Directory:
@@ -96,16 +99,28 @@ def _globbed(
     if fixed == 0:
         raise InputError(entry, "a bucket name cannot be a pattern")
     base, wanted = "/".join(segments[:fixed]), segments[fixed:]
-    selector = pafs.FileSelector(base, recursive=len(wanted) > 1, allow_not_found=True)
+    deep = len(wanted) > 1 or "**" in wanted
+    selector = pafs.FileSelector(base, recursive=deep, allow_not_found=True)
     found = []
     for info in fs.get_file_info(selector):
         parts = info.path[len(base) + 1 :].split("/")
-        if info.type == pafs.FileType.File and len(parts) == len(wanted):
-            if all(_matches(p, w) for p, w in zip(parts, wanted, strict=True)):
-                found.append(("s3://" + info.path, info.size, 0, 0))
+        if info.type == pafs.FileType.File and _matched(parts, wanted):
+            found.append(("s3://" + info.path, info.size, 0, 0))
     if not found and fs.get_file_info(base.split("/")[0]).type == pafs.FileType.NotFound:
         raise InputError(entry, f"no such bucket {base.split('/')[0]!r}")
     return tuple(found)
+
+
+def _matched(parts: list[str], wanted: list[str]) -> bool:
+    """Whether a key's segments match the pattern's, ``glob.glob(recursive=True)``'s way: a
+    ``**`` segment any number of folders (none too), but no hidden one."""
+    if not wanted:
+        return not parts
+    if wanted[0] == "**":
+        return _matched(parts, wanted[1:]) or (
+            len(parts) > 0 and not parts[0].startswith(".") and _matched(parts[1:], wanted)
+        )
+    return len(parts) > 0 and _matches(parts[0], wanted[0]) and _matched(parts[1:], wanted[1:])
 
 
 def _matches(name: str, pattern: str) -> bool:

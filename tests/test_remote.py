@@ -282,6 +282,27 @@ def test_s3_hive_folders_as_locally(tcp, s3, local_data, tmp_path):
     assert list(compute(tcp, got)["year"].unique()) == [2025]
 
 
+def test_s3_names_and_patterns_as_locally(tcp, s3, local_data, tmp_path):
+    """The same tree in S3 and on disk reads alike: ``**`` any depth of folders (none too, no
+    hidden one), a key with brackets named as written is that object (not ``part1``), and hive
+    values with ``#`` or ``?`` are letters of a key, not a URL's fragment or query."""
+    names = ["deep/top.parquet", "deep/a/d.parquet", "deep/a/b/c.parquet", "deep/.h/x.parquet",
+             "br/part[1].parquet", "br/part1.parquet",
+             "hv/lang=c#/p.parquet", "hv/lang=why?/p.parquet", "hv/lang=cpp/p.parquet"]  # fmt: skip
+    for k, name in enumerate(names):
+        body = (local_data / "pq" / f"part-{k % FILES}.parquet").read_bytes()
+        s3.put(f"names/{name}", body)
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(body)
+    entries = ["deep/**/*.parquet", "deep/**", "deep/a/**/c.parquet", "br/part[1].parquet", "hv/"]
+    for entry in entries:
+        got = compute(tcp, dg.read_parquet(f"s3://{BUCKET}/names/{entry}", client=tcp,
+                                           storage_options=s3.options))  # fmt: skip
+        local = compute(tcp, dg.read_parquet(str(tmp_path / entry), client=tcp))
+        assert_same_frame(got, local)
+    assert len(got) == 3 * 100 and set(got["lang"]) == {"c#", "why?", "cpp"}
+
+
 def test_http_hive_folders_of_encoded_values_as_locally(tcp, http_url, local_data):
     """A folder ``region=a%2Fb`` (Hive's encoding of ``a/b``) is ``region=a%252Fb`` in its URL:
     the URL's encoding comes off first, then Hive's, as a local read decodes the folder."""

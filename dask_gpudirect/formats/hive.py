@@ -47,12 +47,13 @@ UNPARTITIONED = Partitioning((), {}, {}, {})
 
 
 def keys_of(path: str) -> list[tuple[str, str]]:
-    """The ``key=value`` folders of ``path`` (of a URL's path: not its query), outermost first,
-    each key once."""
-    if remote.is_remote(path):
+    """The ``key=value`` folders of ``path`` (of an HTTP(S) URL's path: not its query; of an
+    S3 object's key, all of it), outermost first, each key once."""
+    if remote.scheme(path) == "s3":  # the key as stored: "#" and "?" are its letters too
+        folders = posixpath.dirname(remote.s3_path(path)).split("/")
+    elif remote.is_remote(path):  # http(s): each folder's name percent-encoded
         folders = posixpath.dirname(urllib.parse.urlsplit(path).path).split("/")
-        if remote.scheme(path) != "s3":  # http(s): each folder's name percent-encoded (S3: as
-            folders = [urllib.parse.unquote(f) for f in folders]  # the key is stored)
+        folders = [urllib.parse.unquote(f) for f in folders]
     else:
         folders = os.path.dirname(path).split(os.sep)
     pairs = [f.split("=", 1) for f in folders if "=" in f]
