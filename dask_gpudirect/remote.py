@@ -406,12 +406,44 @@ def _back_off(settings: Settings, retry: int) -> None:
     time.sleep(settings.backoff * 2**retry)
 
 
+#: HEAD answers after which a GET of the first byte is asked for the size, as fsspec does: a
+#: server without HEAD (405, 501), or a URL signed for GET alone (an S3 presigned URL: 403).
+_NO_HEAD = (403, 405, 501)
+
+
 def _http_head(url: str) -> tuple[int, str]:
-    with _retried(urllib.request.Request(url, method="HEAD")) as response:
-        length = response.headers.get("Content-Length")
-        if length is None:
-            raise InputError(url, "the server gives no Content-Length: its size is unknown")
-        return int(length), _version(response.headers)
+    """``url``'s size and version by a HEAD request, or by a GET of its first byte where the
+    server answers no HEAD or one without a Content-Length."""
+    try:
+        with _retried(urllib.request.Request(url, method="HEAD")) as response:
+            length = response.headers.get("Content-Length")
+            if length is not None:
+                return int(length), _version(response.headers)
+    except urllib.error.HTTPError as exc:
+        if exc.code not in _NO_HEAD:
+            raise
+        exc.close()
+    return _http_first_byte(url)
+
+
+def _http_first_byte(url: str) -> tuple[int, str]:
+    """``url``'s size (a ranged GET's Content-Range) and version."""
+    try:
+        with _retried(urllib.request.Request(url, headers={"Range": "bytes=0-0"})) as response:
+            status, headers = response.status, response.headers
+    except urllib.error.HTTPError as exc:
+        if exc.code != 416:  # an empty object: no first byte to serve
+            raise
+        status, headers = exc.code, exc.headers
+        exc.close()
+    if status == 200:
+        raise InputError(url, "the server does not serve byte ranges (HTTP 200)")
+    size = (headers.get("Content-Range") or "").rpartition("/")[2]
+    if not size.isdigit():
+        raise InputError(
+            url, "the server gives no size: no Content-Length to a HEAD, no Content-Range to a GET"
+        )
+    return int(size), _version(headers)
 
 
 def _http_range(url: str, offset: int, length: int, version: str) -> bytes:

@@ -114,7 +114,14 @@ def s3(local_data):
 
 
 class _FaultyRangeHandler(RangeHandler):
-    """The benchmark's ranged server, able to fail: 503s, and connections cut mid-body."""
+    """The benchmark's ranged server, able to fail: 503s, connections cut mid-body, and HEAD
+    requests refused (405)."""
+
+    def do_HEAD(self):
+        if self.server.no_head:
+            self.send_error(405)
+            return
+        super().do_HEAD()
 
     def send_head(self):
         if self.server.fail_next > 0:  # a server that is briefly unwell: 503, then fine
@@ -161,6 +168,7 @@ def http_url(tmp_path_factory, local_data):
         server.fail_next = 0  # requests to answer 503 before serving again
         server.cut_next = 0  # range requests whose connection drops mid-body
         server.gate = None  # a Gate that holds every range request
+        server.no_head = False  # whether HEAD requests are refused
         yield base_url(server), root, server
 
 

@@ -118,6 +118,24 @@ def test_http_parquet_and_npy_equal_local(tcp, http_url, local_data):
     assert _routes(tcp) == {"host-remote"}
 
 
+def test_http_server_without_head_requests(tcp, http_url, local_data):
+    """A server that answers no HEAD (405; a presigned URL answers 403) is read as fsspec reads
+    it: the size from a ranged GET of the first byte."""
+    base, root, server = http_url
+    (root / "pq" / "no-head.parquet").write_bytes(
+        (local_data / "pq" / "part-2.parquet").read_bytes()
+    )
+    server.no_head = True
+    try:
+        df = dg.read_parquet(f"{base}/pq/no-head.parquet", client=tcp, columns=["id", "name"])
+        arr = dg.read_binary(f"{base}/npy/shard-1.npy", client=tcp)
+        got, got_array = compute(tcp, df), compute(tcp, arr)
+    finally:
+        server.no_head = False
+    assert_same_frame(got, expected_parquet(parquet_files(local_data)[2], ["id", "name"]))
+    np.testing.assert_array_equal(got_array, np.load(local_data / "npy" / "shard-1.npy"))
+
+
 def test_http_names_with_spaces_and_other_letters_as_written(tcp, http_url, local_data):
     """A URL as a browser takes it, a space and a non-ASCII letter in it (urllib refused it:
     "URL can't contain control characters"); one encoded already stays as it was."""
