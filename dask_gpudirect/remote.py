@@ -16,6 +16,7 @@ from __future__ import annotations
 import configparser
 import contextlib
 import dataclasses
+import email.message
 import functools
 import http.client
 import os
@@ -375,7 +376,7 @@ def _opened(path: str, store: Store) -> Object:
 _LAST_MODIFIED = "Last-Modified "
 
 
-def _version(headers: http.client.HTTPMessage) -> str:
+def _version(headers: email.message.Message) -> str:
     etag = headers.get("ETag")
     return etag if etag else f"{_LAST_MODIFIED}{headers.get('Last-Modified', '')}"
 
@@ -428,6 +429,7 @@ def _http_head(url: str) -> tuple[int, str]:
 
 def _http_first_byte(url: str) -> tuple[int, str]:
     """``url``'s size (a ranged GET's Content-Range) and version."""
+    headers: email.message.Message
     try:
         with _retried(urllib.request.Request(url, headers={"Range": "bytes=0-0"})) as response:
             status, headers = response.status, response.headers
