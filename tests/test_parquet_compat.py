@@ -19,6 +19,7 @@ import pytest
 from util import compute, partitions
 
 import dask_gpudirect as dg
+from dask_gpudirect.errors import InputError
 
 
 def frame(start: int, n: int = 50) -> pd.DataFrame:
@@ -337,6 +338,24 @@ def test_one_type_per_column_when_only_some_files_hold_nulls(tcp, tmp_path):
     kept = dg.read_parquet(tmp_path, filters=[("i", "<", 3)], blocksize=1, client=tcp)
     assert kept.dtypes.to_dict()["n"] == np.dtype("int64")
     assert {d["n"] for d in dtypes_of(tcp, kept)} == {np.dtype("int64")}
+
+
+def test_integers_without_null_counts_are_never_rounded(tcp, tmp_path):
+    """A file without statistics may hold nulls, so its integers read as float64; a value
+    float64 would round is an error naming the file and what keeps it (it read as 2**53 + 2),
+    and a column the schema says is required is never null: it keeps its type."""
+    big = pa.table({"i": pa.array([2**53 + 1, 1], pa.int64()), "u": pa.array([1, 2], pa.uint8())})
+    pq.write_table(big, tmp_path / "big.parquet", write_statistics=False)
+    with pytest.raises(InputError, match=r"big\.parquet: column 'i' holds 9007199254740993"):
+        compute(tcp, dg.read_parquet(tmp_path / "big.parquet", client=tcp))
+    exact = dg.read_parquet(tmp_path / "big.parquet", client=tcp, dtype_backend="numpy_nullable")
+    assert list(compute(tcp, exact)["i"]) == [2**53 + 1, 1]
+    required = pa.schema([pa.field("i", pa.int64(), nullable=False)])
+    pq.write_table(pa.table({"i": [2**53 + 1, 3]}, schema=required), tmp_path / "required.parquet",
+                   write_statistics=False)  # fmt: skip
+    df = dg.read_parquet(tmp_path / "required.parquet", client=tcp)
+    assert df.dtypes["i"] == np.dtype("int64")
+    assert list(compute(tcp, df)["i"]) == [2**53 + 1, 3]
 
 
 def test_pandas_nullable_types_in_meta_and_partitions(tcp, tmp_path):

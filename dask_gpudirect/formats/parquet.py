@@ -669,12 +669,14 @@ def _null_columns(
     footer: _Footer, row_groups: list[int], columns: Sequence[str]
 ) -> tuple[str, ...]:
     """Integer and boolean ``columns`` that may hold a null in ``row_groups``: a column chunk's
-    statistics count one, or it has no null count to say it cannot."""
+    statistics count one, or it has no null count to say it cannot (unless the schema says the
+    column is required: never null)."""
     schema = footer.schema
     candidates = {
         c
         for c in columns
         if c in schema.names  # not a hive partition column
+        and schema.field(c).nullable
         and (pa.types.is_integer(schema.field(c).type) or pa.types.is_boolean(schema.field(c).type))
     }
     meta, leaves, found = footer.file.metadata, _top_level_columns(footer.file), set()

@@ -18,6 +18,7 @@ from dask.dataframe.io.parquet.arrow import ArrowDatasetEngine
 
 from .. import remote
 from ..compat import PYARROW_DEFAULTS, Conversion
+from ..errors import InputError
 from ..shards import decoding
 from . import Order, Target
 
@@ -157,10 +158,25 @@ def with_nulls(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
     for column in columns:
         dtype = frame[column].dtype
         if isinstance(dtype, np.dtype) and dtype.kind in "iu":
+            _check_exact(column, frame[column].to_numpy())
             frame[column] = frame[column].astype("float64")
         elif isinstance(dtype, np.dtype) and dtype.kind == "b":
             frame[column] = frame[column].astype(object)
     return frame
+
+
+def _check_exact(column: str, values: np.ndarray) -> None:
+    """Refuse integers that float64 would round (beyond 2**53), rather than change them."""
+    large = values[(values > 2**53) | (values < -(2**53))] if values.dtype.itemsize == 8 else ()
+    inexact = next((int(v) for v in large if int(float(v)) != int(v)), None)
+    if inexact is not None:
+        raise InputError(
+            None,
+            f"column {column!r} holds {inexact}, which float64 cannot hold exactly: an integer "
+            "column that may hold nulls (a file's statistics count some, or have no null count "
+            "to rule them out) is float64 in pandas; read it with "
+            "dtype_backend='numpy_nullable' to keep its integers",
+        )
 
 
 def empty_array(dtype: np.dtype, ndim: int) -> np.ndarray:
