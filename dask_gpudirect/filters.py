@@ -11,6 +11,7 @@ keep no row.
 from __future__ import annotations
 
 import functools
+import numbers
 import operator
 from typing import Any
 
@@ -81,25 +82,32 @@ def columns_of(filters: Filters | None) -> list[str]:
     return list(seen)
 
 
-def to_expression(
-    filters: Filters | None,
-    floats: frozenset[str] = frozenset(),
-    integers: frozenset[str] = frozenset(),
-) -> Any:
-    """The pyarrow expression for ``filters``, used to prune row groups by their statistics.
-    ``floats``: the floating-point columns, whose NaNs ``"is"``, ``!=`` and ``not in`` keep but
-    no statistic counts (a row group without nulls may hold them), so these prune nothing
-    there (Dask's own pruning drops such a group's NaNs, and so keeps a NaN in one row group
-    and not in another). ``integers``: the integer columns, compared with a float value as
-    doubles (pyarrow casts their statistics to float32 for it, and fails past 2**24: a float
-    filter on a column other files store as double is the one a user writes)."""
+def to_expression(filters: Filters | None, schema: Any = None) -> Any:
+    """The pyarrow expression for ``filters``, used to prune a file's row groups by their
+    statistics; ``schema``: that file's (a ``pa.Schema``). Its floating-point columns' NaNs
+    ``"is"``, ``!=`` and ``not in`` keep but no statistic counts (a row group without nulls may
+    hold them), so these prune nothing there (Dask's own pruning drops such a group's NaNs, and
+    so keeps a NaN in one row group and not in another). Its integer columns compare with a
+    float value as doubles (pyarrow casts their statistics to float32 for it, and fails past
+    2**24: a float filter on a column other files store as double is the one a user writes),
+    its unsigned ones with an int as uint64 (pyarrow casts a uint64 statistic past int64's range
+    to int64 for an int, and fails), and a column of nulls alone in this file decides each term
+    on it without statistics: ``"is"``, ``!=`` and ``not in`` keep its rows, others none."""
     if filters is None:
         return None
     import pyarrow as pa
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
+    types = {} if schema is None else {f.name: f.type for f in schema}
+    floats = {c for c, t in types.items() if pa.types.is_floating(t)}
+    integers = {c for c, t in types.items() if pa.types.is_integer(t)}
+    unsigned = {c for c, t in types.items() if pa.types.is_unsigned_integer(t)}
+    nulls = {c for c, t in types.items() if pa.types.is_null(t)}
+
     def term(column: str, op: str, value: Any) -> Any:
+        if column in nulls:
+            return ds.scalar(op == "is" or op in KEEP_NULLS)
         if column in floats and (op == "is" or op in KEEP_NULLS):
             return ds.scalar(True)
         null = ds.field(column).is_null(nan_is_null=True)
@@ -107,9 +115,11 @@ def to_expression(
             return null if op == "is" else ~null
         try:
             if column in integers and _has_float(value):
-                compared = _as_doubles(ds.field(column).cast(pa.float64()), op, value)
+                # rounded past 2**53, as pandas compares them (the exact filter does the same)
+                compared = _as_doubles(ds.field(column).cast(pa.float64(), safe=False), op, value)
             else:
-                compared = pq.filters_to_expression([[(column, op, _past_int64(value))]])
+                typed = _as_uint64(value) if column in unsigned else _past_int64(value)
+                compared = pq.filters_to_expression([[(column, op, typed)]])
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise InputError(
                 None, f"filter {(column, op, value)!r}: pyarrow takes no such value: {exc}"
@@ -136,6 +146,20 @@ def _as_doubles(field: Any, op: str, value: Any) -> Any:
         found = field.isin([None if v is None else float(v) for v in value])
         return ~found if op == "not in" else found
     return COMPARE[op](field, float(value))
+
+
+def _as_uint64(value: Any) -> Any:
+    """``value`` as uint64 where it is a non-negative int (or a list of them alone)."""
+    import pyarrow as pa
+
+    def natural(v: Any) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool) and 0 <= int(v) < 1 << 64
+
+    if natural(value):
+        return pa.scalar(int(value), pa.uint64())
+    if isinstance(value, (list, tuple, set, frozenset)) and value and all(map(natural, value)):
+        return pa.array([int(v) for v in value], pa.uint64())
+    return value
 
 
 def _past_int64(value: Any) -> Any:

@@ -277,6 +277,31 @@ def test_nans_pass_not_equal_in_every_row_group(client, tmp_path, filters):
     assert sorted(got["id"]) == [1, 5, 6, 7, 9]
 
 
+UINT64_FILTERS = [[("u", "<=", 5)], [("u", "in", [1, 7])], [("u", ">", 2**63)], [("u", "<", 5.5)],
+                  [("s", "in", ["a"])], [("s", "not in", ["a"])], [("s", "==", "b")]]  # fmt: skip
+
+
+@pytest.mark.parametrize("filters", UINT64_FILTERS)
+def test_filters_on_uint64_past_int64_and_on_a_file_of_nulls(client, tmp_path, filters):
+    """Row groups are pruned by statistics a filter's value is compared with in the column's
+    own type: a uint64 statistic past int64's range (it failed: "Integer value ... not in
+    range"), and a column of nulls alone in one file (``in`` failed on its type, null)."""
+    write(tmp_path / "part.0.parquet", pa.table({"u": pa.array([1, 2**64 - 1], pa.uint64()),
+                                                 "s": ["a", "b"]}), row_group_size=1)  # fmt: skip
+    nulls = pa.table({"u": pa.array([7], pa.uint64()), "s": pa.array([None], pa.null())})
+    write(tmp_path / "part.1.parquet", nulls)
+    frame = pd.DataFrame({"u": np.array([1, 2**64 - 1, 7], np.uint64), "s": ["a", "b", None]})
+    column, op, value = filters[0]
+    ops = {"<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
+    if op in ("in", "not in"):
+        mask = frame[column].isin(value)
+        mask = mask if op == "in" else ~mask  # a null passes "not in", as in Dask
+    else:
+        mask = ops[op](frame[column], value)
+    got = read(client, str(tmp_path), filters=filters)
+    assert sorted(got["u"].tolist()) == sorted(frame[mask]["u"].tolist())
+
+
 @pytest.mark.parametrize("filters", NULL_FILTERS)
 def test_null_filters_as_dask(client, tmp_path, filters):
     """Dask's null test: ``(column, "is", None)`` keeps the nulls, and a float column's NaNs

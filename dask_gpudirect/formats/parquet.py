@@ -781,9 +781,7 @@ def _file_shards(
     ``out``."""
     blocksize, per_shard, target, ranged, store = args
     part = dict(part, layout=_layout(footer.file))
-    floats = frozenset(f.name for f in footer.schema if pa.types.is_floating(f.type))
-    integers = frozenset(f.name for f in footer.schema if pa.types.is_integer(f.type))
-    expression = dnf.to_expression(part["filters"], floats, integers)
+    expression = dnf.to_expression(part["filters"], footer.schema)
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     store = remote.store_of(path, store)
     leaves = _top_level_columns(footer.file)
