@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -36,6 +38,70 @@ def test_shell_scripts_parse(script):
     if bash is None:
         pytest.skip("no bash")
     subprocess.run([bash, "-n", os.fspath(EXAMPLES / script)], check=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie no reaper has collected yet counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _eventually(condition) -> bool:
+    """Whether ``condition()`` holds within HANG_GUARD seconds (what a process does at once
+    after its start or a signal, on a loaded machine)."""
+    deadline = time.monotonic() + HANG_GUARD
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_launch_starts_and_stops_its_processes(tmp_path):
+    """launch.sh with ``ssh`` and ``dask`` stand-ins (no other host and no GPU here: ``ssh``
+    runs the command on this machine, ``dask`` prints what the scheduler prints and waits):
+    ``start`` on a fresh LOGDIR returns the address, each pid file holds its service's pid
+    (not a shell's), every service has UCXX progressed in a thread, and ``stop`` ends them."""
+    if shutil.which("bash") is None or not os.path.isdir("/proc"):
+        pytest.skip("needs bash and /proc")
+    bin_dir, logs = tmp_path / "bin", tmp_path / "logs"  # logs: made by launch.sh
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/usr/bin/env bash\nshift\nexec bash -c "$*"\n')
+    (bin_dir / "dask").write_text(
+        "#!/usr/bin/env bash\n"
+        '[[ $1 == scheduler ]] && echo "Scheduler at:   ucxx://127.0.0.1:18786"\n'
+        'echo "progress=$UCXPY_PROGRESS_MODE future=$UCXPY_ENABLE_PYTHON_FUTURE"\n'
+        'exec -a "stand-in-dask-$1" sleep 600\n'
+    )
+    for tool in ("ssh", "dask"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOSTS": "localhost",
+           "PORT": "18786", "LOGDIR": os.fspath(logs)}  # fmt: skip
+    launch = ["bash", os.fspath(EXAMPLES / "launch.sh")]
+    pids: dict[str, int] = {}
+    try:
+        started = subprocess.run([*launch, "start"], env=env, capture_output=True, text=True,
+                                 timeout=HANG_GUARD)  # fmt: skip
+        pids = {f.stem: int(f.read_text()) for f in logs.glob("*.pid")}
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.split() == ["ucxx://127.0.0.1:18786"]
+        assert set(pids) == {"scheduler", "worker"}
+        for name, kind in (("scheduler", b"scheduler"), ("worker", b"cuda")):
+            command = Path(f"/proc/{pids[name]}/cmdline")  # once the stand-in has started
+            started = b"stand-in-dask-" + kind
+            assert _eventually(lambda c=command, s=started: c.read_bytes().startswith(s))
+            assert "progress=thread future=1" in (logs / f"{name}.log").read_text()
+        stopped = subprocess.run([*launch, "stop"], env=env, timeout=HANG_GUARD)
+        assert stopped.returncode == 0
+        assert _eventually(lambda: not any(map(_alive, pids.values())))
+        assert not list(logs.glob("*.pid"))
+    finally:
+        for pid in pids.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 # --- client.py against real scheduler and worker processes ------------------------------

@@ -44,7 +44,8 @@ fi
 # UCX: in auto mode dask-cuda creates each worker's CUDA context before UCX starts, and UCX
 # then finds NVLink (cuda_ipc) and InfiniBand (rc/dc) on its own; the scheduler and the client
 # need the same, through distributed-ucxx's config.
-env_common=(DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True)
+# UCXX progresses in a thread of its own (its default spins each process's event loop).
+env_common=(DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT=True UCXPY_PROGRESS_MODE=thread UCXPY_ENABLE_PYTHON_FUTURE=1)
 worker_ucx=()
 case $ucx_mode in
   auto) ;;
@@ -70,8 +71,10 @@ remote() {  # remote HOST WORDS...: run WORDS on HOST in the background, logged,
   shift 2
   local cmd
   cmd=$(printf '%q ' "$@")
+  # braces: "&" backgrounds the service alone (not the mkdir && cd before it), so that the pid
+  # kept is the service's, the folder exists first, and ssh returns once it has started
   ssh "$host" "mkdir -p $logdir && $activate cd $logdir && \
-    nohup env $cmd >$logdir/$name.log 2>&1 </dev/null & echo \$! >$logdir/$name.pid"
+    { nohup env $cmd >$logdir/$name.log 2>&1 </dev/null & echo \$! >$logdir/$name.pid; }"
 }
 
 case $action in
