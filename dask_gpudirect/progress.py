@@ -123,20 +123,21 @@ def _notebook(console: Console) -> bool:
 def wait(client: Client, futures: list[Future], bar: Bar | None = None) -> None:
     """``distributed.wait(futures)`` on ``client``, counting on ``bar`` those that finished.
     Those done already are not waited for: ``distributed.wait`` of a thousand finished futures
-    costs 12-20 ms (a persisted frame's partitions, shuffled)."""
+    costs 12-20 ms (a persisted frame's partitions, shuffled). One lost once done (its worker
+    left: Dask computes it again) is waited for again."""
     from distributed import wait as wait_all
 
     pending = {f for f in futures if not f.done()}
     with client.as_current():  # distributed.wait uses the current client; ours may not be it
-        if bar is None:
-            if pending:
-                wait_all(pending)
-            return
-        bar.update(len(futures) - len(pending))
         while pending:
-            wait_a_while(client, pending, POLL_INTERVAL)
-            pending = {f for f in pending if not f.done()}
-            bar.update(len(futures) - len(pending))
+            if bar is None:
+                wait_all(pending)
+            else:
+                bar.update(len(futures) - len(pending))
+                wait_a_while(client, pending, POLL_INTERVAL)
+            pending = {f for f in futures if not f.done()}
+    if bar is not None:
+        bar.update(len(futures))
 
 
 def _received(dask_worker: Worker, shuffle_id: str) -> int:

@@ -868,6 +868,58 @@ def test_worker_killed_mid_shuffle(cluster):
 # --- options that are refused ------------------------------------------------------------------
 
 
+def gate_inputs(part: pd.DataFrame, partition_info=None) -> pd.DataFrame:
+    """Input 1 waits for the event "go"; input 0, computed again once "killed" is set, for
+    "again" (distributed Events: the test drives the order)."""
+    from distributed import Event
+
+    if partition_info["number"] == 1:
+        Event("go").wait()
+    elif Event("killed").is_set():
+        Event("again").wait()
+    return part
+
+
+def test_an_input_lost_while_others_are_computed_is_waited_for_again():
+    """An input partition that finished, then was lost with its worker while dg.shuffle waited
+    for the others: Dask computes it again, and the shuffle waits for it (it raised
+    AttributeError: 'NoneType' object has no attribute 'with_traceback')."""
+    from distributed import Event
+
+    with start_cluster("tcp", threads=1) as lc, Client(lc, set_as_default=False) as client:
+        client.register_plugin(dg.GPUDirectPlugin())
+        pdf = frame(2000, keys=97, seed=3)
+        df = dd.from_pandas(pdf, npartitions=2).map_partitions(gate_inputs, meta=pdf.iloc[:0])
+        pids = client.run(os.getpid)
+
+        def states() -> dict[int, tuple[str, list[str]]]:
+            return client.run_on_scheduler(
+                lambda dask_scheduler: {
+                    ts.key[1]: (ts.state, [w.address for w in ts.who_has or ()])
+                    for ts in dask_scheduler.tasks.values()
+                    if isinstance(ts.key, tuple) and str(ts.key[0]).startswith("gate_inputs")
+                }
+            )
+
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(dg.shuffle, df, "k", npartitions=4, client=client)
+            deadline = time.monotonic() + HANG_GUARD
+            while (now := states()).get(0, ("",))[0] != "memory" or now[1][0] != "processing":
+                assert not running.done(), running.exception()
+                assert time.monotonic() < deadline, f"inputs never got there: {now}"
+                time.sleep(0.05)
+            Event("killed", client=client).set()
+            (victim,) = now[0][1]
+            os.kill(pids[victim], signal.SIGKILL)
+            while states()[0][0] == "memory":  # until the scheduler has found the loss
+                assert time.monotonic() < deadline, "the loss was never found"
+                time.sleep(0.05)
+            Event("go", client=client).set()
+            Event("again", client=client).set()
+            out = running.result(timeout=HANG_GUARD)
+        assert_hash_partitions(partitions(client, out), pdf, "k", 4)
+
+
 def test_worker_lost_after_the_shuffle_fails_what_needs_its_outputs():
     """A worker that held outputs dies after dg.shuffle returned: what needs them fails at once
     with a ShuffleError naming it (no wait in no-worker), outputs elsewhere are still there, and

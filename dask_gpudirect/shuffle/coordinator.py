@@ -129,7 +129,7 @@ def _exchange(
     if prepared.get("unplaced"):  # not placed, or a placed worker left: wait for the inputs
         with clock("inputs"):
             shown.computed(inputs)
-            failed = [f for f in inputs if f.status != "finished"]
+            failed = [f for f in inputs if f.status in ("error", "cancelled")]
             if failed:
                 _raise_error_of(failed[0])
         with clock("plan"):
