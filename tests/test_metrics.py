@@ -99,6 +99,30 @@ def test_scraped_counters_grow_by_what_the_ledger_recorded(client, tmp_path):
     assert len(reads) == 2  # both workers read, each exports its own
 
 
+async def heartbeat(dask_worker) -> None:
+    await dask_worker.heartbeat()
+
+
+def test_a_cluster_that_only_shuffles_publishes_its_counts():
+    """No GPUDirectPlugin, only dg.shuffle: its bytes are on each worker's /metrics and in its
+    heartbeats (what the dashboard page shows), as a reading cluster's are (they were not)."""
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        df = dd.from_pandas(pd.DataFrame({"k": np.arange(4_000) % 37, "v": 1.0}), npartitions=4)
+        dg.shuffle(df, "k", npartitions=4, client=client)
+        records = ledger_report.records(client)
+        assert set(records["op"]) == {"shuffle"}
+        scraped = {k: v for k, v in scrape(client)["dask_gpudirect_bytes"].items() if v}
+        assert scraped == pytest.approx(
+            {k: v for k, v in recorded(records)["dask_gpudirect_bytes"].items() if v}
+        )
+        client.run(heartbeat)  # the totals reach the scheduler
+        beats = [w["metrics"]["gpudirect"] for w in workers_info(client).values()]
+        assert all(beat is not None for beat in beats)
+
+
 def test_counters_outlive_evicted_and_cleared_records():
     book = Ledger("tcp://w:1", max_records=2)
     for _ in range(5):

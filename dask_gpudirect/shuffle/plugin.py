@@ -32,7 +32,7 @@ from distributed.protocol.pickle import dumps
 from distributed.scheduler import ClientState, TaskState
 from distributed.worker import get_worker
 
-from .. import ledger
+from .. import ledger, metrics
 from ..errors import ShuffleError
 from .worker import BUILT, MAX_CLOSED, ShuffleService
 
@@ -56,6 +56,8 @@ class ShuffleWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker: Worker) -> None:
         self.service = ShuffleService(worker, ledger.of(worker))
+        # its counts published where no GPUDirectPlugin does it (a cluster that only shuffles)
+        metrics.export(worker, self.service.ledger)
         worker.handlers.update(self.service.handlers())
         worker.stream_handlers[FAIL] = self.service.abort
         worker.stream_handlers[PUBLISHED] = self.service.published
@@ -64,6 +66,7 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         self.service.task_changed(key)
 
     def teardown(self, worker: Worker) -> None:
+        metrics.unexport(worker, self.service.ledger)
         self.service.teardown()
         for name in self.service.handlers():
             worker.handlers.pop(name, None)
