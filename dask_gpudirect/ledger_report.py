@@ -6,9 +6,12 @@ The records are kept on the workers (:mod:`dask_gpudirect.ledger`); here they ar
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from dask import config
 from dask.utils import parse_timedelta
 
 from . import ledger
@@ -24,12 +27,50 @@ def _worker_records(dask_worker: Worker) -> list[dict[str, Any]]:
     return ledger.of(dask_worker).records()
 
 
+CONNECT_TIMEOUT = "distributed.comm.timeouts.connect"
+
+
+async def _asked(client: Client, timeout: float) -> dict[str, list[dict[str, Any]] | None]:
+    """Each worker's records, every worker asked at once and given ``timeout`` seconds; None
+    for one that gave no answer."""
+
+    async def one(worker: str) -> list[dict[str, Any]] | None:
+        try:
+            answer = await asyncio.wait_for(
+                client.run(_worker_records, workers=[worker], on_error="return"), timeout
+            )
+        except TimeoutError:
+            return None
+        result = answer.get(worker)
+        if isinstance(result, OSError):  # gone while asked
+            return None
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    workers = list(await client.scheduler.ncores())
+    found = await asyncio.gather(*map(one, workers))
+    return dict(zip(workers, found, strict=True))
+
+
 def records(client: Client | None = None) -> pd.DataFrame:
-    """Every ledger record of every worker, one row each."""
+    """Every ledger record of every worker, one row each. A worker that gives no answer within
+    ``distributed.comm.timeouts.connect`` (stopped, or gone meanwhile) is left out, with a
+    warning naming it: the others' records are not held back by it."""
     import pandas as pd
 
     client = connected(client)
-    rows = [row for rs in client.run(_worker_records).values() for row in rs]
+    timeout = parse_timedelta(config.get(CONNECT_TIMEOUT))
+    answers = client.sync(_asked, client, timeout)
+    silent = sorted(w for w, rs in answers.items() if rs is None)
+    if silent:
+        warnings.warn(
+            f"dg.report: worker(s) {', '.join(silent)} gave no answer within {timeout:g} s "
+            f"({CONNECT_TIMEOUT}): their records are left out",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    rows = [row for rs in answers.values() if rs is not None for row in rs]
     columns = [f.name for f in dataclasses.fields(ledger.Record)]
     return pd.DataFrame(rows, columns=columns)
 
