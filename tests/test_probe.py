@@ -287,6 +287,13 @@ def test_a_verdict_where_workers_differ_says_each():
     ]
 
 
+def test_a_slow_rate_is_not_shown_as_zero():
+    """A measured 0.039 GB/s (a small --size on a slow machine) said "0.0 GB/s"."""
+    slow = routes._measurement(["tcp://a:1"], "posix-host", 1, 0.039, "no GPU")
+    verdict = routes._summary("storage_to_gpu", [slow])["verdict"]
+    assert verdict == "storage -> GPU: posix-host, 1 copy, 0.039 GB/s: no GPU"
+
+
 def test_probe_human(tcp_client):
     out = probe("--scheduler-address", tcp_client.scheduler.address, "--quick")
     assert f"2 worker(s) at {tcp_client.scheduler.address}" in out

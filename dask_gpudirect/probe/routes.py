@@ -194,7 +194,8 @@ def _pairs(workers: list[dict]) -> tuple[tuple[dict, dict] | None, tuple[dict, d
 
 def _said(route: str | None, copies: int | None, gbps: float | None, reason: str) -> str:
     """A route, its copies and rate, and why, as a verdict says them."""
-    parts = [p for p in (route, _copies(copies), gbps and f"{gbps:.1f} GB/s") if p]
+    rate = gbps and (f"{gbps:.1f} GB/s" if gbps >= 0.1 else f"{gbps:.2g} GB/s")  # not 0.0
+    parts = [p for p in (route, _copies(copies), rate) if p]
     return ", ".join(parts) + (": " if parts else "") + reason
 
 
