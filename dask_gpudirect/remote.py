@@ -123,11 +123,14 @@ class Store:
                 f"storage_options: {', '.join(unknown)} not taken; known: "
                 f"{', '.join(sorted(_OPTIONS))}, client_kwargs (endpoint_url, region_name)",
             )
+        anonymous = given.get("anon", False)
+        if not isinstance(anonymous, bool):
+            raise InputError(None, f"storage_options: anon={anonymous!r}: must be True or False")
         return cls(
             endpoint_url=given.get("endpoint_url") or client.get("endpoint_url"),
             region=given.get("region") or given.get("region_name") or client.get("region_name"),
             profile=given.get("profile"),
-            anonymous=bool(given.get("anon", False)),
+            anonymous=anonymous,
             key=given.get("key"),
             secret=given.get("secret"),
             token=given.get("token"),
@@ -147,7 +150,10 @@ class Store:
 
     def credentials(self) -> tuple[str | None, str | None, str | None]:
         """Access key, secret and session token: given, or from the named profile; None
-        where neither says (the client library then reads the environment)."""
+        where neither says (the client library then reads the environment), and for an
+        anonymous store (s3fs's ``anon=True`` ignores keys too)."""
+        if self.anonymous:
+            return None, None, None
         if self.profile and not self.key:
             found = _profile(self.profile)
             return (
@@ -158,10 +164,11 @@ class Store:
         return self.key, self.secret, self.token
 
     def scrub(self, text: str) -> str:
-        """``text`` with any of the credentials in it masked."""
+        """``text`` with any of the credentials in it masked, where it stands as a word of
+        its own (a key "test" leaves "test-bucket" and "listing" as written)."""
         for value in (self.key, self.secret, self.token):
             if value:
-                text = text.replace(value, "***")
+                text = re.sub(rf"(?<![\w-]){re.escape(value)}(?![\w-])", "***", text)
         return text
 
 
@@ -170,14 +177,33 @@ _CLIENT = {"endpoint_url", "region_name"}
 
 
 def _profile(name: str) -> dict[str, str]:
-    """A named profile's keys from the AWS shared credentials file (pyarrow takes no profile
-    name; the environment's ``AWS_PROFILE`` the AWS SDK reads itself)."""
-    path = os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")
-    parser = configparser.ConfigParser()
-    parser.read(os.path.expanduser(path))
-    if not parser.has_section(name):
-        raise InputError(None, f"storage_options: no profile {name!r} in {path}")
-    return dict(parser[name])
+    """A named profile's keys: its section of the AWS shared credentials file, or else its
+    ``[profile NAME]`` section of the config file, as the AWS tools look them up (pyarrow takes
+    no profile name; the environment's ``AWS_PROFILE`` the AWS SDK reads itself). A profile
+    without keys (a role to assume, SSO, a credential process) is refused: taking none would
+    read with whatever other credentials the environment holds."""
+    files = [
+        (os.environ.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), name),
+        (os.environ.get("AWS_CONFIG_FILE", "~/.aws/config"),
+         name if name == "default" else f"profile {name}"),
+    ]  # fmt: skip
+    for path, section in files:
+        parser = configparser.ConfigParser()
+        parser.read(os.path.expanduser(path))
+        if not parser.has_section(section):
+            continue
+        found = dict(parser[section])
+        if not (found.get("aws_access_key_id") and found.get("aws_secret_access_key")):
+            raise InputError(
+                None,
+                f"storage_options: profile {name!r} ({path}) holds no aws_access_key_id and "
+                "aws_secret_access_key (a role, SSO or credential process): give key= and "
+                "secret= (and token=), or set AWS_PROFILE where the reads run",
+            )
+        return found
+    raise InputError(
+        None, f"storage_options: no profile {name!r} in {files[0][0]} or {files[1][0]}"
+    )
 
 
 #: The environment the AWS SDK and :class:`Store` read: a file system is made anew when it changes.

@@ -66,7 +66,7 @@ def view(entry: str, listing: Listing, store: remote.Store) -> View:
             return View(FILE, ((entry, info.size, 0, 0),))
         if info.type == pafs.FileType.Directory:
             return View(DIRECTORY, _listed(fs, path, listing))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: pyarrow's ArrowInvalid ("a//b")
         raise remote.error(entry, exc, store) from None
     raise remote.error(entry, FileNotFoundError(entry), store)
 

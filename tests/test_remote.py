@@ -275,6 +275,68 @@ def test_credentials_never_show(tcp, s3, caplog):
     assert "host-remote" in texts[0]
 
 
+def _set_environment(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def test_s3_profiles_of_either_file_and_one_without_keys(tcp, s3, local_data, tmp_path):
+    """A ``[profile NAME]`` of the config file is read as the AWS tools read it (it was "no
+    profile"), and a profile without keys (a role to assume) is refused: taken as no keys, the
+    reads went on with whatever other credentials the environment held."""
+    (tmp_path / "credentials").write_text(
+        "[assume]\nrole_arn = arn:aws:iam::123456789012:role/reader\nsource_profile = base\n"
+    )
+    (tmp_path / "config").write_text(
+        f"[profile cfgonly]\naws_access_key_id = {s3.key}\naws_secret_access_key = {s3.secret}\n"
+    )
+    files = {"AWS_SHARED_CREDENTIALS_FILE": os.fspath(tmp_path / "credentials"),
+             "AWS_CONFIG_FILE": os.fspath(tmp_path / "config")}  # fmt: skip
+    where = {"endpoint_url": s3.endpoint, "region": "us-east-1"}
+    url = f"s3://{BUCKET}/pq/part-0.parquet"
+    _set_environment(files)
+    tcp.run(_set_environment, files)
+    try:
+        got = dg.read_parquet(url, client=tcp, storage_options={**where, "profile": "cfgonly"})
+        assert_same_frame(compute(tcp, got), expected_parquet(parquet_files(local_data)[0]))
+        with pytest.raises(InputError, match="profile 'assume' .* holds no aws_access_key_id"):
+            dg.read_parquet(url, client=tcp, storage_options={**where, "profile": "assume"})
+    finally:
+        _set_environment(dict.fromkeys(files))
+        tcp.run(_set_environment, dict.fromkeys(files))
+
+
+def test_s3_anon_options(tcp, s3):
+    """``anon`` is True or False (the string "false" read as True); with keys beside it the
+    store is anonymous, as s3fs makes it (pyarrow's ValueError came through as it was)."""
+    url = f"s3://{BUCKET}/pq/"
+    with pytest.raises(InputError, match="anon='false': must be True or False"):
+        dg.read_parquet(url, client=tcp, storage_options={**s3.options, "anon": "false"})
+    # unsigned requests: moto, checking signatures, fails them (HTTP 500)
+    with dask.config.set({"gpudirect.remote.retries": 0}), pytest.raises(InputError, match=url):
+        dg.read_parquet(url, client=tcp, storage_options={**s3.options, "anon": True})
+
+
+def test_s3_key_pyarrow_cannot_name(tcp, s3):
+    """An empty segment (``a//b``, legal in S3) is an InputError naming the URL (pyarrow's
+    ArrowInvalid came through as it was)."""
+    url = f"s3://{BUCKET}//pq/part-0.parquet"
+    with pytest.raises(InputError, match=f"{url}: cannot read: .*Empty path component"):
+        dg.read_parquet(url, client=tcp, storage_options=s3.options)
+
+
+def test_credentials_are_masked_where_they_stand_as_words():
+    store = remote.Store(key="k", secret="test")
+    said = "listing keys under k in 'test-bucket': Credential=k/2026 secret test"
+    assert (
+        store.scrub(said)
+        == "listing keys under *** in 'test-bucket': Credential=***/2026 secret ***"
+    )
+
+
 def test_other_schemes_and_credentials_in_urls_are_refused(tcp):
     with pytest.raises(InputError, match="gs:// paths are not supported"):
         dg.read_parquet("gs://bucket/data.parquet")
