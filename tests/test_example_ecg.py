@@ -119,6 +119,17 @@ def test_naive_loader_gives_the_same_beats(direct, tmp_path):
 # --- the parts ----------------------------------------------------------------------------------
 
 
+def test_the_pipeline_keeps_a_dataset_of_another_abnormal_share(tmp_path):
+    """A dataset generated with --abnormal 0.2 is read by the pipeline given the same share
+    (it was replaced by one of the default 0.09, the user's data deleted)."""
+    meta = gen.generate(str(tmp_path / "data"), "small", abnormal=0.2, jobs=1, log=lambda _: None)
+    proc, result = run_pipeline(tmp_path / "data", tmp_path / "out.json", "--abnormal", "0.2")
+    assert f"generate: using the {len(meta['shards'])} shards" in proc.stdout
+    assert json.loads((tmp_path / "data" / "meta.json").read_text())["abnormal"] == 0.2
+    labelled = sum(sum(s["beats"][k] for k in gen.KINDS[1:]) for s in meta["shards"])
+    assert result["evaluation"]["labelled_abnormal"] == labelled
+
+
 def test_generator_is_deterministic_and_labels_fit_the_signal(tmp_path):
     a = gen.generate(str(tmp_path / "a"), "small", jobs=1, log=lambda _: None)
     b = gen.generate(str(tmp_path / "b"), "small", jobs=2, log=lambda _: None)

@@ -98,7 +98,8 @@ SIZES = {
 
 
 def size_for(name: str, gib: float | None = None) -> Size:
-    """The named size, or about ``gib`` GiB of one-hour shards (4 per patient) when given."""
+    """The named size, or about ``gib`` GiB of shards of its length (as many per patient)
+    when given."""
     size = SIZES[name]
     if gib is None:
         return size
@@ -489,7 +490,9 @@ def ensure(
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
-    parser.add_argument("--gib", type=float, help="about this many GiB of one-hour shards")
+    parser.add_argument(
+        "--gib", type=float, help="about this many GiB of shards of --size's length"
+    )
     parser.add_argument("--out", required=True, help="dataset directory (replaced)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--abnormal", type=float, default=0.09, help="fraction of abnormal beats")

@@ -66,7 +66,9 @@ PREDICTED = (*gen.KINDS, "other")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(gen.SIZES), default="small")
-    p.add_argument("--gib", type=float, help="about this many GiB of one-hour shards instead")
+    p.add_argument(
+        "--gib", type=float, help="about this many GiB of shards of --size's length instead"
+    )
     p.add_argument("--target", choices=["host", "device"], help="default: device if a GPU")
     p.add_argument("--loader", choices=["direct", "naive"], default="direct")
     p.add_argument("--workers", type=int, help="default: 2 (host), one per GPU (device)")
@@ -76,6 +78,7 @@ def parse_args(argv=None):
     p.add_argument("--json", help="write every number here")
     p.add_argument("--plot", help="draw a normal and abnormal beats with their scores (PNG)")
     p.add_argument("--seed", type=int, default=0, help="data seed")
+    p.add_argument("--abnormal", type=float, default=0.09, help="data's abnormal beats' share")
     p.add_argument("--shuffle-seed", type=int, default=1)
     p.add_argument("--jobs", type=int, help="processes that generate the data (default: all)")
     return p.parse_args(argv)
@@ -605,7 +608,7 @@ def main(argv=None) -> None:
         args.target = "device" if gpu_count() else "host"
     if args.data is None:
         args.data = os.path.join(tempfile.gettempdir(), "dask-gpudirect-ecg", args.size)
-    meta = gen.ensure(args.data, args.size, args.gib, args.seed, args.jobs, log=log)
+    meta = gen.ensure(args.data, args.size, args.gib, args.seed, args.jobs, args.abnormal, log=log)
 
     start = time.perf_counter()
     cluster = start_cluster(args.target, args.workers, args.threads, args.protocol)
