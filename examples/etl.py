@@ -41,7 +41,7 @@ def write_sample(root: pathlib.Path, rows: int, files: int = 4, seed: int = 0) -
     (root / "customers").mkdir(parents=True, exist_ok=True)
     per_file = -(-rows // files)
     for i in range(files):
-        n = min(per_file, rows - i * per_file)
+        n = max(0, min(per_file, rows - i * per_file))  # the last files of a few rows: empty
         orders = pa.table(
             {
                 "order_id": np.arange(i * per_file, i * per_file + n, dtype="int64"),
