@@ -182,3 +182,10 @@ def test_match_counts_duplicates_and_misses():
     times, truth = pipeline.match(r, labels)
     assert times.tolist() == [1, 2, 0, 1]
     assert truth.tolist() == [0, 2, 2, 1, -1]
+
+
+def test_workers_below_one_are_refused():
+    """--workers 0 started two workers, as if not given."""
+    with pytest.raises(SystemExit):
+        pipeline.parse_args(["--workers", "0"])
+    assert pipeline.parse_args(["--workers", "3"]).workers == 3

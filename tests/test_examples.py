@@ -101,3 +101,10 @@ def run_etl(tmp_path, rows: int = 20000) -> str:
     )
     assert f"{len(expected)} rows -> " in printed
     return printed
+
+
+def test_quickstart_without_its_argument_says_how_to_run_it():
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "quickstart.py")], capture_output=True,
+                          text=True, timeout=HANG_GUARD)  # fmt: skip
+    assert proc.returncode == 1 and "python examples/quickstart.py DATA_DIR" in proc.stderr
+    assert "Traceback" not in proc.stderr  # it was an IndexError

@@ -63,6 +63,13 @@ ABNORMAL = gen.KINDS[1:]
 PREDICTED = (*gen.KINDS, "other")
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be 1 or more")
+    return value
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(gen.SIZES), default="small")
@@ -71,7 +78,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--target", choices=["host", "device"], help="default: device if a GPU")
     p.add_argument("--loader", choices=["direct", "naive"], default="direct")
-    p.add_argument("--workers", type=int, help="default: 2 (host), one per GPU (device)")
+    p.add_argument("--workers", type=_positive, help="default: 2 (host), one per GPU (device)")
     p.add_argument("--threads", type=int, default=1, help="threads per worker (default 1)")
     p.add_argument("--protocol", help="default: ucxx (device), tcp (host)")
     p.add_argument("--data", help="dataset directory (default: $TMPDIR/dask-gpudirect-ecg/SIZE)")
