@@ -3,6 +3,8 @@ UCX, and a ledger of the path every byte took."""
 
 from __future__ import annotations
 
+import importlib.util
+
 from . import config  # noqa: F401  (loads the gpudirect.* defaults into dask.config)
 from .collections import read_binary, read_parquet
 from .errors import (
@@ -26,7 +28,6 @@ __all__ = [
     "GPUDirectError",
     "GPUDirectPlugin",
     "InputError",
-    "LocalCUDACluster",
     "OptionError",
     "read_binary",
     "read_parquet",
@@ -35,6 +36,8 @@ __all__ = [
     "shuffle_array",
     "ShuffleError",
 ]
+if importlib.util.find_spec("dask_cuda") is not None:  # the cuda13 extra: else not offered
+    __all__.append("LocalCUDACluster")
 
 
 def __getattr__(name: str) -> type:
@@ -42,7 +45,9 @@ def __getattr__(name: str) -> type:
         from . import cluster
 
         if cluster.dask_cuda is None:
-            raise ImportError(
+            # an AttributeError (PEP 562): hasattr and getattr(dg, name, None) say it is not
+            # there, and a star import skips it (it is in __all__ only with dask-cuda)
+            raise AttributeError(
                 "dg.LocalCUDACluster needs dask-cuda: pip install 'dask-gpudirect[cuda13]'. "
                 + cluster.WITHOUT_GPU
             )

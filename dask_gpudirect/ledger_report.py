@@ -7,7 +7,10 @@ The records are kept on the workers (:mod:`dask_gpudirect.ledger`); here they ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import datetime
+import numbers
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -101,9 +104,7 @@ def report(
         raise InputError(None, f"by={by!r}: use one of {', '.join(map(repr, _VIEWS))}")
     if window is not None and by == "shard":
         raise InputError(None, "window= splits the worker and path views, not by='shard'")
-    seconds = None if window is None else parse_timedelta(window)
-    if seconds is not None and seconds <= 0:
-        raise InputError(None, f"window={window!r}: must be longer than zero")
+    seconds = None if window is None else _window_seconds(window)
     df = records(client)
     keys = _VIEWS[by]
     if by == "shard":
@@ -114,6 +115,21 @@ def report(
         df = df.assign(window=pd.to_datetime(start, unit="s", utc=True))
         keys = ["window", *keys]
     return _summed(df, keys)
+
+
+def _window_seconds(window: Any) -> float:
+    """``window`` (``"10s"``, seconds, a timedelta) in seconds, or an InputError saying why not."""
+    seconds = None
+    if isinstance(window, (str, numbers.Real, datetime.timedelta)) and not isinstance(window, bool):
+        with contextlib.suppress(KeyError, ValueError):  # dask's parser: "ten", "-1s"
+            seconds = parse_timedelta(
+                window if not isinstance(window, numbers.Real) else float(window)
+            )
+    if seconds is None:
+        raise InputError(None, f"window={window!r}: give a duration, e.g. '10s', 30 or a timedelta")
+    if seconds <= 0:
+        raise InputError(None, f"window={window!r}: must be longer than zero")
+    return float(seconds)
 
 
 #: The keys each view of :func:`report` sums over.
