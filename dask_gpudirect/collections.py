@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import os
 import pickle
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from . import compat, discovery, plan_cache, read_plans, remote, remote_listing,
 from .cluster import answered, survey
 from .config import size_in_bytes
 from .connection import connected
-from .errors import ClusterError, InputError
+from .errors import ClusterError, InputError, flag
 from .formats import binary, hive, parquet
 from .loading import load_chunk, load_partition
 from .phases import Phases
@@ -38,7 +39,7 @@ from .read_expr import CountedRead
 from .shards import P, Partition, combine, shared
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
 
 #: ``blocksize="auto"``: the device target's is this share of the smallest worker's GPU memory.
@@ -310,10 +311,11 @@ def read_parquet(
     compat.check_filesystem(filesystem)
     if blocksize == "default":  # Dask's spelling of its default
         blocksize = None
-    if not isinstance(calculate_divisions, bool):
-        raise InputError(
-            None, f"calculate_divisions must be True or False, not {calculate_divisions!r}"
-        )
+    flag("calculate_divisions", calculate_divisions)
+    if columns is not None and not isinstance(columns, str):
+        if not isinstance(columns, Iterable):
+            raise InputError(None, f"columns must be a name or a list of names, not {columns!r}")
+        columns = list(columns)
     per_shard = compat.row_groups_per_partition(split_row_groups)
     listing = discovery.Listing(compat.extensions_of(parquet_file_extension), recursive=True)
     clock = Phases()
@@ -395,7 +397,8 @@ def read_binary(
     client
         The Dask client (default: the current one).
     blocksize
-        Target bytes per chunk; default ``gpudirect.binary.blocksize``. Large files are cut
+        Target bytes per chunk; default (or ``"default"``) ``gpudirect.binary.blocksize``.
+        Large files are cut
         into chunks of whole records; small C-order local files are joined, in order, into
         chunks of about this size (at least one per worker where there are files enough; with
         ``"auto"``, a count the workers divide evenly), each read with all of its files in
@@ -410,6 +413,9 @@ def read_binary(
     shape = binary.checked_shape(shape)
     if dtype is not None:
         binary.fixed_dtype(dtype, None)
+    flag("join_files", join_files)
+    if blocksize == "default":  # as read_parquet takes it
+        blocksize = None
     setting = _prepare(client, paths, target, storage_options=storage_options)
     client, found, target = setting.client, setting.found, setting.target
     spread = setting.spread(blocksize, "gpudirect.binary.blocksize")

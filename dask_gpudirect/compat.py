@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import re
 import sys
 from typing import TYPE_CHECKING, Any
@@ -82,8 +83,8 @@ def row_groups_per_partition(split_row_groups: Any) -> int | None:
         return 1
     if split_row_groups is False:
         return sys.maxsize
-    if isinstance(split_row_groups, int) and split_row_groups > 0:
-        return split_row_groups
+    if isinstance(split_row_groups, numbers.Integral) and int(split_row_groups) > 0:  # NumPy too
+        return int(split_row_groups)
     raise InputError(
         None,
         f"split_row_groups={split_row_groups!r}: use 'infer', 'adaptive', True, False or a "

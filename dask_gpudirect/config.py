@@ -53,10 +53,21 @@ def size_in_bytes(value: Any) -> int | None:
         return None
     if isinstance(value, numbers.Integral):  # a NumPy integer too, which parse_bytes refuses
         return int(value)
+    if _fractional(value):  # parse_bytes cuts 1.5 to 1 and -0.5 to 0: no size of bytes
+        return None
     try:
         return parse_bytes(value)
     except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes([1]): AttributeError
         return None
+
+
+def _fractional(value: Any) -> bool:
+    """Whether ``value`` is a number of bytes that is not whole (``1.5``, ``"0.5"``)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return False
+    return not number.is_integer()
 
 
 def _checked(name: str, value: Any, given: bool) -> Any:
@@ -66,7 +77,9 @@ def _checked(name: str, value: Any, given: bool) -> Any:
         if name == "target" and value in (None, "device", "host"):
             return value
         if name == "compat_mode":  # YAML reads an unquoted ON or OFF as a boolean
-            mode = {True: "ON", False: "OFF"}.get(value, str(value).upper())
+            mode = (
+                {True: "ON", False: "OFF"}[value] if isinstance(value, bool) else str(value).upper()
+            )
             if mode in ("AUTO", "ON", "OFF"):
                 return mode
         if name in ("threads", "max_records") and not isinstance(value, bool | float):

@@ -26,6 +26,14 @@ class InputError(GPUDirectError, ValueError):
         return type(self), (self.path, self.problem)
 
 
+def flag(name: str, value: object, none: bool = False) -> None:
+    """An InputError unless ``value`` is True or False (or None, where ``none``): a string
+    "no" would be taken as true."""
+    if not (isinstance(value, bool) or (none and value is None)):
+        also = ", or None" if none else ""
+        raise InputError(None, f"{name} must be True or False{also}, not {value!r}")
+
+
 class ConfigError(GPUDirectError, ValueError):
     """A ``gpudirect.allowed-roots`` setting or a reader option (a ``GPUDirectPlugin``
     keyword, or the ``gpudirect.*`` key it overrides) that cannot be used; raised where it is

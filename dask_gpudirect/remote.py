@@ -32,7 +32,7 @@ import dask.config
 from dask.utils import parse_bytes, parse_timedelta
 
 from . import access
-from .errors import InputError
+from .errors import InputError, flag
 from .stamps import CHANGED
 
 if TYPE_CHECKING:
@@ -112,6 +112,8 @@ class Store:
         ``anon``, ``endpoint_url``, ``region`` (``region_name``), ``profile``, and
         ``client_kwargs={"endpoint_url": ..., "region_name": ...}``. Another key is refused
         by name (never with its value)."""
+        if not isinstance(options, Mapping | None):
+            raise InputError(None, f"storage_options must be a dict, not {options!r}")
         given = dict(options or {})
         client = dict(given.pop("client_kwargs", None) or {})
         unknown = sorted(set(given) - _OPTIONS) + sorted(
@@ -124,8 +126,7 @@ class Store:
                 f"{', '.join(sorted(_OPTIONS))}, client_kwargs (endpoint_url, region_name)",
             )
         anonymous = given.get("anon", False)
-        if not isinstance(anonymous, bool):
-            raise InputError(None, f"storage_options: anon={anonymous!r}: must be True or False")
+        flag("storage_options' anon", anonymous)
         return cls(
             endpoint_url=given.get("endpoint_url") or client.get("endpoint_url"),
             region=given.get("region") or given.get("region_name") or client.get("region_name"),

@@ -74,3 +74,71 @@ else:
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda df, arr, f: dg.shuffle(df, "k", npartitions=True),
+        lambda df, arr, f: dg.shuffle(df, "k", progress="no"),
+        lambda df, arr, f: dg.shuffle_array(arr, seed=True),
+        lambda df, arr, f: dg.shuffle_array(arr, progress="no"),
+        lambda df, arr, f: dg.read_binary(f[:-4] + ".bin", dtype="f8", shape=True),
+        lambda df, arr, f: dg.read_binary(f[:-4] + ".bin", dtype="f8", shape=(True, 2)),
+        lambda df, arr, f: dg.read_binary(f, join_files="no"),
+        lambda df, arr, f: dg.read_parquet(f, storage_options="anon"),
+        lambda df, arr, f: dg.read_parquet(f, columns=5),
+        lambda df, arr, f: dg.read_parquet(5),
+    ],
+    ids=["npartitions-bool", "progress-str", "seed-bool", "array-progress-str", "shape-bool",
+         "shape-with-bool", "join_files-str", "storage_options-str", "columns-int", "paths-int"],
+)  # fmt: skip
+def test_arguments_of_the_wrong_type_are_input_errors(tcp, tmp_path, call):
+    """Refused in the user's process by an InputError naming the argument: a bool was taken as
+    1, a string "no" as true, and the others raised Python's TypeError or ValueError."""
+    import dask.array as da
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    df = dd.from_pandas(pd.DataFrame({"k": range(10)}), npartitions=2)
+    arr = da.arange(10, chunks=5)
+    np.save(tmp_path / "a.npy", np.arange(10.0))
+    (tmp_path / "a.bin").write_bytes(np.arange(16.0).tobytes())
+    with pytest.raises(dg.InputError):
+        call(df, arr, str(tmp_path / "a.npy"))
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"host-limit": -0.5}, {"device-limit": 1.5}, {"device-limit": "0.5"}, {"chunk-size": 2.5}],
+    ids=str,
+)
+def test_a_size_that_is_no_whole_number_of_bytes_is_refused(setting):
+    """Dask's parse_bytes cut -0.5 to 0 bytes and 1.5 to 1: every piece spilled, silently."""
+    import dask
+
+    from dask_gpudirect.shuffle import settings
+
+    key, value = next(iter(setting.items()))
+    with dask.config.set({f"gpudirect.shuffle.{key}": value}), pytest.raises(dg.ConfigError):
+        settings.check()
+
+
+def test_compat_mode_takes_booleans_and_names_only():
+    with pytest.raises(dg.ConfigError):
+        resolve_options({"compat_mode": 1})
+    assert resolve_options({"compat_mode": True})["compat_mode"] == "ON"
+
+
+def test_dasks_spellings_are_taken(tcp, tmp_path):
+    """``split_row_groups`` as a NumPy integer (as Dask takes it) and ``read_binary``'s
+    ``blocksize="default"`` (as ``read_parquet`` takes it) were refused."""
+    import numpy as np
+    import pandas as pd
+
+    pd.DataFrame({"x": range(8)}).to_parquet(tmp_path / "a.parquet", row_group_size=2)
+    df = dg.read_parquet(tmp_path / "a.parquet", split_row_groups=np.int64(2), client=tcp)
+    assert df.npartitions == 2
+    np.save(tmp_path / "a.npy", np.arange(8.0))
+    assert dg.read_binary(tmp_path / "a.npy", blocksize="default", client=tcp).shape == (8,)

@@ -313,7 +313,7 @@ def test_s3_anon_options(tcp, s3):
     """``anon`` is True or False (the string "false" read as True); with keys beside it the
     store is anonymous, as s3fs makes it (pyarrow's ValueError came through as it was)."""
     url = f"s3://{BUCKET}/pq/"
-    with pytest.raises(InputError, match="anon='false': must be True or False"):
+    with pytest.raises(InputError, match="anon must be True or False, not 'false'"):
         dg.read_parquet(url, client=tcp, storage_options={**s3.options, "anon": "false"})
     # unsigned requests: moto, checking signatures, fails them (HTTP 500)
     with dask.config.set({"gpudirect.remote.retries": 0}), pytest.raises(InputError, match=url):

@@ -222,13 +222,15 @@ def checked_shape(shape: int | Sequence[int] | None) -> tuple[int, ...] | None:
         return None
     sizes: tuple[Any, ...]
     try:
+        if isinstance(shape, bool):  # not the size 1
+            raise TypeError
         sizes = (operator.index(shape),)  # type: ignore[arg-type]
     except TypeError:
         try:
             sizes = tuple(shape)  # type: ignore[arg-type]
         except TypeError:  # a float, a 0-d array
             sizes = (shape,)
-    if any(not isinstance(n, (int, np.integer)) or n < 0 for n in sizes):
+    if any(not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0 for n in sizes):
         raise InputError(None, f"bad shape {shape!r}: a record shape is a tuple of sizes >= 0")
     return tuple(int(n) for n in sizes)
 

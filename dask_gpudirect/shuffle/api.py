@@ -22,7 +22,7 @@ from distributed import Client, Future
 
 from .. import targets
 from ..connection import connected
-from ..errors import InputError
+from ..errors import InputError, flag
 from ..placement import placed_read
 from . import engines, settings
 from .coordinator import exchange
@@ -112,9 +112,9 @@ def shuffle(
         raise InputError(None, f"dg.shuffle needs a Dask DataFrame, not {type(df).__name__}")
     client = connected(client)
     on = _keys(df, on)
-    for option, value in (("ignore_index", ignore_index), ("keep_order", keep_order)):
-        if not isinstance(value, bool):
-            raise InputError(None, f"{option} must be True or False, not {value!r}")
+    flag("ignore_index", ignore_index)
+    flag("keep_order", keep_order)
+    flag("progress", progress, none=True)
     if ignore_index and df.index.name in on and df.index.name not in df.columns:
         raise InputError(
             None,
@@ -293,6 +293,7 @@ def shuffle_array(
         raise InputError(
             None, "chunk sizes along axis 0 are unknown: call arr.compute_chunk_sizes() first"
         )
+    flag("progress", progress, none=True)
     if seed is None:
         seed = secrets.randbits(63)
     seed = _integer(seed, "seed", 0, "a non-negative integer or None")
@@ -352,7 +353,7 @@ def _chunks(client: Client, arr: da.Array) -> list[Future]:
 def _integer(value: Any, name: str, minimum: int, what: str) -> int:
     """``value`` as an int of at least ``minimum``, or an InputError that names the option."""
     try:
-        number = operator.index(value)
+        number = minimum - 1 if isinstance(value, bool) else operator.index(value)
     except TypeError:
         number = minimum - 1
     if number < minimum:
