@@ -127,10 +127,9 @@ def absolute(
     """The user's paths as absolute strings (relative ones against the client's directory)."""
     if isinstance(paths, (str, bytes, os.PathLike)):
         paths = [paths]
-    given = list(paths) if isinstance(paths, Iterable) else [paths]
-    if not all(isinstance(p, (str, bytes, os.PathLike)) for p in given):
+    if not isinstance(paths, Iterable):
         raise InputError(None, f"paths must be a path, a URL or a list of them, not {paths!r}")
-    entries = [_local(p) for p in given]
+    entries = [_local(p) for p in paths]
     if not entries:
         raise InputError(None, "no paths given")
     return entries

@@ -337,6 +337,22 @@ class _Footer:
         """The file's Arrow schema: pyarrow converts it anew on every ``schema_arrow``."""
         return self.file.schema_arrow
 
+    @functools.cached_property
+    def stored_range(self) -> dict | None:
+        """The RangeIndex pandas stored (its metadata is JSON, parsed once here)."""
+        return _stored_range(self.schema)
+
+    @functools.cached_property
+    def rows_before(self) -> list[int]:
+        """The rows of the row groups before each one (once: a shard per row group of a file
+        of 10,000 summed them anew each, 50 M lookups)."""
+        meta = self.file.metadata
+        return list(
+            itertools.accumulate(
+                (meta.row_group(i).num_rows for i in range(meta.num_row_groups)), initial=0
+            )
+        )
+
 
 def _corrupt(path: str, why: str) -> InputError:
     return InputError(path, f"not a valid Parquet file (corrupt or truncated footer): {why}")
@@ -696,9 +712,8 @@ def _range_at(
     """(first value, step, name) of the file's stored RangeIndex at ``row_group``'s first row."""
     if ranged is None:
         return None
-    own = _stored_range(footer.schema) or {"start": 0, "step": 1}
-    meta = footer.file.metadata
-    before = sum(meta.row_group(i).num_rows for i in range(row_group))
+    own = footer.stored_range or {"start": 0, "step": 1}
+    before = footer.rows_before[row_group]
     return (own["start"] + own["step"] * before, own["step"], ranged.get("name"))
 
 
