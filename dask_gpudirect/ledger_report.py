@@ -18,6 +18,7 @@ from dask import config
 from dask.utils import parse_timedelta
 
 from . import ledger
+from .cluster import answered
 from .connection import connected
 from .errors import InputError
 
@@ -44,12 +45,8 @@ async def _asked(client: Client, timeout: float) -> dict[str, list[dict[str, Any
             )
         except TimeoutError:
             return None
-        result = answer.get(worker)
-        if isinstance(result, OSError):  # gone while asked
-            return None
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        found, _ = answered(answer)  # gone while asked: none; another error raised
+        return found.get(worker)
 
     workers = list(await client.scheduler.ncores())
     found = await asyncio.gather(*map(one, workers))
