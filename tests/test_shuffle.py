@@ -343,6 +343,26 @@ def test_empty_frame(client):
         assert_frame_equal(part, pdf)
 
 
+@pytest.mark.parametrize("method", ["dg.shuffle", "shuffle_method"])
+def test_outputs_of_no_rows_hold_no_unknown_categories_placeholder(client, method):
+    """A categorical whose categories Dask does not know (``cat.as_unknown()``, a Parquet
+    read's): outputs no row goes to still hold only the data's categories, as Dask's task
+    shuffle's do, not the placeholder Dask's meta carries (a group-by with ``observed=False``
+    then counted a category ``__UNKNOWN_CATEGORIES__``)."""
+    pdf = pd.DataFrame({"k": [7] * 20, "c": pd.Categorical(["x", "y"] * 10)})
+    df = dd.from_pandas(pdf, npartitions=2).assign(c=lambda d: d.c.cat.as_unknown())
+    if method == "dg.shuffle":
+        out = dg.shuffle(df, "k", npartitions=4, client=client)
+    else:
+        out = df.shuffle("k", npartitions=4, shuffle_method="gpudirect")
+    parts = partitions(client, out)
+    assert sum(p.empty for p in parts) == 3  # one key: one output gets every row
+    for part in parts:
+        assert set(part["c"].cat.categories) <= {"x", "y"}
+    sizes = compute(client, out.groupby("c", observed=False).size())
+    assert sizes.to_dict() == {"x": 10, "y": 10}
+
+
 def test_many_partitions(client):
     pdf = sample_frame(3000, keys=1000, seed=6)
     out = dg.shuffle(dd.from_pandas(pdf, npartitions=10), "k", npartitions=100, client=client)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
 from dask.dataframe.dask_expr._shuffle import _is_numeric_cast_type as cast_type
+from dask.dataframe.utils import strip_unknown_categories
 
 from .. import targets
 from ..targets import TargetName
@@ -73,6 +74,11 @@ class HashSplit:
     #: Whether the target's unordered cut (libcudf's ``hash_partition`` of :meth:`hashed`)
     #: sends each row where :meth:`destinations` does.
     unordered_cut: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        # an output of no rows holds no category Dask's meta stands in for as unknown (its
+        # "__UNKNOWN_CATEGORIES__"): the task shuffle's empty outputs hold the data's
+        object.__setattr__(self, "meta", strip_unknown_categories(self.meta))
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
         module = targets.module(self.target)
