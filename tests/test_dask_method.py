@@ -53,9 +53,10 @@ def lowered(collection) -> dd.DataFrame:
 def test_the_task_shuffles_partitions(client, on, npartitions, ignore_index):
     """``df.shuffle(..., shuffle_method="gpudirect")`` gives, partition by partition, the frames
     Dask's task shuffle gives: the same rows, in the same order, with the same index (with
-    ``ignore_index``, labelled 0, 1, 2... where Dask's labels each piece from 0). On columns
-    (hashed on the workers as Dask hashes them, numbers as float64) and on the index's name
-    (by the column of each row's output Dask adds)."""
+    ``ignore_index``, the task shuffle drops the index, named ``row`` here, where the meta
+    Dask gives this method keeps it: so do we, as P2P does). On columns (hashed on the
+    workers as Dask hashes them, numbers as float64) and on the index's name (by the column of
+    each row's output Dask adds)."""
     df = dd.from_pandas(sample_frame(3000, keys=40), npartitions=8)
     asked = {"npartitions": npartitions, "ignore_index": ignore_index}
     ours = lowered(df.shuffle(on, shuffle_method="gpudirect", **asked))
@@ -63,7 +64,37 @@ def test_the_task_shuffles_partitions(client, on, npartitions, ignore_index):
     got, expected = partitions(client, ours), partitions(client, tasks)
     assert len(got) == npartitions
     for mine, dasks in zip(got, expected, strict=True):
-        assert_frame_equal(mine, dasks.reset_index(drop=True) if ignore_index else dasks)
+        assert mine.index.name == ours._meta.index.name == "row"
+        if ignore_index:
+            mine, dasks = mine.reset_index(drop=True), dasks.reset_index(drop=True)
+        assert_frame_equal(mine, dasks)
+
+
+@pytest.mark.parametrize("index", ["unnamed int", "named", "strings"])
+def test_ignore_index_keeps_the_partitions_as_the_meta_says(client, index):
+    """With ``ignore_index``, computed partitions match the collection's meta, which Dask
+    keeps the index in for every method but its task shuffle: an unnamed integer index is
+    labelled 0, 1, 2... (its labels need not move), any other kept (``reset_index()`` gave an
+    ``index`` column where the meta said ``ix``)."""
+    pdf = sample_frame(600, keys=20).reset_index(drop=True)
+    pdf.index = {
+        "unnamed int": pdf.index * 3,
+        "named": pd.Index(pdf.index * 3, name="ix"),
+        "strings": pdf.index.map(lambda i: f"r{i}"),
+    }[index]
+    df = dd.from_pandas(pdf, npartitions=4)
+    out = df.shuffle("k", npartitions=3, ignore_index=True, shuffle_method="gpudirect")
+    got = partitions(client, lowered(out))
+    for part in got:
+        assert part.index.name == out._meta.index.name
+        assert part.index.dtype == out._meta.index.dtype
+        if index == "unnamed int":
+            assert list(part.index) == list(range(len(part)))
+    both = pd.concat(got)
+    if index != "unnamed int":
+        assert sorted(both.index) == sorted(pdf.index)
+    reset = out.reset_index()
+    assert list(compute(client, reset).columns) == list(reset._meta.columns)
 
 
 def test_a_series_and_an_expression_as_the_task_shuffle_cuts_them(tcp):

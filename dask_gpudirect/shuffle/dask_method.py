@@ -86,13 +86,17 @@ def _asked(method: str | None) -> bool:
 
 def run(shuffle: ShuffleBase, cut: type[HashSplit]) -> Computed:
     """``shuffle``, done now by the workers, each row sent where ``cut`` says: its outputs,
-    computed (with ``ignore_index``, each labelled 0, 1, 2...)."""
-    meta = shuffle.frame._meta
-    if shuffle.ignore_index:
-        meta = meta.reset_index(drop=True)
+    computed. Their index is the one Dask's meta of this method keeps (the task shuffle's alone
+    drops it): with ``ignore_index`` it is labelled 0, 1, 2... (no index bytes move) only
+    where that changes nothing but its values, an unnamed integer index; others travel, as
+    P2P's do (labels 0, 1, 2... under a name and type of another index broke ``reset_index``
+    and the like on the computed partitions)."""
+    meta = shuffle._meta
+    dropped = meta.reset_index(drop=True)
+    index = not (shuffle.ignore_index and _same_type(dropped.index, meta.index))
+    meta = meta if index else dropped
     target = targets.holding(meta)
     npartitions = shuffle.npartitions_out
-    index = not shuffle.ignore_index
     keep_order = target != "device"
     on = list(shuffle._partitioning_index)
     splitter = cut(on, npartitions, target, meta, index, keep_order=keep_order)
@@ -100,6 +104,11 @@ def run(shuffle: ShuffleBase, cut: type[HashSplit]) -> Computed:
     candidates = engines.choose(None, target, meta, index, partitions, keep_order)
     frame = new_collection(shuffle.frame)
     return exchanged(_client(), frame, splitter, meta, candidates)
+
+
+def _same_type(a: Any, b: Any) -> bool:
+    """Whether indexes ``a`` and ``b`` differ in their values alone: name, type, levels."""
+    return a.nlevels == b.nlevels and a.name == b.name and a.dtype == b.dtype
 
 
 def _client() -> Client:
