@@ -647,6 +647,31 @@ def test_a_dictionary_columns_categories_are_unknown_in_meta_as_in_dask(tcp, tmp
     assert sorted(got.c.astype(str)) == sorted(theirs.compute().c.astype(str))
 
 
+def test_integer_categories_pandas_stored_come_back_as_categories(tcp, tmp_path):
+    """pyarrow stores pandas' categorical of integers as plain integers, with pandas' note
+    that it was categorical: Dask reads it as categories by that note, and so do we (it came
+    back int64, so a shuffle on it put rows elsewhere than Dask's)."""
+    pd.DataFrame({"c": pd.Categorical(np.arange(20) % 3), "v": np.arange(20.0)}).to_parquet(
+        tmp_path / "a.parquet"
+    )
+    ours, theirs = dg.read_parquet(tmp_path, client=tcp), dd.read_parquet(tmp_path)
+    assert ours._meta.c.dtype == theirs._meta.c.dtype  # category, its categories unknown
+    got, expected = compute(tcp, ours), theirs.compute()
+    assert got.c.dtype == "category" and got.c.cat.categories.dtype == "int64"
+    pd.testing.assert_frame_equal(got, expected, check_categorical=False)
+    mine = partitions(tcp, dg.shuffle(ours, "c", npartitions=3, client=tcp))
+    dasks = partitions(tcp, theirs.shuffle("c", npartitions=3, shuffle_method="tasks"))
+    assert [len(p) for p in mine] == [len(p) for p in dasks]
+    # an index of them Dask reads as the integers stored, and so do we
+    indexed = tmp_path / "indexed"
+    indexed.mkdir()
+    index = pd.CategoricalIndex([1, 2, 3] * 2, name="ix")
+    pd.DataFrame({"v": np.arange(6.0)}, index=index).to_parquet(indexed / "a.parquet")
+    got = compute(tcp, dg.read_parquet(indexed, client=tcp))
+    pd.testing.assert_frame_equal(got, dd.read_parquet(indexed).compute())
+    assert got.index.dtype == "int64"
+
+
 def test_filters_on_uint64_values_past_int64(tcp, tmp_path):
     """A uint64 column's largest values (past int64's range) filter and prune row groups, where
     pyarrow, given them as plain ints, overflowed (Dask's read fails so too); one past uint64's

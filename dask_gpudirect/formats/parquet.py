@@ -311,11 +311,18 @@ def _pandas_dtypes(metadata: dict[bytes, bytes] | None) -> tuple:
 
 
 def _dictionary_columns(schema: pa.Schema, conversion: Conversion) -> tuple[str, ...]:
-    """The columns that become categories: the dictionary-encoded ones, unless pyarrow-backed
-    columns were asked for (Dask keeps those as pyarrow dictionaries)."""
+    """The columns that become categories: the dictionary-encoded ones and those pandas noted
+    as categorical (pyarrow stores a categorical of integers as plain integers; Dask reads it
+    as categories by that note), unless pyarrow-backed columns were asked for (Dask keeps
+    those as pyarrow dictionaries)."""
     if conversion.dtype_backend == "pyarrow":
         return ()
-    return tuple(f.name for f in schema if pa.types.is_dictionary(f.type))
+    noted = {
+        c.get("field_name", c.get("name"))
+        for c in (schema.pandas_metadata or {}).get("columns", [])
+        if c.get("pandas_type") == "categorical"
+    } - set(_stored_index(schema))  # an index of them Dask reads as the integers stored
+    return tuple(f.name for f in schema if pa.types.is_dictionary(f.type) or f.name in noted)
 
 
 #: A Parquet file ends with its footer's length (4 bytes, little-endian) and the magic ``PAR1``.
