@@ -246,6 +246,22 @@ def test_parquet_string_and_null_hive_folders_in_one_run_match_the_host(cuda_tcp
     assert sorted(got.region.cat.categories) == sorted(want.region.cat.categories)
 
 
+def test_parquet_integer_categories_pandas_noted_match_the_host(cuda_tcp, tmp_path):
+    """A pandas categorical of integers (stored as plain integers, with pandas' note): a
+    category column on the device as on the host target, its categories integers."""
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame({"c": pd.Categorical(np.arange(30) % 4), "v": np.arange(30.0)})
+    frame.to_parquet(tmp_path / "a.parquet")
+    device = dg.read_parquet(str(tmp_path), target="device", client=cuda_tcp)
+    got = compute(cuda_tcp, device).to_pandas()
+    host = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="host", client=cuda_tcp))
+    assert str(device._meta.c.dtype) == str(got.c.dtype) == str(host.c.dtype) == "category"
+    assert got.c.cat.categories.dtype == host.c.cat.categories.dtype == "int64"
+    assert got.c.astype("int64").tolist() == host.c.astype("int64").tolist()
+
+
 # --- binary --------------------------------------------------------------------------------------
 
 
