@@ -996,6 +996,8 @@ def test_worker_lost_while_only_its_stage_is_left():
         ({"on": "row", "ignore_index": True}, "cannot shuffle on the index 'row' with ignore_"),
         ({"on": ["k", "nope"]}, r"columns \['nope'\] are not in"),
         ({"on": []}, "name at least one column"),
+        ({"on": {"k": 1}}, "cannot shuffle on a dict: on= takes column names"),
+        ({"on": [["k"]]}, "cannot shuffle on a list: on= takes column names"),
         ({"on": "k", "npartitions": 0}, "bad npartitions 0"),
         ({"on": "k", "npartitions": -2}, "bad npartitions -2"),
         ({"on": "k", "npartitions": 2.5}, "bad npartitions 2.5"),
@@ -1015,6 +1017,16 @@ def test_bad_shuffle_options(tcp, kwargs, match):
     with pytest.raises(dg.InputError, match=match):
         dg.shuffle(df, client=tcp, **kwargs)
     assert ledger_report.records(tcp).empty
+
+
+@pytest.mark.parametrize("names", [pd.Index(["k"]), np.array(["k"])], ids=["Index", "ndarray"])
+def test_on_takes_names_as_an_index_or_an_array(tcp, names):
+    """``on=df.columns[:1]`` and the like: the names it holds (it raised ``TypeError:
+    unhashable type``)."""
+    pdf = frame(200, keys=7).rename_axis("row")
+    df = dd.from_pandas(pdf, npartitions=2)
+    out = dg.shuffle(df, names, npartitions=3, client=tcp)
+    assert_hash_partitions(partitions(tcp, out), pdf, "k", 3)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import dask
 import dask.array as da
 import dask.dataframe as dd
 import numpy as np
+import pandas as pd
 from dask.dataframe.dask_expr._collection import new_collection
 from dask.dataframe.dask_expr.io.io import FromGraph
 from dask.highlevelgraph import HighLevelGraph
@@ -177,11 +178,13 @@ def exchanged(
 def _keys(df: dd.DataFrame, on: Any) -> list:
     """``on`` as a list of names, each a column of ``df`` or its index's name (as Dask's
     shuffle takes them)."""
+    if isinstance(on, pd.Index | np.ndarray):  # names, as Python values
+        on = on.tolist()
     on = list(on) if isinstance(on, list | tuple) else [on]
     if not on:
         raise InputError(None, "cannot shuffle on []: name at least one column")
     for key in on:
-        if dask.is_dask_collection(key):
+        if dask.is_dask_collection(key) or not isinstance(key, Hashable):
             raise InputError(
                 None,
                 f"cannot shuffle on a {type(key).__name__}: on= takes column names or the "
