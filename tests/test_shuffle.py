@@ -760,18 +760,21 @@ def test_dropping_the_result_frees_it(client):
     assert_released(client, _shuffle_keys_held)
 
 
+@pytest.mark.parametrize("sparse", [True, False], ids=["non-empty", "whole-table"])
 @pytest.mark.parametrize("few", [True, False], ids=["few", "many"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_assembly_segments_list_each_output_in_input_order(monkeypatch, interleaved, few):
+def test_assembly_segments_list_each_output_in_input_order(monkeypatch, interleaved, few, sparse):
     """Pieces joined end to end (each grouped by output, then input) are listed output by
     output, each output's rows in input order, whether the senders' inputs interleave (one
-    worker holds the even partitions) or not; empty segments and empty outputs included, and
-    whether the segments are joined (a small table) or not (more than ``JOINED_SEGMENTS``)."""
+    worker holds the even partitions) or not; empty segments and empty outputs included;
+    whether the segments are joined (a small table) or not (more than ``JOINED_SEGMENTS``),
+    and whether the table is listed whole or by its non-empty cells (``SPARSE_SEGMENTS``)."""
     from dask_gpudirect.shuffle import split
     from dask_gpudirect.shuffle.split import assembly_segments
 
     if not few:
         monkeypatch.setattr(split, "JOINED_SEGMENTS", 0)
+    monkeypatch.setattr(split, "SPARSE_SEGMENTS", 0 if sparse else 10**9)
     outputs = range(10, 16)
     pieces = received_pieces(outputs, inputs=12, interleaved=interleaved, seed=3)
     # (output, input) of each row as the receiver joins them: piece after piece, in order
