@@ -537,6 +537,11 @@ def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
     assert by_x.index.name == "x" and list(by_x.columns) == ["key", "id", "s"]
     assert list(by_x.columns) == list(dd.read_parquet(tmp_path, index="x").columns)
     assert list(compute(tcp, by_x).index) == [k * 0.5 for k in range(100)]
+    # index= naming the stored index itself, as Dask takes it (it raised "Index data must be
+    # 1-dimensional": the column was read twice)
+    by_key = dg.read_parquet(tmp_path, index="key", client=tcp)
+    assert list(by_key.columns) == list(dd.read_parquet(tmp_path, index="key").columns)
+    pd.testing.assert_frame_equal(compute(tcp, by_key), want)
 
     unnamed = tmp_path / "unnamed"
     unnamed.mkdir()
