@@ -553,6 +553,27 @@ def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
         dg.read_parquet(unnamed, index="nope", client=tcp)
 
 
+def test_a_frame_of_an_index_alone_and_one_of_integer_labels(tcp, tmp_path):
+    """pandas writes the column labels' type (``column_indexes``): a frame of an index alone
+    (its labels an empty integer index) failed as pyarrow cast the index's name to int, and
+    one of integer labels (``pd.DataFrame(array)``, which Dask's read fails on) computed no
+    columns at all. Both read, columns by their field names."""
+    alone, numbered = tmp_path / "alone", tmp_path / "numbered"
+    alone.mkdir()
+    numbered.mkdir()
+    pd.DataFrame(index=pd.Index([5, 3, 9, 1], name="k")).to_parquet(alone / "a.parquet")
+    got = compute(tcp, dg.read_parquet(alone, client=tcp))
+    pd.testing.assert_frame_equal(got, dd.read_parquet(alone).compute(), check_column_type=False)
+    assert got.index.tolist() == [5, 3, 9, 1] and got.index.name == "k"
+
+    pd.DataFrame(np.arange(12.0).reshape(4, 3)).to_parquet(numbered / "a.parquet")
+    df = dg.read_parquet(numbered, client=tcp)
+    got = compute(tcp, df)
+    assert list(df.columns) == list(got.columns) == ["0", "1", "2"]
+    assert got.to_numpy().tolist() == np.arange(12.0).reshape(4, 3).tolist()
+    assert compute(tcp, df["1"]).tolist() == [1.0, 4.0, 7.0, 10.0]
+
+
 def test_a_range_index_pandas_stored_as_metadata_comes_back(tcp, tmp_path):
     """pandas 3 keeps ``set_index("key")`` of evenly spaced keys as a RangeIndex in the
     metadata, with no column: each file's labels are rebuilt, per row group, before filters."""

@@ -38,13 +38,17 @@ def _to_pandas(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> pd
     reader sets the index itself, by Dask's rules, on both targets. ``conversion``: the types
     ``dd.read_parquet`` would give (Dask's own ``types_mapper``, so the two agree)."""
     stored = table.schema.pandas_metadata
-    if stored and stored.get("index_columns"):
-        # an unnamed index's column keeps its field name (``__index_level_0__``), not None
+    if stored:
+        # an unnamed index's column keeps its field name (``__index_level_0__``), not None;
+        # the columns keep their field names too, not the labels pandas' ``column_indexes``
+        # makes of them (``0``, ``1``... of ``pd.DataFrame(array)``: the reader selects
+        # columns by field name, and an index alone made pyarrow cast its name to int)
         columns = [
             {**c, "name": c["field_name"]} if c.get("name") is None else c
             for c in stored.get("columns", [])
         ]
-        unindexed = json.dumps({**stored, "index_columns": [], "columns": columns}).encode()
+        kept = {**stored, "index_columns": [], "columns": columns, "column_indexes": []}
+        unindexed = json.dumps(kept).encode()
         table = table.replace_schema_metadata({**table.schema.metadata, b"pandas": unindexed})
     mapper = ArrowDatasetEngine._determine_type_mapper(
         dtype_backend=conversion.dtype_backend, convert_string=conversion.pyarrow_strings

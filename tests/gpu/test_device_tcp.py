@@ -262,6 +262,26 @@ def test_parquet_integer_categories_pandas_noted_match_the_host(cuda_tcp, tmp_pa
     assert got.c.astype("int64").tolist() == host.c.astype("int64").tolist()
 
 
+def test_parquet_index_alone_and_integer_labels_match_the_host(cuda_tcp, tmp_path):
+    """A frame of an index alone and one of integer column labels (columns by their field
+    names): the device gives what the host target gives."""
+    import numpy as np
+    import pandas as pd
+
+    alone, numbered = tmp_path / "alone", tmp_path / "numbered"
+    alone.mkdir()
+    numbered.mkdir()
+    pd.DataFrame(index=pd.Index([5, 3, 9, 1], name="k")).to_parquet(alone / "a.parquet")
+    pd.DataFrame(np.arange(12.0).reshape(4, 3)).to_parquet(numbered / "a.parquet")
+    for path in (alone, numbered):
+        device = dg.read_parquet(str(path), target="device", client=cuda_tcp)
+        got = compute(cuda_tcp, device).to_pandas()
+        host = compute(cuda_tcp, dg.read_parquet(str(path), target="host", client=cuda_tcp))
+        assert list(device.columns) == list(got.columns) == list(host.columns)
+        assert got.index.tolist() == host.index.tolist() and got.index.name == host.index.name
+        assert got.to_numpy().tolist() == host.to_numpy().tolist()
+
+
 # --- binary --------------------------------------------------------------------------------------
 
 
