@@ -15,6 +15,8 @@ import numbers
 import operator
 from typing import Any
 
+import numpy as np
+
 from .errors import InputError
 
 COMPARE = {
@@ -134,8 +136,6 @@ def to_expression(filters: Filters | None, schema: Any = None) -> Any:
 
 def _has_float(value: Any) -> bool:
     """Whether ``value`` (or one of a list of values) is a float: Python's or NumPy's."""
-    import numpy as np
-
     values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
     return any(isinstance(v, (float, np.floating)) for v in values)
 
@@ -203,7 +203,11 @@ def apply(frame: Any, filters: Filters | None) -> Any:
 def _compared(series: Any, op: str, value: Any, column: str) -> Any:
     """``series op value``, where a null never matches. A value the decoded column cannot be
     compared with (a ``Timestamp`` with pandas' ``datetime.date`` objects, say, which the
-    footer's statistics took) is an InputError naming no file: the caller knows it."""
+    footer's statistics took) is an InputError naming no file: the caller knows it. A
+    category column is ordered by its values, as pyarrow orders a dictionary's (pandas
+    orders only an ordered categorical, and by its categories' order)."""
+    if op not in ("=", "==", "!=") and str(series.dtype) == "category":
+        series = series.astype(series.cat.categories.dtype)
     try:
         term = COMPARE[op](series, value)
     except TypeError as exc:
@@ -216,7 +220,10 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
 def _isin(series: Any, values: Any) -> Any:
     """pyarrow's ``is_in`` on a pandas or cuDF series: a null is in ``values`` iff None is."""
     values = list(values)
-    found = series.isin([v for v in values if v is not None]).fillna(False).astype(bool)
+    wanted: Any = [v for v in values if v is not None]
+    if any(isinstance(v, bytes) for v in wanted):  # not NumPy bytes, which drop trailing NULs
+        wanted = np.array(wanted, dtype=object)
+    found = series.isin(wanted).fillna(False).astype(bool)
     if any(v is None for v in values):
         return found | series.isna()
     return found & series.notna()

@@ -302,6 +302,31 @@ def test_filters_on_uint64_past_int64_and_on_a_file_of_nulls(client, tmp_path, f
     assert sorted(got["u"].tolist()) == sorted(frame[mask]["u"].tolist())
 
 
+BYTES_AND_CATEGORY_FILTERS = [
+    [("c", "<", "v")], [("c", ">=", "v")], [("c", "==", "v")],
+    [("b", "in", [b"ab\x00"])], [("b", "in", [b"\x00\x00", b"zz"])],
+    [("b", "not in", [b"ab\x00"])], [("f", "in", [b"\x00" * 4, b"<<<<"])],
+    [("f", "not in", [b"ab\x00\x00"])],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("filters", BYTES_AND_CATEGORY_FILTERS, ids=str)
+def test_filters_on_categories_and_bytes_keep_the_rows_dask_keeps(client, tmp_path, filters):
+    """An order filter on a dictionary-encoded column compares its values, as pyarrow does
+    (pandas refused: "Unordered Categoricals can only compare equality"); ``in`` on bytes
+    ending in NULs matches them whole (a list of bytes became NumPy's, which drops them)."""
+    table = pa.table({
+        "c": pa.array(["u", "v", "w", "u"]).dictionary_encode(),
+        "b": pa.array([b"ab\x00", b"ab", b"\x00\x00", b"zz"], pa.binary()),
+        "f": pa.array([b"\x00" * 4, b"<<<<", b"ab\x00\x00", b"abcd"], pa.binary(4)),
+        "id": [0, 1, 2, 3],
+    })  # fmt: skip
+    write(tmp_path / "a.parquet", table)
+    got = read(client, str(tmp_path), filters=filters)
+    expected = dd.read_parquet(tmp_path, filters=filters).compute()
+    assert sorted(got["id"].tolist()) == sorted(expected["id"].tolist())
+
+
 @pytest.mark.parametrize("filters", NULL_FILTERS)
 def test_null_filters_as_dask(client, tmp_path, filters):
     """Dask's null test: ``(column, "is", None)`` keeps the nulls, and a float column's NaNs
