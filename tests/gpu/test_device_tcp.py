@@ -92,6 +92,7 @@ FILTERS = {
     "or": [[("s", "==", "s1-x")], [("i32", "<", -495)]],
     "in": [("i32", "in", [1, 2, 3, -500]), ("f", "!=", 0.25)],
     "category": [("cat", "==", "red"), ("i", ">=", 4000)],
+    "category-order": [("cat", ">=", "green"), ("i", "<", 6000)],  # by the values, as pyarrow
     "not-in": [("s", "not in", ["s0-", "s2-xx"]), ("i", "<", 3000)],
     "timestamp": [("ts", ">=", datetime.datetime(2024, 1, 1, 1, 0, 0)), ("i", "<", 5000)],
 }
