@@ -10,12 +10,15 @@ keep no row.
 
 from __future__ import annotations
 
+import datetime
 import functools
+import math
 import numbers
 import operator
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .errors import InputError
 
@@ -30,6 +33,7 @@ COMPARE = {
 }
 OPERATORS = frozenset(COMPARE) | {"in", "not in", "is", "is not"}
 KEEP_NULLS = frozenset({"!=", "not in"})  # Dask keeps the nulls these leave undecided
+_TIMES = (datetime.datetime, np.datetime64)  # pd.Timestamp is a datetime
 
 Filters = list[list[tuple[str, str, Any]]]
 
@@ -86,15 +90,19 @@ def columns_of(filters: Filters | None) -> list[str]:
 
 def to_expression(filters: Filters | None, schema: Any = None) -> Any:
     """The pyarrow expression for ``filters``, used to prune a file's row groups by their
-    statistics; ``schema``: that file's (a ``pa.Schema``). Its floating-point columns' NaNs
-    ``"is"``, ``!=`` and ``not in`` keep but no statistic counts (a row group without nulls may
-    hold them), so these prune nothing there (Dask's own pruning drops such a group's NaNs, and
-    so keeps a NaN in one row group and not in another). Its integer columns compare with a
-    float value as doubles (pyarrow casts their statistics to float32 for it, and fails past
-    2**24: a float filter on a column other files store as double is the one a user writes),
-    its unsigned ones with an int as uint64 (pyarrow casts a uint64 statistic past int64's range
-    to int64 for an int, and fails), and a column of nulls alone in this file decides each term
-    on it without statistics: ``"is"``, ``!=`` and ``not in`` keep its rows, others none."""
+    statistics; ``schema``: that file's (a ``pa.Schema``). It may keep more rows than the
+    filter (the exact one, :func:`apply`, runs after), never fewer. So a term no statistic
+    decides prunes nothing: ``"is"``, ``!=``, ``not in`` and ``in`` with None on floats (a NaN
+    counts as null and no statistic counts NaNs; Dask's own pruning drops a group's NaNs), a
+    float16 column (pyarrow has no kernel for it), a time with nanoseconds (pyarrow's scalar
+    drops them) and a float past 2**53 on integers (pandas rounds the column to compare). An
+    integer column compares with a float below it as with the whole numbers it means (``x <
+    2.5`` as ``x < 3``: pyarrow cast the statistics to float32 and failed past 2**24), an
+    unsigned one with an int as uint64 (pyarrow casts a uint64 statistic past int64's range to
+    int64 for an int, and fails), ``in`` and ``not in`` take None apart (pyarrow types a list
+    of None alone, or none, as null), and a column of nulls alone in this file decides each
+    term on it without statistics: ``"is"``, ``!=`` and ``not in`` keep its rows, others none.
+    """
     if filters is None:
         return None
     import pyarrow as pa
@@ -106,26 +114,47 @@ def to_expression(filters: Filters | None, schema: Any = None) -> Any:
     integers = {c for c, t in types.items() if pa.types.is_integer(t)}
     unsigned = {c for c, t in types.items() if pa.types.is_unsigned_integer(t)}
     nulls = {c for c, t in types.items() if pa.types.is_null(t)}
+    times = {c for c, t in types.items() if pa.types.is_timestamp(t)}
+    # pyarrow has no kernel to compare float16 with
+    unpruned = {c for c, t in types.items() if pa.types.is_float16(t)}
 
     def term(column: str, op: str, value: Any) -> Any:
         if column in nulls:
             return ds.scalar(op == "is" or op in KEEP_NULLS)
-        if column in floats and (op == "is" or op in KEEP_NULLS):
+        values = list(value) if op in ("in", "not in") else [value]
+        present = [v for v in values if v is not None]
+        with_null = len(present) < len(values)
+        if (
+            column in unpruned
+            or (column in floats and (op == "is" or op in KEEP_NULLS or with_null))
+            or (column in times and any(map(_has_nanoseconds, present)))
+            or (column in integers and any(_unsure_as_int(v) for v in present))
+        ):  # no statistic says (a NaN counted as null; nanoseconds pyarrow drops): keep all
             return ds.scalar(True)
         null = ds.field(column).is_null(nan_is_null=True)
         if op in ("is", "is not"):  # pyarrow's DNF has no null test
             return null if op == "is" else ~null
+        if column in integers and _has_float(present):
+            # whole numbers as they compare with the float (below 2**53: as pandas does)
+            op, present = _as_integers(op, present)
+            value = present if op in ("in", "not in") else present[0]
         try:
-            if column in integers and _has_float(value):
-                # rounded past 2**53, as pandas compares them (the exact filter does the same)
-                compared = _as_doubles(ds.field(column).cast(pa.float64(), safe=False), op, value)
+            if op in ("in", "not in") and not present:
+                compared = ds.scalar(False)  # no value but None: pyarrow types [] as null
             else:
-                typed = _as_uint64(value) if column in unsigned else _past_int64(value)
-                compared = pq.filters_to_expression([[(column, op, typed)]])
+                listed = present if op in ("in", "not in") else value
+                typed = _as_uint64(listed) if column in unsigned else _past_int64(listed)
+                compared = pq.filters_to_expression(
+                    [[(column, "in" if op == "not in" else op, typed)]]
+                )
         except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
             raise InputError(
                 None, f"filter {(column, op, value)!r}: pyarrow takes no such value: {exc}"
             ) from None
+        if op == "in":
+            return compared | null if with_null else compared
+        if op == "not in":
+            return null | ~compared
         return null | compared if op in KEEP_NULLS else compared
 
     return functools.reduce(
@@ -140,12 +169,35 @@ def _has_float(value: Any) -> bool:
     return any(isinstance(v, (float, np.floating)) for v in values)
 
 
-def _as_doubles(field: Any, op: str, value: Any) -> Any:
-    """``field op value``, ``field`` an expression of doubles."""
+def _unsure_as_int(value: Any) -> bool:
+    """Whether an integer column's statistics cannot decide a comparison with ``value``: a
+    float past 2**53 (pandas rounds the column's values to compare them with it)."""
+    return isinstance(value, (float, np.floating)) and not abs(float(value)) < 2**53
+
+
+def _as_integers(op: str, values: list) -> tuple[str, list]:
+    """``op`` and ``values`` (numbers below 2**53, a float among them) as an integer column
+    compares with them: ``x < 2.5`` is ``x < 3``, ``x == 2.5`` and ``x in [2.5]`` hold for
+    none (``x != 2.5`` for all), pyarrow's cast of its statistics to floats aside (float32:
+    it failed past 2**24)."""
+    whole = [int(v) for v in values if float(v).is_integer()]
     if op in ("in", "not in"):
-        found = field.isin([None if v is None else float(v) for v in value])
-        return ~found if op == "not in" else found
-    return COMPARE[op](field, float(value))
+        return op, whole
+    value = float(values[0])
+    if op in ("=", "==", "!="):
+        if whole:
+            return op, whole
+        return ("in" if op != "!=" else "not in"), []  # nothing equals it
+    bound = {"<": math.ceil, ">=": math.ceil, "<=": math.floor, ">": math.floor}[op](value)
+    return op, [bound]
+
+
+def _has_nanoseconds(value: Any) -> bool:
+    """Whether ``value`` is a time with nanoseconds, which pyarrow drops when it types it."""
+    try:
+        return bool(pd.Timestamp(value).nanosecond) if isinstance(value, _TIMES) else False
+    except (ValueError, TypeError):
+        return False
 
 
 def _as_uint64(value: Any) -> Any:
@@ -208,6 +260,17 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
     orders only an ordered categorical, and by its categories' order)."""
     if op not in ("=", "==", "!=") and str(series.dtype) == "category":
         series = series.astype(series.cat.categories.dtype)
+    if _inexact_int(series, value):
+        # no float equals it; the nearest floats below and above it bound it exactly (NumPy
+        # would round it to one of them: 2**53 + 1 compared as 2**53)
+        below, above = np.nextafter(float(value), -np.inf), np.nextafter(float(value), np.inf)
+        if float(value) > value:
+            above = float(value)
+        else:
+            below = float(value)
+        if op in ("=", "==", "!="):
+            return series.notna() & (op == "!=")
+        op, value = ("<=", below) if op in ("<", "<=") else (">=", above)
     try:
         term = COMPARE[op](series, value)
     except TypeError as exc:
@@ -220,13 +283,21 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
 def _isin(series: Any, values: Any) -> Any:
     """pyarrow's ``is_in`` on a pandas or cuDF series: a null is in ``values`` iff None is."""
     values = list(values)
-    wanted: Any = [v for v in values if v is not None]
+    wanted: Any = [v for v in values if v is not None and not _inexact_int(series, v)]
     if any(isinstance(v, bytes) for v in wanted):  # not NumPy bytes, which drop trailing NULs
         wanted = np.array(wanted, dtype=object)
     found = series.isin(wanted).fillna(False).astype(bool)
     if any(v is None for v in values):
         return found | series.isna()
     return found & series.notna()
+
+
+def _inexact_int(series: Any, value: Any) -> bool:
+    """Whether ``value`` is an integer that a float ``series`` (an integer column that holds
+    a null, decoded as float64) holds no float equal to: past 2**53, between two floats."""
+    if series.dtype.kind != "f" or not isinstance(value, numbers.Integral | np.integer):
+        return False
+    return not isinstance(value, bool) and int(float(value)) != int(value)
 
 
 def _null(value: Any) -> bool:

@@ -327,6 +327,75 @@ def test_filters_on_categories_and_bytes_keep_the_rows_dask_keeps(client, tmp_pa
     assert sorted(got["id"].tolist()) == sorted(expected["id"].tolist())
 
 
+def _groups(*tables: dict, **types) -> list:
+    """Row groups of one file: ``id`` and the columns of each dict, typed by ``types``."""
+    return [pa.table({c: pa.array(v, types.get(c)) for c, v in t.items()}) for t in tables]
+
+
+NANO = pd.Timestamp("2020-01-01 00:00:00.000000001")
+BIG = 2**53 + 1
+NAN = float("nan")
+EDGE_FILTERS = {  # row groups, filters, the ids Dask's rules keep
+    "int past 2**53 with a null": (
+        _groups({"id": [0, 1, 2], "x": [2**53, 2**53 + 2, None]}, x=pa.int64()),
+        [([("x", "==", BIG)], []), ([("x", "!=", BIG)], [0, 1, 2]), ([("x", "<", BIG)], [0]),
+         ([("x", ">=", BIG)], [1]), ([("x", "in", [BIG])], []),
+         ([("x", "not in", [BIG])], [0, 1, 2])],
+    ),
+    "nanoseconds": (
+        _groups({"id": [0], "t": [pd.Timestamp("2020-01-01")]},
+                {"id": [1], "t": [pd.Timestamp("2020-01-02")]}, t=pa.timestamp("ns")),
+        [([("t", "<", NANO)], [0]), ([("t", "!=", NANO)], [0, 1]),
+         ([("t", "not in", [NANO])], [0, 1])],
+    ),
+    "float in None": (
+        _groups({"id": [0, 1], "f": [NAN, 1.0]}, {"id": [2, 3], "f": [NAN, None]}),
+        [([("f", "in", [None])], [0, 2, 3])],  # a NaN counts as null, as in "is"
+    ),
+    "None and empty lists": (
+        _groups({"id": [0, 1], "s": ["a", None], "d": ["a", None]},
+                d=pa.dictionary(pa.int32(), pa.string())),
+        [([("s", "in", [None])], [1]), ([("s", "not in", [])], [0, 1]),
+         ([("d", "not in", [None])], [0, 1]), ([("d", "in", [])], [])],
+    ),
+    "float16": (
+        _groups({"id": [0, 1], "h": np.array([0.5, 2.0], np.float16)}),
+        [([("h", ">", 1.0)], [1]), ([("h", "==", 0.5)], [0]), ([("h", "in", [0.5])], [0])],
+    ),
+    "floats on int statistics past 2**53": (
+        _groups({"id": [0, 1], "x": [-(2**62), 0]}, x=pa.int64()),
+        [([("x", "<", 1.5)], [0, 1]), ([("x", "==", 0.0)], [1]), ([("x", "in", [0.0])], [1]),
+         ([("x", ">", -0.5)], [1]), ([("x", "==", 0.5)], []), ([("x", "!=", 0.5)], [0, 1])],
+    ),
+    "uint64 with None": (
+        _groups({"id": [0, 1, 2], "u": [2**63, 5, None]}, u=pa.uint64()),
+        [([("u", "in", [2**63])], [0]), ([("u", "in", [2**63, None])], [0, 2]),
+         ([("u", "not in", [2**63, None])], [1, 2])],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(EDGE_FILTERS))
+def test_filters_at_the_edges_of_types_keep_the_same_rows_however_cut(tcp, tmp_path, case):
+    """Filters decide each row as Dask's rules say, and row-group pruning never drops a row
+    the filter keeps, whether row groups are read apart or together: an int past 2**53 on a
+    column pandas decodes as float64 (it was rounded), a time with nanoseconds (pyarrow's
+    scalar dropped them and pruned a kept group), ``in [None]`` on floats (a NaN counts as
+    null; pruning dropped groups of NaNs), None or an empty list (refused: a null-typed value
+    set), float16 (refused: no kernel), floats on int statistics past 2**53 (refused: not in
+    range) and a uint64 list with None (refused: overflow)."""
+    groups, cases = EDGE_FILTERS[case]
+    with pq.ParquetWriter(tmp_path / "a.parquet", groups[0].schema) as writer:
+        for group in groups:
+            writer.write_table(group)
+    for filters, ids in cases:
+        for split in ("infer", True):
+            df = dg.read_parquet(tmp_path, filters=filters, split_row_groups=split, client=tcp)
+            got = compute(tcp, df)
+            assert sorted(got["id"].tolist()) == ids, (filters, split)
+            assert len(df) == len(ids)
+
+
 @pytest.mark.parametrize("filters", NULL_FILTERS)
 def test_null_filters_as_dask(client, tmp_path, filters):
     """Dask's null test: ``(column, "is", None)`` keeps the nulls, and a float column's NaNs
