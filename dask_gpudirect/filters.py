@@ -295,9 +295,10 @@ def _isin(series: Any, values: Any) -> Any:
 def _inexact_int(series: Any, value: Any) -> bool:
     """Whether ``value`` is an integer that a float ``series`` (an integer column that holds
     a null, decoded as float64) holds no float equal to: past 2**53, between two floats."""
-    if series.dtype.kind != "f" or not isinstance(value, numbers.Integral | np.integer):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral | np.integer):
         return False
-    return not isinstance(value, bool) and int(float(value)) != int(value)
+    # cuDF's categorical and decimal types have no NumPy kind
+    return getattr(series.dtype, "kind", None) == "f" and int(float(value)) != int(value)
 
 
 def _null(value: Any) -> bool:
