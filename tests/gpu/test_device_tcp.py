@@ -11,6 +11,7 @@ import os
 
 import gpu_helpers as h
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -281,6 +282,34 @@ def test_parquet_index_alone_and_integer_labels_match_the_host(cuda_tcp, tmp_pat
         assert list(device.columns) == list(got.columns) == list(host.columns)
         assert got.index.tolist() == host.index.tolist() and got.index.name == host.index.name
         assert got.to_numpy().tolist() == host.to_numpy().tolist()
+
+
+def test_parquet_filters_at_the_edges_of_types_match_the_host(cuda_tcp, tmp_path):
+    """Filters on an int column past 2**53 with a null, floats on int statistics, None and
+    empty lists, a time with nanoseconds: the device keeps the rows the host target keeps
+    (tests/test_parquet.py checks those against Dask's rules)."""
+    import pandas as pd
+
+    nano = pd.Timestamp("2020-01-01 00:00:00.000000001")
+    big = 2**53 + 1
+    table = pa.table({
+        "id": [0, 1, 2, 3],
+        "x": pa.array([2**53, 2**53 + 2, None, -(2**62)], pa.int64()),
+        "s": pa.array(["a", None, "b", "a"]).dictionary_encode(),
+        "t": pa.array([pd.Timestamp("2020-01-01")] * 2 + [pd.Timestamp("2020-01-02")] * 2,
+                      pa.timestamp("ns")),
+    })  # fmt: skip
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=2)
+    cases = [
+        [("x", "==", big)], [("x", "!=", big)], [("x", "<", big)], [("x", "in", [big])],
+        [("x", "<", 1.5)], [("x", "==", 0.5)], [("s", "in", [None])], [("s", "not in", [])],
+        [("s", ">=", "b")], [("t", "<", nano)], [("t", "!=", nano)],
+    ]  # fmt: skip
+    for filters in cases:
+        args = dict(filters=filters, client=cuda_tcp)
+        device = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="device", **args))
+        host = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="host", **args))
+        assert sorted(device["id"].to_pandas()) == sorted(host["id"]), filters
 
 
 # --- binary --------------------------------------------------------------------------------------
