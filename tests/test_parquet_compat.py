@@ -673,6 +673,24 @@ def test_a_dictionary_columns_categories_are_unknown_in_meta_as_in_dask(tcp, tmp
     assert sorted(got.c.astype(str)) == sorted(theirs.compute().c.astype(str))
 
 
+def test_a_row_group_of_a_dictionary_of_nulls_alone_joins_the_others(tcp, tmp_path):
+    """A row group whose dictionary column holds nulls alone, read as a partition of its own:
+    its (empty) categories are strings as the others' are, so the partitions concatenate
+    (Dask's read with split_row_groups=True fails: "dtype of categories must be the same")."""
+    first = pa.table({"id": [0, 1], "c": pa.array(["x", "y"]).dictionary_encode()})
+    nulls = pa.table({"id": [2, 3], "c": pa.array([None, None], pa.string()).dictionary_encode()})
+    with pq.ParquetWriter(tmp_path / "a.parquet", first.schema) as writer:
+        writer.write_table(first)
+        writer.write_table(nulls)
+    df = dg.read_parquet(tmp_path, split_row_groups=True, client=tcp)
+    parts = partitions(tcp, df)
+    assert len(parts) == 2
+    assert parts[0].c.cat.categories.dtype == parts[1].c.cat.categories.dtype
+    got = compute(tcp, df)
+    assert got.c.dtype == "category" and got.c.astype(object).tolist()[:2] == ["x", "y"]
+    assert got.c.isna().tolist() == [False, False, True, True]
+
+
 def test_integer_categories_pandas_stored_come_back_as_categories(tcp, tmp_path):
     """pyarrow stores pandas' categorical of integers as plain integers, with pandas' note
     that it was categorical: Dask reads it as categories by that note, and so do we (it came

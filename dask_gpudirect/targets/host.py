@@ -53,7 +53,16 @@ def _to_pandas(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> pd
     mapper = ArrowDatasetEngine._determine_type_mapper(
         dtype_backend=conversion.dtype_backend, convert_string=conversion.pyarrow_strings
     )
-    return table.to_pandas(types_mapper=mapper)
+    frame = table.to_pandas(types_mapper=mapper)
+    for field in table.schema if frame.columns.is_unique else ():
+        column = frame.get(field.name)
+        if column is None or not isinstance(column.dtype, pd.CategoricalDtype):
+            continue
+        if not len(column.cat.categories):  # a dictionary of nulls alone: categories typed as
+            # pyarrow types those of any other (as objects, they could not be concatenated)
+            typed = pd.Index(pa.array([], field.type.value_type).to_pandas())
+            frame[field.name] = column.cat.set_categories(typed)
+    return frame
 
 
 def concat_frames(
