@@ -261,16 +261,15 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
     if op not in ("=", "==", "!=") and str(series.dtype) == "category":
         series = series.astype(series.cat.categories.dtype)
     if _inexact_int(series, value):
-        # no float equals it; the nearest floats below and above it bound it exactly (NumPy
+        # no float equals it; the nearest float below or above it bounds it exactly (NumPy
         # would round it to one of them: 2**53 + 1 compared as 2**53)
-        below, above = np.nextafter(float(value), -np.inf), np.nextafter(float(value), np.inf)
-        if float(value) > value:
-            above = float(value)
-        else:
-            below = float(value)
         if op in ("=", "==", "!="):
             return series.notna() & (op == "!=")
-        op, value = ("<=", below) if op in ("<", "<=") else (">=", above)
+        nearest = float(value)  # on one side of it
+        if op in ("<", "<="):
+            op, value = "<=", nearest if nearest < value else np.nextafter(nearest, -np.inf)
+        else:
+            op, value = ">=", nearest if nearest > value else np.nextafter(nearest, np.inf)
     try:
         term = COMPARE[op](series, value)
     except TypeError as exc:

@@ -626,8 +626,9 @@ def plan(
         raise InputError(files[0], f"hive partition key(s) {clash} are also columns of the file")
     # index=False or another column: the columns pandas stored its index in come first, as
     # Dask puts them
-    stored = [n for n in _stored_index(schema) if n in schema.names and n != key]
-    stored = stored if index is not None else []
+    stored = []
+    if index is not None:
+        stored = [n for n in _stored_index(schema) if n in schema.names and n != key]
     available = stored + [n for n in schema.names + folders if n != key and n not in stored]
     if columns is None:
         # an unnamed index read as no index is dropped, as Dask drops it; asked for, it is kept

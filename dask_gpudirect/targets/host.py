@@ -54,10 +54,11 @@ def _to_pandas(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> pd
         dtype_backend=conversion.dtype_backend, convert_string=conversion.pyarrow_strings
     )
     frame = table.to_pandas(types_mapper=mapper)
-    for field in table.schema if frame.columns.is_unique else ():
+    dictionaries = [f for f in table.schema if pa.types.is_dictionary(f.type)]
+    for field in dictionaries if frame.columns.is_unique else ():
         column = frame.get(field.name)
         if column is None or not isinstance(column.dtype, pd.CategoricalDtype):
-            continue
+            continue  # pyarrow-backed, or an index's
         if not len(column.cat.categories):  # a dictionary of nulls alone: categories typed as
             # pyarrow types those of any other (as objects, they could not be concatenated)
             typed = pd.Index(pa.array([], field.type.value_type).to_pandas())
