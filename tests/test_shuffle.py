@@ -346,11 +346,17 @@ def test_empty_frame(client):
 @pytest.mark.parametrize("method", ["dg.shuffle", "shuffle_method"])
 def test_outputs_of_no_rows_hold_no_unknown_categories_placeholder(client, method):
     """A categorical whose categories Dask does not know (``cat.as_unknown()``, a Parquet
-    read's): outputs no row goes to still hold only the data's categories, as Dask's task
-    shuffle's do, not the placeholder Dask's meta carries (a group-by with ``observed=False``
-    then counted a category ``__UNKNOWN_CATEGORIES__``)."""
+    read's): outputs no row goes to hold the data's categories, as Dask's task shuffle's do
+    (a zero-row slice of an input), not the placeholder Dask's meta carries (a group-by with
+    ``observed=False`` then counted a category ``__UNKNOWN_CATEGORIES__``), nor none at all
+    (a group-by of each output with ``observed=False`` then lost the categories' rows of 0).
+    An input on each worker: the worker that gets no row still holds rows of its own."""
     pdf = pd.DataFrame({"k": [7] * 20, "c": pd.Categorical(["x", "y"] * 10)})
-    df = dd.from_pandas(pdf, npartitions=2).assign(c=lambda d: d.c.cat.as_unknown())
+    workers = sorted(client.nthreads())
+    halves = [pdf.iloc[:10], pdf.iloc[10:]]
+    futures = [client.scatter(half, workers=[w]) for half, w in zip(halves, workers, strict=True)]
+    df = dd.from_delayed(futures, meta=pdf.iloc[:0], verify_meta=False)
+    df = df.assign(c=df.c.cat.as_unknown())
     if method == "dg.shuffle":
         out = dg.shuffle(df, "k", npartitions=4, client=client)
     else:
@@ -358,7 +364,9 @@ def test_outputs_of_no_rows_hold_no_unknown_categories_placeholder(client, metho
     parts = partitions(client, out)
     assert sum(p.empty for p in parts) == 3  # one key: one output gets every row
     for part in parts:
-        assert set(part["c"].cat.categories) <= {"x", "y"}
+        assert list(part["c"].cat.categories) == ["x", "y"]
+    counted = out.map_partitions(lambda p: p.groupby("c", observed=False).size())
+    assert len(compute(client, counted)) == 2 * 4  # each category in each output, as Dask's
     sizes = compute(client, out.groupby("c", observed=False).size())
     assert sizes.to_dict() == {"x": 10, "y": 10}
 

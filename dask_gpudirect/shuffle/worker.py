@@ -162,7 +162,7 @@ class ShuffleRun:
             self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
 
     def outputs(
-        self, exchange: Exchange, groups: list[range], clock: Phases
+        self, exchange: Exchange, groups: list[range], clock: Phases, empty: Any = None
     ) -> Iterator[dict[int, Any]]:
         """Build our outputs one of ``groups`` at a time, from the pieces that arrived for it:
         the splitter's outputs, each output's rows in input order (so the same shuffle gives
@@ -172,7 +172,9 @@ class ShuffleRun:
         for group, outputs in enumerate(groups):
             received = self.received.pop(group, {})
             if not received:
-                yield {j: splitter.meta for j in outputs}
+                # no rows: like this worker's own split rows (their categories and types, as
+                # the task shuffle's empty outputs hold the data's), else like the meta
+                yield {j: splitter.meta if empty is None else empty for j in outputs}
                 continue
             firsts = sorted(received)
             with clock("take pieces"):  # back from host or disk where spilled
@@ -604,7 +606,10 @@ class ShuffleService:
         """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
         me = self.worker.address
         groups = {w: exchange.groups_of(w) for w in exchange.participants}
+        empty = None  # no rows of this worker's first split chunk: what an empty output holds
         for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, run, clock):
+            if empty is None:
+                empty = exchange.splitter.rows(ordered, 0, 0).copy()  # not a view of it all
             with clock("send"):  # waits while max-in-flight bytes are on the wire
                 for dest, runs in groups.items():
                     pieces = [
@@ -622,7 +627,7 @@ class ShuffleService:
         with clock("wait for peers"):
             self.on_loop(run.finish, exchange)
         built = 0
-        for outputs in run.outputs(exchange, groups[me], clock):  # a group at a time
+        for outputs in run.outputs(exchange, groups[me], clock, empty):  # a group at a time
             built += self.hand_over(exchange, outputs, clock)
         return built
 
