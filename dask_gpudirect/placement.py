@@ -6,7 +6,7 @@ is deterministic, so the same inputs and workers give the same placement. Becaus
 drops annotations and fuses tasks, the placement travels inside the shard itself, and
 :class:`PlacementPlugin` finds shards in incoming tasks (fused or not) and restricts each task
 to its worker. The restriction is strict while that worker lives (work stealing would otherwise
-hand a busy worker's shards to an idle one that may not see the file) and loosened when it
+hand a busy worker's shards to an idle one that may not see the file) and dropped when it
 leaves: then any worker may run it, and the read says why it ran there. A task that arrives
 while its worker retires (``closing_gracefully``, where ``retire_workers`` may keep it for
 good) is not restricted at all.
@@ -242,12 +242,14 @@ class PlacementPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         """The shards placed on ``worker`` may now run anywhere (other tasks restricted to it
         keep their restriction): those the scheduler has already found no worker for are sent
-        back to be scheduled again."""
+        back to be scheduled again. Dropped, not loosened: a task in ``no-worker`` is taken up
+        when a worker joins by its valid workers alone, so a read loosened to a gone worker
+        that found none running (the only one, or all, died) would wait for ever."""
         again: dict[Key, TaskStateState] = {}
         for ts in scheduler.tasks.values():
             mine = ts.worker_restrictions == {worker} and ts.run_spec is not None
             if mine and not ts.loose_restrictions and _shard_of(ts.run_spec) is not None:
-                ts.loose_restrictions = True
+                ts.worker_restrictions = None
                 if ts.state == "no-worker":
                     again[ts.key] = "waiting"
         if again:

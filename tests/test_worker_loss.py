@@ -2,7 +2,7 @@
 
 A test plugin on one worker ends its process (``os._exit``) the moment that worker starts a
 loading task: a real worker death mid-load, not a mock. The loading tasks are restricted to their
-worker while it lives (work stealing must not move them) and loosened once it has left, so the
+worker while it lives (work stealing must not move them) and unrestricted once it has left, so the
 scheduler hands the lost shards to workers that can read them, and the result is complete.
 """
 
@@ -56,6 +56,22 @@ def test_shards_of_a_worker_that_died_are_read_by_the_others(tmp_path):
         client.wait_for_workers(
             2, timeout=300
         )  # the nanny's restart, done before the cluster closes
+
+
+def test_shards_of_the_only_worker_that_died_are_read_by_its_restart(tmp_path):
+    """The only worker dies mid-read (as under the nanny's or the kernel's memory kill): the
+    read waits in ``no-worker`` until the nanny's restart joins, which reads it. Loosened to the
+    gone worker, the reads were never given to the new one (the scheduler takes up a task in
+    ``no-worker`` by its valid workers alone): the compute waited for ever."""
+    expected = np.arange(60_000, dtype=np.int64)
+    np.save(tmp_path / "x.npy", expected)
+    with start_cluster("tcp", n_workers=1, threads=1) as cluster, Client(cluster) as client:
+        arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=client)
+        (victim,) = client.nthreads()
+        client.run(_add_plugin, workers=[victim])  # not kept: the restarted worker lives
+        np.testing.assert_array_equal(client.compute(arr).result(timeout=HANG_GUARD), expected)
+        (reader,) = client.nthreads()
+        assert reader != victim  # read by the restart
 
 
 def test_shards_of_a_retiring_worker_are_read_by_the_others(tmp_path):
