@@ -324,6 +324,9 @@ class HostTarget(Target):
                 rgs, columns = list(part.row_groups), list(part.read_columns)
                 table = _cast(file.read_row_groups(rgs, columns=columns), part.casts)
                 tables.append(table if part.pandas is None else _with_pandas(table, part.pandas))
+            # the raw bytes are not held through the next shard's read and the conversion to
+            # pandas (a row group of 1 GB peaked 30 % above Dask's read): the table owns its own
+            del file, buffer
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         return _to_pandas(table, shards[0].part.conversion)
 
