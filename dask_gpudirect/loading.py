@@ -40,7 +40,7 @@ def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
     or a selection Dask's optimizer pushed into the read, whose column chunks alone are read.
     Required, so that ``from_map`` passes it always: an optional one it leaves out for an empty
     selection (``df[[]]``), and every column would come back."""
-    shards = tuple(parquet.projected(shard, columns) for shard in shards)
+    shards = tuple(parquet.projected(shard, columns, reading=True) for shard in shards)
     plugin = current_plugin()
     grouped = parquet.runs(shards)
     with plugin.target(shards[0].target).used() as target:

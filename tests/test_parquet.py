@@ -534,19 +534,40 @@ def test_a_selection_after_the_read_reads_only_its_columns(tcp, tmp_path):
     assert_frame_equal(labels, full[[]])
 
 
-def test_a_selection_of_a_shard_of_too_many_chunks_to_list_decodes_only_its_columns(tcp, tmp_path):
-    """A shard of more column chunks than it lists (``MAX_CHUNKS``: 1,300 row groups of two
-    columns here) reads the ranges planned for it and gives the selection's rows all the same."""
+@pytest.mark.parametrize("shape", ["many row groups", "many columns"])
+def test_a_selection_of_a_shard_of_too_many_chunks_to_list_reads_only_its_columns(
+    tcp, tmp_path, shape
+):
+    """A shard of more column chunks than it lists (``MAX_CHUNKS``: 16 row groups of 100
+    columns, or 1,100 columns in one row group) finds them in its footer on the worker: a
+    selection after the read reads the bytes ``columns=`` reads (it read the whole file,
+    40-85 x more), and gives the same rows."""
     from dask_gpudirect.formats.parquet import MAX_CHUNKS
 
-    groups = 1300
-    assert 2 * groups > MAX_CHUNKS
-    table = pa.table({"a": np.arange(groups * 10), "b": np.arange(groups * 10) * 0.5})
-    path = write(tmp_path / "many.parquet", table, row_group_size=10)
+    rng = np.random.default_rng(5)
+    if shape == "many row groups":
+        table = pa.table({f"c{j}": rng.random(3200) for j in range(100)})
+        path = write(tmp_path / "many.parquet", table, row_group_size=200)
+        picked = ["c7"]
+    else:
+        table = pa.table({f"c{j}": rng.random(200) for j in range(MAX_CHUNKS + 76)})
+        path, picked = write(tmp_path / "wide.parquet", table), ["c1", "c0"]
+    assert table.num_columns * (table.num_rows // 200) > MAX_CHUNKS
     df = dg.read_parquet(path, client=tcp)
     (shard,) = shards_of(df).values()
-    assert shard.part.chunks == ()  # not listed: a selection reads the ranges planned
-    assert_frame_equal(compute(tcp, df[["b"]]), table.select(["b"]).to_pandas())
+    assert shard.part.chunks == ()  # not listed: too many to carry in each task
+    asked, asked_bytes = _read_counting(tcp, dg.read_parquet(path, columns=picked, client=tcp))
+    got, got_bytes = _read_counting(tcp, df[picked])
+    assert_frame_equal(got, table.select(picked).to_pandas())
+    assert_frame_equal(got, asked)
+    assert got_bytes == asked_bytes < os.path.getsize(path) / 10
+
+
+def _read_counting(client, df) -> tuple[pd.DataFrame, int]:
+    """``df`` computed, and the bytes its reads took from storage (the ledger's)."""
+    clear_ledgers(client)
+    got = compute(client, df)
+    return got, int(ledger_report.records(client).query("op == 'read'")["bytes"].sum())
 
 
 def test_filters_prune_everything(client, tmp_path):

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 #: Ranges closer than this are read as one: fewer, larger reads beat skipping small gaps.
 MERGE_GAP = 64 * 1024
 #: Column chunks a shard lists at most for a selection after the read to narrow its ranges
-#: (:func:`projected`): every read task carries them. A shard of more (a wide file's many row
-#: groups) still decodes only the selected columns, from the ranges planned.
+#: (:func:`projected`): every read task carries them. A shard of more (a file of many columns
+#: or row groups) finds them in its file's footer, read again on the worker that reads it.
 MAX_CHUNKS = 1024
 
 
@@ -869,10 +869,12 @@ def _ranges(chunks: Sequence[tuple[str, int, int, int]], frame: Sequence[tuple[i
     return coalesce([(offset, n) for _, offset, n, _ in chunks] + list(frame), gap=MERGE_GAP)
 
 
-def projected(shard: Shard, columns: Sequence[str]) -> Shard:
+def projected(shard: Shard, columns: Sequence[str], *, reading: bool = False) -> Shard:
     """``shard`` reading only what ``columns`` (a selection Dask's optimizer pushed into the
     read: ``df[["x"]]``, ``df.x.sum()``) needs, with its index and the columns its filters
-    test: fewer column chunks of the same row groups, so the partitions stay as planned."""
+    test: fewer column chunks of the same row groups, so the partitions stay as planned.
+    ``reading``: on the worker about to read it, where a shard of more chunks than it lists
+    finds them in its file's footer (elsewhere it keeps the ranges planned)."""
     part = shard.part
     keep = {*columns, part.index}
     # in the order asked (Dask's meta of the selection has it), the index column last
@@ -882,9 +884,12 @@ def projected(shard: Shard, columns: Sequence[str]) -> Shard:
         return shard
     needed = keep | set(dnf.columns_of(part.filters))
     read = tuple(c for c in part.read_columns if c in needed) or part.read_columns[:1]
-    # else the footer alone (to check the file), or more chunks than a shard lists: as planned
-    listed = part.empty is None and bool(part.chunks)
-    chunks = tuple(c for c in part.chunks if c[0] in read)
+    every = part.chunks
+    if not every and reading and part.empty is None:  # more chunks than a shard lists
+        every = _chunks_of(shard)
+    # else the footer alone (to check the file), or chunks not known here: as planned
+    listed = part.empty is None and bool(every)
+    chunks = tuple(c for c in every if c[0] in read)
     narrowed = dataclasses.replace(
         part,
         columns=out,
@@ -899,6 +904,22 @@ def projected(shard: Shard, columns: Sequence[str]) -> Shard:
     )
     ranges = _ranges(chunks, part.frame) if listed else shard.ranges
     return dataclasses.replace(shard, ranges=ranges, part=narrowed)
+
+
+def _chunks_of(shard: Shard) -> tuple[tuple[str, int, int, int], ...]:
+    """The column chunks of ``shard``'s row groups and columns, from its file's footer (two
+    small reads); none (the ranges as planned) where the file is gone or its footer is not the
+    one planned from: the read then says so, naming the file."""
+    try:
+        footer = _open(shard.path, shard.store)
+    except (InputError, OSError):
+        return ()
+    planned = shard.stamp  # the same bytes, wherever their times differ (a copy per node)
+    if planned is None or dataclasses.replace(footer.stamp, mtimes=planned.mtimes) != planned:
+        return ()
+    wanted = set(shard.part.read_columns)
+    groups = footer.row_groups
+    return tuple(c for i in shard.part.row_groups for c in groups[i].chunks if c[0] in wanted)
 
 
 def _schema_of(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
