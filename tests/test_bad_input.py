@@ -386,6 +386,17 @@ def test_unknown_column(tcp, good):
         dg.read_parquet(good, columns=["id", "nope"], client=tcp)
 
 
+def test_a_column_name_stored_twice(tcp, tmp_path):
+    """A file whose schema repeats a name (pyarrow writes one; pandas and Dask read none) is
+    refused naming the file and the name; the columns left out with ``columns=`` are read."""
+    columns = [pa.array(range(5)), pa.array(np.arange(5) * 1.5), pa.array(range(5))]
+    path = write(tmp_path / "twice.parquet", pa.Table.from_arrays(columns, names=["a", "a", "b"]))
+    with raises_naming(path, "['a']", "more than once", "columns="):
+        dg.read_parquet(path, client=tcp)
+    got = compute(tcp, dg.read_parquet(path, columns=["b"], client=tcp))
+    assert got["b"].tolist() == list(range(5))
+
+
 @pytest.mark.parametrize("value", [None, float("nan")], ids=["None", "NaN"])
 def test_a_comparison_with_a_null_says_how_to_test_for_nulls(tcp, good, value):
     """``==`` None or NaN would keep no row: refused, naming the value and the null test."""

@@ -644,6 +644,13 @@ def plan(
     read_columns += [c for c in dnf.columns_of(filters) if c not in read_columns + folders]
     # a row count needs a column: where only partition columns are asked for, read the first
     read_columns = read_columns or schema.names[:1]
+    repeated = [c for c in dict.fromkeys(read_columns) if len(schema.get_all_field_indices(c)) > 1]
+    if repeated:  # pyarrow finds no field by such a name (pandas and Dask read no such file)
+        raise InputError(
+            files[0],
+            f"column name(s) {repeated} appear more than once in the file's schema: leave them "
+            "out with columns=",
+        )
     # with the pandas metadata: columns stored as Int64 and the like come back so in meta too
     fields = [
         schema.field(c) if c not in folders else _partition_field(c, partitioning) for c in kept
