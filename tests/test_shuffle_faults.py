@@ -183,7 +183,7 @@ def stall_outputs(dask_worker, flag: str) -> None:
     building their outputs (test instrumentation: only a kill ends them)."""
     from dask_gpudirect.shuffle.worker import ShuffleRun
 
-    def outputs(self, exchange, mine, clock):
+    def outputs(self, *args):
         open(flag, "w").close()
         time.sleep(HANG_GUARD)
 
