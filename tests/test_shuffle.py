@@ -550,19 +550,26 @@ def test_shuffle_array_puts_a_record_anywhere_equally_often(tcp):
         assert chi_square < 31.26, (record, counts)
 
 
-def test_shuffle_array_counts_are_a_random_permutations():
+@pytest.mark.parametrize(
+    ("sizes", "tolerance"), [([6] * 4, 0.06), ([300] * 8, 1.5)], ids=["permuted", "split"]
+)
+def test_shuffle_array_counts_are_a_random_permutations(sizes, tolerance):
     """The table of how many records go from each input chunk to each output chunk is the one
     a uniformly random permutation makes: over 4000 fixed seeds each cell averages r * c / N,
-    and two cells of one row vary against each other as a permutation makes them."""
-    from dask_gpudirect.shuffle.split import contingency
+    and two cells of one row vary against each other as a permutation makes them. Both ways
+    the table's tree draws a node: a random order of few records, or a hypergeometric split
+    of many between its halves."""
+    from dask_gpudirect.shuffle.split import contingency_rows
 
-    sizes = [6, 6, 6, 6]
+    def contingency(seed, sizes):
+        return contingency_rows(seed, sizes, range(len(sizes)))
+
     tables = np.array([contingency(seed, sizes) for seed in range(4000)])
     assert (tables.sum(axis=1) == sizes).all() and (tables.sum(axis=2) == sizes).all()
-    np.testing.assert_allclose(tables.mean(axis=0), np.full((4, 4), 1.5), atol=0.1)
-    n, r, c = 24, 6, 6
-    covariance = np.cov(tables[:, 0, 0], tables[:, 0, 3])[0, 1]
-    assert covariance == pytest.approx(-r * (n - r) * c * c / (n * n * (n - 1)), abs=0.06)
+    n, r, c = sum(sizes), sizes[0], sizes[-1]
+    np.testing.assert_allclose(tables.mean(axis=0), r * c / n, rtol=0.07)
+    covariance = np.cov(tables[:, 0, 0], tables[:, 0, -1])[0, 1]
+    assert covariance == pytest.approx(-r * (n - r) * c * c / (n * n * (n - 1)), abs=tolerance)
     np.testing.assert_array_equal(contingency(5, sizes), contingency(5, sizes))
 
 
@@ -866,3 +873,25 @@ def test_then_with_meta_where_it_cannot_run_on_a_made_up_partition(client):
     assert_series_equal(compute(client, out).sort_index(), _days(pdf))
     with pytest.raises(dg.InputError, match="pass then= too"):
         dg.shuffle(df, "k", client=client, meta=("day", "datetime64[ns]"))
+
+
+def test_shuffle_array_rows_of_the_table_are_drawn_alone():
+    """A worker draws only its chunks' rows of the table, and gets those the whole table has,
+    whichever others it draws with them (the same seed, wherever the chunks live). Small
+    chunks: the tree's nodes drawn as a random order of their records; large ones: split down
+    by hypergeometric draws to each chunk."""
+    from dask_gpudirect.shuffle import split
+
+    rng = np.random.default_rng(0)
+    for sizes in (rng.integers(0, 50, 300), rng.integers(10**5, 2 * 10**5, 40)):
+        n = len(sizes)
+        full = split.contingency_rows(7, sizes, range(n))
+        assert (full.sum(axis=0) == sizes).all() and (full.sum(axis=1) == sizes).all()
+        for rows in ([5], [n - 1, 0, 17, 17], list(range(0, n, 7)), []):
+            got = split.contingency_rows(7, sizes, rows)
+            np.testing.assert_array_equal(got, full[rows].reshape(len(rows), n))
+
+
+def test_shuffle_array_refuses_a_billion_records(client):
+    with pytest.raises(dg.InputError, match="cannot shuffle 1,000,000,001 records"):
+        dg.shuffle_array(da.zeros(10**9 + 1, dtype=bool, chunks=10**8), seed=1, client=client)

@@ -27,7 +27,7 @@ from ..errors import InputError, flag
 from ..placement import placed_read
 from . import engines, settings
 from .coordinator import exchange
-from .split import HashSplit, PermutationSplit, contingency
+from .split import MAX_RECORDS, HashSplit, PermutationSplit
 
 
 def shuffle(
@@ -305,7 +305,14 @@ def shuffle_array(
     record = arr.shape[1:]
     meta = np.empty_like(arr._meta, shape=(0, *record))
     target = targets.holding(arr._meta)
-    splitter = PermutationSplit(seed, contingency(seed, sizes), target, meta)
+    if sum(sizes) >= MAX_RECORDS:
+        raise InputError(
+            None,
+            f"cannot shuffle {sum(sizes):,} records: NumPy's hypergeometric draws, which say "
+            f"how many go from each chunk to each, take fewer than {MAX_RECORDS:,}; shuffle "
+            "groups of records as one (reshape to (n // k, k, ...)) or fewer records at a time",
+        )
+    splitter = PermutationSplit(seed, np.asarray(sizes, dtype=np.int64), target, meta)
     settings.check()
     inputs = _chunks(client, arr)
     name = f"gpudirect-shuffle-array-{uuid.uuid4().hex}"

@@ -164,22 +164,24 @@ class AssignedSplit(HashSplit):
 class PermutationSplit:
     """A uniform random permutation of records (axis 0) across all chunks.
 
-    ``counts[i, j]`` records of input chunk ``i`` go to output chunk ``j``; drawn on the client
-    as a random contingency table with the chunk sizes as margins (what a uniformly random
-    permutation of all records induces). Each input chunk is permuted before it is cut, and each
-    output chunk after its pieces are joined (in input order), so every order of the records is
-    equally likely; each chunk's order is drawn from the seed and the chunk's number alone, so
-    the same seed gives the same order wherever the chunks live. A worker permutes all the
-    chunks it splits (or builds) at once, and gathers them in one pass.
+    ``counts[i, j]`` records of input chunk ``i`` go to output chunk ``j``: a random
+    contingency table with the chunk sizes (``sizes``) as margins (what a uniformly random
+    permutation of all records induces), of which each worker draws only the rows of the
+    chunks it splits (:func:`contingency_rows`: no table on the client, none shipped). Each
+    input chunk is permuted before it is cut, and each output chunk after its pieces are joined
+    (in input order), so every order of the records is equally likely; each chunk's order and
+    each row of the table are drawn from the seed and the chunk numbers alone, so the same seed
+    gives the same order wherever the chunks live. A worker permutes all the chunks it splits
+    (or builds) at once, and gathers them in one pass.
     """
 
     seed: int
-    counts: np.ndarray
+    sizes: np.ndarray
     target: TargetName
     meta: Any
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
-        counts = self.counts[indices]
+        counts = contingency_rows(self.seed, self.sizes, indices)
         shuffled = self._permutations(np.array([len(p) for p in parts]), 0, indices)
         return self.join(parts)[shuffled[_grouped_by_output(counts, self.target)]], counts
 
@@ -354,12 +356,73 @@ SPARSE_SEGMENTS = 4
 JOINED_SEGMENTS = 1 << 12
 
 
-def contingency(seed: int, sizes: list[int]) -> np.ndarray:
-    """How many records of each input chunk go to each output chunk (same sizes both ways)."""
-    rng = np.random.default_rng(seed)
-    remaining = np.array(sizes, dtype=np.int64)
-    counts = np.zeros((len(sizes), len(sizes)), dtype=np.int64)
-    for i, n in enumerate(sizes):
-        counts[i] = rng.multivariate_hypergeometric(remaining, n)
-        remaining -= counts[i]
-    return counts
+#: NumPy's multivariate hypergeometric draw (``marginals``) takes fewer items than this.
+MAX_RECORDS = 10**9
+
+#: A node of :func:`contingency_rows`' tree of at most this many records, and at most
+#: :data:`PERMUTE_BELOW` times its non-empty outputs times the levels below it, is drawn as a
+#: random order of its records (about 20 ns a record) rather than split on down (about 0.7 us
+#: an output a node: NumPy's hypergeometric draws); labels of this many records take 128 MiB.
+PERMUTED_RECORDS = 1 << 24
+PERMUTE_BELOW = 16
+
+
+def contingency_rows(seed: int, sizes: Any, rows: Any) -> np.ndarray:
+    """Rows ``rows`` (input chunks, in that order) of the table of how many records of each
+    input chunk go to each output chunk (the same sizes both ways), drawn without the others.
+
+    A fixed binary tree over the chunk numbers: each node holds how many of its chunks'
+    records go to each output, split between its two halves by one multivariate
+    hypergeometric draw. That is how a uniform permutation splits them: the table's rows
+    summed over a group are the grouped table's, and given those, each group's rows are again
+    a uniform permutation's table. A node's draw comes from the seed and the node alone, so
+    any worker that descends to a leaf gets the same row; one that needs ``k`` rows visits
+    about ``2 k + log2(chunks)`` nodes, each costing its non-empty outputs (at most its
+    records), rather than the whole ``chunks x chunks`` table."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = len(sizes)
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    wanted = np.unique(rows)
+    out = np.zeros((len(wanted), n), dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(sizes)])
+    if not n or not len(wanted):
+        return out[np.searchsorted(wanted, rows)]
+    outputs = np.flatnonzero(sizes)
+    # (first chunk, past the last, the node's non-empty outputs, their counts, wanted[a:b])
+    stack = [(0, n, outputs, sizes[outputs], 0, len(wanted))]
+    while stack:
+        lo, hi, which, counts, a, b = stack.pop()
+        if hi - lo == 1:
+            out[a, which] = counts
+            continue
+        total = int(prefix[hi] - prefix[lo])
+        levels = (hi - lo - 1).bit_length()
+        if total <= PERMUTED_RECORDS and total <= PERMUTE_BELOW * len(which) * levels:
+            # the node's records, each labelled by its output, in a random order, cut into
+            # its chunks: the same law, in a few vectorised passes rather than a draw a node
+            rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(3, lo, hi)))
+            labels = rng.permutation(np.repeat(which, counts))
+            mine = wanted[a:b]
+            lengths = sizes[mine]
+            places = targets.module("host").positions(prefix[mine] - prefix[lo], lengths)
+            cells = np.repeat(np.arange(b - a, dtype=np.int64) * n, lengths) + labels[places]
+            out[a:b] = np.bincount(cells, minlength=(b - a) * n).reshape(b - a, n)
+            continue
+        mid = (lo + hi) // 2
+        left_total = int(prefix[mid] - prefix[lo])
+        if left_total == 0:
+            left = np.zeros_like(counts)
+        elif left_total == total:
+            left = counts
+        else:
+            rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2, lo, hi)))
+            left = rng.multivariate_hypergeometric(counts, left_total)
+        right = counts - left
+        m = a + int(np.searchsorted(wanted[a:b], mid))
+        if m < b:
+            kept = right > 0
+            stack.append((mid, hi, which[kept], right[kept], m, b))
+        if a < m:
+            kept = left > 0
+            stack.append((lo, mid, which[kept], left[kept], a, m))
+    return out[np.searchsorted(wanted, rows)]
