@@ -264,6 +264,47 @@ def test_parquet_integer_categories_pandas_noted_match_the_host(cuda_tcp, tmp_pa
     assert got.c.astype("int64").tolist() == host.c.astype("int64").tolist()
 
 
+def test_parquet_selection_of_a_shard_of_too_many_chunks_reads_its_own(cuda_tcp, tmp_path):
+    """1,100 columns in one row group (more chunks than a shard lists): a selection after
+    the read finds its chunks in the footer on the worker and reads the bytes ``columns=``
+    reads, with the same values."""
+    rng = np.random.default_rng(5)
+    table = pa.table({f"c{j}": rng.random(200) for j in range(1100)})
+    path = str(tmp_path / "wide.parquet")
+    pq.write_table(table, path)
+
+    def read(df):
+        cuda_tcp.run(h.clear_ledger)
+        got = h.cudf_to_arrow(compute(cuda_tcp, df))
+        return got, sum(r["bytes"] for r in h.ledger_paths(cuda_tcp) if r["op"] == "read")
+
+    asked, asked_bytes = read(
+        dg.read_parquet(path, columns=["c1", "c0"], target="device", client=cuda_tcp)
+    )
+    got, got_bytes = read(dg.read_parquet(path, target="device", client=cuda_tcp)[["c1", "c0"]])
+    h.assert_same_table(got, table.select(["c1", "c0"]))
+    h.assert_same_table(asked, got)
+    assert got_bytes == asked_bytes < os.path.getsize(path) / 10
+
+
+def test_shuffle_outputs_of_no_rows_hold_the_data_categories(cuda_tcp):
+    """Categories Dask does not know (``as_unknown``): the outputs no row goes to hold the
+    data's categories, as the host target's and Dask's task shuffle's do."""
+    import cudf
+    import dask.dataframe as dd
+    import pandas as pd
+
+    pdf = pd.DataFrame({"k": [7] * 20, "c": pd.Categorical(["x", "y"] * 10)})
+    df = dd.from_pandas(pdf, npartitions=2).map_partitions(cudf.from_pandas)
+    df = df.assign(c=df.c.cat.as_unknown())
+    out = dg.shuffle(df, "k", npartitions=4, client=cuda_tcp)
+    parts = cuda_tcp.gather(cuda_tcp.compute(out.to_delayed()))
+    assert sum(len(p) == 0 for p in parts) == 3
+    for part in parts:
+        assert isinstance(part, cudf.DataFrame)
+        assert part["c"].cat.categories.to_pandas().tolist() == ["x", "y"]
+
+
 def test_parquet_index_alone_and_integer_labels_match_the_host(cuda_tcp, tmp_path):
     """A frame of an index alone and one of integer column labels (columns by their field
     names): the device gives what the host target gives."""
