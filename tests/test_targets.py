@@ -60,6 +60,25 @@ def test_device_target_from_config(tcp, files):
         assert len(compute(tcp, dg.read_parquet(files[0], client=tcp))) == 100
 
 
+def test_host_cut_gives_each_output_memory_of_its_own_strings_too():
+    """A worker spills shuffle outputs one by one, so each must hold only its own bytes:
+    pandas' copy of a slice shares an Arrow column's buffers (``str`` is one in pandas 3), and
+    one output of four kept all of the frame's strings."""
+    from dask_gpudirect.targets import host
+
+    start = pa.total_allocated_bytes()
+    frame = pd.DataFrame({"s": [f"value-{i:08d}" for i in range(200_000)], "x": range(200_000)})
+    frame["l"] = pd.array([[i] for i in range(200_000)], dtype=pd.ArrowDtype(pa.list_(pa.int64())))
+    whole = pa.total_allocated_bytes() - start
+    parts = host.cut_frame(frame, np.array([0, 50_000, 100_000, 150_000, 200_000]))
+    kept = parts[1]
+    del frame, parts
+    assert pa.total_allocated_bytes() - start < whole / 3
+    assert kept["s"].tolist() == [f"value-{i:08d}" for i in range(50_000, 100_000)]
+    assert kept["l"].tolist() == [[i] for i in range(50_000, 100_000)]
+    assert str(kept["s"].dtype) == "str"
+
+
 def test_host_permutations_shuffle_each_run_by_its_own_seed():
     """``dg.shuffle_array``'s permutations on the host: each run a permutation of its own rows,
     drawn from its seed alone (the same run among other runs, or alone, in the same order)."""
