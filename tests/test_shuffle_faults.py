@@ -355,7 +355,8 @@ def test_a_read_is_sized_decoded_before_it_is_shuffled(cluster, tmp_path):
 
 
 def test_disk_limit_reached_mid_shuffle(cluster):
-    """The pre-check expects an even split; one key sends everything to one worker's disk."""
+    """The pre-check expects an even split; one key sends everything to one worker's disk:
+    the error names that worker and the limit."""
     pdf = frame(4000, keys=1)  # 96 KB: 48 KB a worker expected, 96 KB on one in fact
     df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
     with pytest.raises(dg.ShuffleError, match="would pass the disk limit of 65536 bytes") as info:
@@ -364,7 +365,9 @@ def test_disk_limit_reached_mid_shuffle(cluster):
     wait_until_clean(cluster)  # the spill files of the failed run are gone
     spills = ledger_report.records(cluster)
     spills = spills[spills["op"] == "spill"]
-    assert 0 < spills.groupby("worker")["bytes"].sum().max() <= 64 * 1024  # the limit held
+    spilled = spills.groupby("worker")["bytes"].sum()
+    assert 0 < spilled.max() <= 64 * 1024  # the limit held
+    assert f"failed on {spilled.idxmax()}: " in str(info.value)  # the worker it was reached on
     # the cluster still shuffles what fits
     small = frame(500, keys=10, seed=2)
     out = dg.shuffle(dd.from_pandas(small, npartitions=2), "k", client=cluster)

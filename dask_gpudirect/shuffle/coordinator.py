@@ -384,13 +384,13 @@ def _watch(
             continue
         _end(client, plan, abort=f"shuffle {plan.id} failed on a peer")
         wait_a_while(client, pending, ABORT_GRACE, "ALL_COMPLETED")  # the others stop, clean up
-        cause = _first_cause(stages)
+        worker, cause = _first_cause(stages)
         client.cancel(list(stages.values()))
         failed = [f for f in inputs if f.status == "error"]
         if failed:
             _raise_error_of(failed[0])
         raise ShuffleError(
-            f"shuffle {plan.id} failed: {cause}; no output was returned. The "
+            f"shuffle {plan.id} failed on {worker}: {cause}; no output was returned. The "
             "cluster is still usable: run the shuffle again (it will use the workers that "
             "remain)."
         )
@@ -407,13 +407,15 @@ def _raise_error_of(future: Future) -> NoReturn:
     raise copy.copy(future.exception()).with_traceback(future.traceback())
 
 
-def _first_cause(stages: dict[str, Future]) -> str:
-    """The error of a failed stage that is a cause, not an echo of another's failure (a peer
-    that refused because its run had already ended there, an abort); by worker name."""
-    done = [stages[w] for w in sorted(stages) if stages[w].status not in ("pending", "finished")]
-    errors = [_error_of(future) for future in done]
-    causes = [e for e in errors if not getattr(e, "secondary", False)]
-    return str((causes or errors)[0])
+def _first_cause(stages: dict[str, Future]) -> tuple[str, str]:
+    """The worker and the error of a failed stage that is a cause, not an echo of another's
+    failure (a peer that refused because its run had already ended there, an abort); by
+    worker name."""
+    done = [w for w in sorted(stages) if stages[w].status not in ("pending", "finished")]
+    errors = [(w, _error_of(stages[w])) for w in done]
+    causes = [(w, e) for w, e in errors if not getattr(e, "secondary", False)]
+    worker, error = (causes or errors)[0]
+    return worker, str(error)
 
 
 def _error_of(future: Future) -> BaseException:
