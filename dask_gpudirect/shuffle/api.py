@@ -270,6 +270,10 @@ def shuffle_array(
     ``seed`` gives the same order on the same chunking. CuPy chunks stay on the GPU. Runs now;
     returns a Dask Array of computed chunks.
 
+    Two arrays (features and labels) stay paired when shuffled with the same ``seed`` only where
+    their chunks along axis 0 are the same: ``read_binary`` cuts chunks by bytes, so give one
+    the other's (``y.rechunk((x.chunks[0],))``), or shuffle one structured array of both.
+
     Parameters
     ----------
     arr
