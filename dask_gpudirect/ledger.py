@@ -62,6 +62,10 @@ class Record:
     peer: str = ""  # the other worker of a transfer
 
 
+#: The fields of a :class:`Record`, in order: the columns of ``dg.report``'s records.
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Record))
+
+
 @dataclasses.dataclass(frozen=True)
 class Totals:
     """Running sums for one (op, path) of a ledger: unlike the records, they are never dropped.
@@ -126,6 +130,14 @@ class Ledger:
     def records(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dataclasses.asdict(r) for r in self._records]
+
+    def columns(self) -> dict[str, list[Any]]:
+        """The records as one list per field (what ``dg.report`` gathers): ``dataclasses.asdict``
+        of each record, and a dict per record on the wire, cost 25-50 x as much at 100,000
+        records."""
+        with self._lock:
+            held = list(self._records)
+        return {name: [getattr(r, name) for r in held] for name in FIELDS}
 
     def totals(self) -> dict[tuple[str, str], Totals]:
         """The running totals per (op, path) since this ledger began."""

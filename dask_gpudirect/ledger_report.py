@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import datetime
 import numbers
 import warnings
@@ -27,18 +26,18 @@ if TYPE_CHECKING:
     from distributed import Client, Worker
 
 
-def _worker_records(dask_worker: Worker) -> list[dict[str, Any]]:
-    return ledger.of(dask_worker).records()
+def _worker_records(dask_worker: Worker) -> dict[str, list[Any]]:
+    return ledger.of(dask_worker).columns()
 
 
 CONNECT_TIMEOUT = "distributed.comm.timeouts.connect"
 
 
-async def _asked(client: Client, timeout: float) -> dict[str, list[dict[str, Any]] | None]:
+async def _asked(client: Client, timeout: float) -> dict[str, dict[str, list[Any]] | None]:
     """Each worker's records, every worker asked at once and given ``timeout`` seconds; None
     for one that gave no answer."""
 
-    async def one(worker: str) -> list[dict[str, Any]] | None:
+    async def one(worker: str) -> dict[str, list[Any]] | None:
         try:
             answer = await asyncio.wait_for(
                 client.run(_worker_records, workers=[worker], on_error="return"), timeout
@@ -70,9 +69,11 @@ def records(client: Client | None = None) -> pd.DataFrame:
             RuntimeWarning,
             stacklevel=2,
         )
-    rows = [row for rs in answers.values() if rs is not None for row in rs]
-    columns = [f.name for f in dataclasses.fields(ledger.Record)]
-    return pd.DataFrame(rows, columns=columns)
+    found = [cols for cols in answers.values() if cols is not None]
+    return pd.DataFrame(
+        {name: [v for cols in found for v in cols[name]] for name in ledger.FIELDS},
+        columns=list(ledger.FIELDS),
+    )
 
 
 def report(

@@ -12,7 +12,7 @@ from util import clear_ledgers, compute, shards_of
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report
-from dask_gpudirect.ledger import COPIES, Ledger
+from dask_gpudirect.ledger import COPIES, FIELDS, Ledger
 
 
 @pytest.fixture
@@ -174,3 +174,14 @@ def test_report_leaves_out_a_worker_that_does_not_answer(tmp_path):
         finally:
             os.kill(pids[stopped], signal.SIGCONT)
         assert set(got["worker"]) == {answering}
+
+
+def test_columns_hold_what_the_records_hold():
+    """dg.report gathers the records a column at a time: the same values, in order."""
+    book = Ledger("w", max_records=3)
+    for i in range(5):
+        book.add(op="read", path="posix-host", nbytes=i, seconds=0.5, file=f"f{i}")
+    columns = book.columns()
+    assert list(columns) == list(FIELDS)
+    rows = zip(*columns.values(), strict=True)
+    assert [dict(zip(columns, row, strict=True)) for row in rows] == book.records()
