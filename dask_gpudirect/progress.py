@@ -152,7 +152,8 @@ def _received(dask_worker: Worker, shuffle_id: str) -> int:
 
 
 class ShuffleProgress:
-    """What ``progress=True`` shows of one shuffle: the inputs computed, then pieces received.
+    """What ``progress=True`` shows of one shuffle (``call``, of ``unit``): the inputs
+    computed, then pieces received.
 
     Every input's rows reach every worker that owns outputs (in chunks of several inputs), so
     such a worker counts the inputs whose rows have arrived, up to as many as there are inputs
@@ -160,9 +161,9 @@ class ShuffleProgress:
     Without ``enabled`` it only waits.
     """
 
-    def __init__(self, client: Client, inputs: int, enabled: bool):
-        self.client, self.inputs = client, inputs
-        self.bar = Bar("dg.shuffle: input partitions", inputs) if enabled else None
+    def __init__(self, client: Client, inputs: int, enabled: bool, call: str, unit: str):
+        self.client, self.inputs, self.call = client, inputs, call
+        self.bar = Bar(f"{call}: {unit}", inputs) if enabled else None
         self.seen: dict[str, int] = {}
         self.computing = True  # the bar still counts the inputs computed
 
@@ -193,7 +194,7 @@ class ShuffleProgress:
         self.bar.update(
             sum(self.seen.values()),
             total=self.inputs * len(owners),
-            label=f"dg.shuffle {plan.id}: pieces received",
+            label=f"{self.call} {plan.id}: pieces received",
             detail=f"stages done {len(stages) - len(pending)}/{len(stages)}",
         )
 

@@ -104,7 +104,7 @@ def exchange(
     ensure_plugins(client, need_readers=[], readers=False)  # a shuffle reads nothing
     if progress is None:
         progress = bool(dask.config.get("gpudirect.shuffle.progress"))
-    with ShuffleProgress(client, len(inputs), progress) as shown:
+    with ShuffleProgress(client, len(inputs), progress, *splitter.shown_as) as shown:
         return _exchange(client, inputs, splitter, keys, target, shown, engines, placed, then)
 
 

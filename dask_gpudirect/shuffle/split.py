@@ -40,6 +40,9 @@ class Splitter(Protocol):
     ``bounds[k + 1]`` of that list; ``meta`` is an output with no rows.
     """
 
+    #: What a progress bar calls the call and its inputs.
+    shown_as: ClassVar[tuple[str, str]]
+
     @property
     def target(self) -> TargetName: ...
     @property
@@ -74,6 +77,7 @@ class HashSplit:
     #: Whether the target's unordered cut (libcudf's ``hash_partition`` of :meth:`hashed`)
     #: sends each row where :meth:`destinations` does.
     unordered_cut: ClassVar[bool] = True
+    shown_as: ClassVar[tuple[str, str]] = ("dg.shuffle", "input partitions")
 
     def __post_init__(self) -> None:
         # an output of no rows holds no category Dask's meta stands in for as unknown (its
@@ -174,6 +178,8 @@ class PermutationSplit:
     gives the same order wherever the chunks live. A worker permutes all the chunks it splits
     (or builds) at once, and gathers them in one pass.
     """
+
+    shown_as: ClassVar[tuple[str, str]] = ("dg.shuffle_array", "input chunks")
 
     seed: int
     sizes: np.ndarray
