@@ -354,7 +354,10 @@ def test_outputs_of_no_rows_hold_no_unknown_categories_placeholder(client, metho
     pdf = pd.DataFrame({"k": [7] * 20, "c": pd.Categorical(["x", "y"] * 10)})
     workers = sorted(client.nthreads())
     halves = [pdf.iloc[:10], pdf.iloc[10:]]
-    futures = [client.scatter(half, workers=[w]) for half, w in zip(halves, workers, strict=True)]
+    futures = [  # hash=False: keys of their own, not those the same halves had just before
+        client.scatter(half, workers=[w], hash=False)
+        for half, w in zip(halves, workers, strict=True)
+    ]
     df = dd.from_delayed(futures, meta=pdf.iloc[:0], verify_meta=False)
     df = df.assign(c=df.c.cat.as_unknown())
     if method == "dg.shuffle":
