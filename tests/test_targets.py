@@ -79,6 +79,22 @@ def test_host_cut_gives_each_output_memory_of_its_own_strings_too():
     assert str(kept["s"].dtype) == "str"
 
 
+def test_an_empty_output_holds_none_of_its_chunks_memory():
+    """An output that gets no rows is made like a worker's split chunk (its categories and
+    types), and lives as long as the output: a zero-row slice's copy held all of the chunk's
+    Arrow buffers."""
+    from dask_gpudirect.shuffle.split import HashSplit
+
+    start = pa.total_allocated_bytes()
+    chunk = pd.DataFrame({"s": [f"value-{i:08d}" for i in range(200_000)], "k": range(200_000)})
+    meta = pd.DataFrame({"s": pd.Series([], dtype="str"), "k": pd.Series([], dtype="int64")})
+    splitter = HashSplit(["k"], 4, "host", meta)
+    empty = splitter.empty(chunk)
+    del chunk
+    assert pa.total_allocated_bytes() - start < 1024
+    assert empty.empty and str(empty["s"].dtype) == "str" and list(empty) == ["s", "k"]
+
+
 def test_host_permutations_shuffle_each_run_by_its_own_seed():
     """``dg.shuffle_array``'s permutations on the host: each run a permutation of its own rows,
     drawn from its seed alone (the same run among other runs, or alone, in the same order)."""

@@ -172,8 +172,7 @@ class ShuffleRun:
         for group, outputs in enumerate(groups):
             received = self.received.pop(group, {})
             if not received:
-                # no rows: like this worker's own split rows (their categories and types, as
-                # the task shuffle's empty outputs hold the data's), else like the meta
+                # no rows: like this worker's own split rows (Splitter.empty), else the meta
                 yield {j: splitter.meta if empty is None else empty for j in outputs}
                 continue
             firsts = sorted(received)
@@ -606,10 +605,10 @@ class ShuffleService:
         """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
         me = self.worker.address
         groups = {w: exchange.groups_of(w) for w in exchange.participants}
-        empty = None  # no rows of this worker's first split chunk: what an empty output holds
+        empty = None  # what an output of no rows holds: like this worker's first chunk
         for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, run, clock):
             if empty is None:
-                empty = exchange.splitter.rows(ordered, 0, 0).copy()  # not a view of it all
+                empty = exchange.splitter.empty(ordered)
             with clock("send"):  # waits while max-in-flight bytes are on the wire
                 for dest, runs in groups.items():
                     pieces = [

@@ -342,6 +342,11 @@ def cut_frame(
     return frame._split([int(b) for b in bounds[1:-1]], keep_index=index)
 
 
+def copied(frame: cudf.DataFrame) -> cudf.DataFrame:
+    """``frame`` in memory of its own (a slice of a frame shares the frame's)."""
+    return frame.copy()
+
+
 def from_table(table: plc.Table, meta: cudf.DataFrame, index: bool = True) -> cudf.DataFrame:
     """The frame :func:`to_table` made, with ``meta``'s column names, index and dtypes
     (without ``index``, labelled 0, 1, 2...)."""

@@ -107,19 +107,22 @@ def cut_frame(frame: pd.DataFrame, bounds: np.ndarray, index: bool = True) -> li
     if len(frame) < SMALL_SLICE_ROWS * (len(bounds) - 1):
         # no copy where the blocks are joined already (pandas-stubs take it for a column)
         frame = frame._consolidate()  # type: ignore[operator]
-    arrow = [i for i in range(frame.shape[1]) if _on_arrow(frame, i)]
-    parts = [_copied(frame.iloc[a:b], arrow) for a, b in itertools.pairwise(bounds)]
+    arrow = _arrow_columns(frame)
+    parts = [copied(frame.iloc[a:b], arrow) for a, b in itertools.pairwise(bounds)]
     return parts if index else [_relabelled(part) for part in parts]
 
 
-def _on_arrow(frame: pd.DataFrame, i: int) -> bool:
-    """Whether column ``i`` keeps its values in Arrow buffers (pandas' ``str`` among them)."""
-    return isinstance(frame.iloc[:, i].array, pd.arrays.ArrowExtensionArray)
+def _arrow_columns(frame: pd.DataFrame) -> list[int]:
+    """The columns that keep their values in Arrow buffers (pandas' ``str`` among them)."""
+    arrays = (frame.iloc[:, i].array for i in range(frame.shape[1]))
+    return [i for i, array in enumerate(arrays) if isinstance(array, pd.arrays.ArrowExtensionArray)]
 
 
-def _copied(part: pd.DataFrame, arrow: list[int]) -> pd.DataFrame:
+def copied(part: pd.DataFrame, arrow: list[int] | None = None) -> pd.DataFrame:
     """``part`` in memory of its own: pandas' copy shares an Arrow column's buffers (they
-    cannot change), so one output of a cut frame kept all of its strings; a take copies."""
+    cannot change), so one output of a cut frame kept all of its strings; a take copies.
+    ``arrow``: :func:`_arrow_columns` of ``part``, where the caller has them."""
+    arrow = _arrow_columns(part) if arrow is None else arrow
     part = part.copy()
     positions = np.arange(len(part))
     for i in arrow:
