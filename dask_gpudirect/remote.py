@@ -507,12 +507,3 @@ def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
         f"the connection was cut after {len(data)} of {length} bytes at {offset}, "
         f"through gpudirect.remote.retries ({settings.retries}) retries",
     )
-
-
-def pieces(ranges: tuple[tuple[int, int], ...], size: int) -> list[tuple[int, int]]:
-    """``ranges`` cut into requests of at most ``size`` bytes."""
-    return [
-        (o, min(size, offset + length - o))
-        for offset, length in ranges
-        for o in range(offset, offset + length, size)
-    ]

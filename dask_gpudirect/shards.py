@@ -8,8 +8,10 @@ is format-agnostic.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
+import itertools
 import os
 import pickle
 from collections.abc import Iterator, Sequence
@@ -24,18 +26,17 @@ from .stamps import Stamp
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
-    """Byte ranges of one file, read into one buffer, decoded by ``part``.
+    """Byte ranges of one file, read end to end into one buffer, decoded by ``part``.
 
-    ``ranges`` are ``(file_offset, length)`` pairs; byte ``file_offset`` lands at buffer position
-    ``file_offset - base`` in a buffer of ``size`` bytes. ``stamp`` is the file as planned,
-    checked again by every read. ``worker`` is set by placement. ``store`` says how to reach a
-    remote object (``s3://``, ``http(s)://``); its repr leaves the credentials out.
+    ``ranges`` are ``(file_offset, length)`` pairs, sorted, and the buffer holds them alone
+    (:attr:`nbytes`; :meth:`at` says where a byte of the file lies in it): a shard of a few
+    row groups of a large file costs their bytes, not the file's. ``stamp`` is the file as
+    planned, checked again by every read. ``worker`` is set by placement. ``store`` says how
+    to reach a remote object (``s3://``, ``http(s)://``); its repr leaves the credentials out.
     """
 
     path: str
     ranges: tuple[tuple[int, int], ...]
-    base: int
-    size: int
     # what the format knows of the shard: how to decode it (formats.binary.BinaryPart,
     # formats.parquet.ParquetPart), and its label()
     part: Any
@@ -56,6 +57,11 @@ class Shard:
         return sum(length for _, length in self.ranges)
 
     @property
+    def layout(self) -> Layout:
+        """Where each of ``ranges`` lies in the shard's buffer."""
+        return Layout(self.ranges)
+
+    @property
     def decoded_bytes(self) -> int:
         """About this shard's bytes in memory once decoded: what its part says (a Parquet
         part: from its footer), else the bytes it reads."""
@@ -66,6 +72,32 @@ class Shard:
         """Short label for logs and the ledger."""
         where = self.part.label() or (self.ranges[0][0] if self.ranges else 0)
         return f"{os.path.basename(self.path)}@{where}"
+
+
+class Layout:
+    """Byte ranges of a file laid end to end in one buffer: where each lies in it."""
+
+    def __init__(self, ranges: Sequence[tuple[int, int]]):
+        self.ranges = ranges
+        self.offsets = list(itertools.accumulate((n for _, n in ranges), initial=0))
+        self._starts = [o for o, _ in ranges]
+
+    def at(self, offset: int, length: int) -> int:
+        """Where the file's bytes ``offset .. offset + length`` lie in the buffer; ValueError
+        unless they lie in one range."""
+        k = bisect.bisect_right(self._starts, offset) - 1
+        if k < 0 or offset + length > self._starts[k] + self.ranges[k][1]:
+            raise ValueError(f"bytes {offset}..{offset + length} lie outside the ranges read")
+        return self.offsets[k] + offset - self._starts[k]
+
+    def pieces(self, size: int) -> list[tuple[int, int, int]]:
+        """The reads of at most ``size`` bytes that fill the buffer: ``(file offset, buffer
+        offset, bytes)`` each."""
+        return [
+            (o + k, at + k, min(size, n - k))
+            for (o, n), at in zip(self.ranges, self.offsets, strict=False)
+            for k in range(0, n, size)
+        ]
 
 
 class Partition(tuple):

@@ -117,7 +117,7 @@ def test_binary_chunks_live_where_placed(client, tmp_path):
 
 
 def shard(path: str, nbytes: int) -> Shard:
-    return Shard(path=path, ranges=((0, nbytes),), base=0, size=nbytes, part=None)
+    return Shard(path=path, ranges=((0, nbytes),), part=None)
 
 
 def place(shards: list[Shard], readable) -> list[Shard]:

@@ -147,10 +147,33 @@ def test_a_file_missing_from_a_joined_chunk_fails_after_the_reads_before_it(tmp_
         return checked(shard)
 
     monkeypatch.setattr(target, "checked", checked_then_said)
-    reads = len(range(0, plan.shards[0].size, 1 << 14))
+    reads = len(range(0, plan.shards[0].nbytes, 1 << 14))
     with pytest.raises(InputError, match=r"1\.npy"):
         try:
             target.read_run(plan.shards)
         finally:
             assert len(ended) == reads  # every read of 0.npy had ended when the error came
     target.close()
+
+
+def test_a_parquet_shard_is_read_into_a_buffer_of_its_ranges_alone(client, tmp_path):
+    """One row group's column of a file of many: the worker's buffer holds its bytes, not the
+    file's. A buffer of the file's size for every shard made k shards of a file cost k times
+    its size, and a file larger than memory unreadable; the decode still gives its rows."""
+    from dask_gpudirect.formats import parquet
+    from dask_gpudirect.plugin import current_plugin
+
+    path = tmp_path / "wide.parquet"
+    table = pa.table({f"c{i}": np.arange(200_000, dtype="float64") + i for i in range(8)})
+    pq.write_table(table, path, row_group_size=25_000)
+    shard = parquet.plan([str(path)], None, None, 1, "host").shards[3]  # row group 3
+    shard = parquet.projected(shard, ["c5"])
+
+    def read(shard):
+        with current_plugin().target("host").used() as target:
+            return len(target.read(shard)), target.decode_run([shard])
+
+    nbytes, frame = client.submit(read, shard, pure=False).result()
+    assert nbytes == shard.nbytes < path.stat().st_size / 30
+    expected = table.slice(75_000, 25_000).select(["c5"]).to_pandas()
+    pd.testing.assert_frame_equal(frame, expected)

@@ -38,6 +38,7 @@ from unittest import mock
 
 from .. import remote
 from ..measure import start_cluster, stop_cluster
+from ..shards import Layout
 from ._baselines import record
 from .common import log
 from .datasets import dataset
@@ -65,8 +66,8 @@ def fetch(url: str, pool: ThreadPoolExecutor, options: dict | None = None) -> by
     settings = remote.Settings.current()
     with remote.opened(url, remote.Store.from_options(options)) as obj:
         assert isinstance(obj, remote.Object)
-        pieces = remote.pieces(((0, obj.size),), settings.range_size)
-        return b"".join(pool.map(lambda piece: obj.pread(piece[1], piece[0]), pieces))
+        pieces = Layout(((0, obj.size),)).pieces(settings.range_size)
+        return b"".join(pool.map(lambda piece: obj.pread(piece[2], piece[0]), pieces))
 
 
 def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, list[float]]:

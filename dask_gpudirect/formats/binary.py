@@ -283,8 +283,6 @@ def _file_shards(
             Shard(
                 path=path,
                 ranges=((offset, count * record),),
-                base=offset,
-                size=count * record,
                 part=BinaryPart(layout.dtype, (count, *record_shape), layout.order),
                 target=target,
                 stamp=stamp,

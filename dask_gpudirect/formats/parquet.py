@@ -844,13 +844,11 @@ def _file_shards(
         start = _range_at(footer, ranged, 0)
         empty = ParquetPart(row_groups=(), empty=out, range_index=start, **part)
         only = ((offset, length),)
-        return [Shard(path, only, offset, length, empty, target, stamp=footer.stamp, store=store)]
+        return [Shard(path, only, empty, target, stamp=footer.stamp, store=store)]
     return [
         Shard(
             path=path,
             ranges=_ranges(cs, head_tail),
-            base=0,
-            size=size,
             part=ParquetPart(
                 row_groups=tuple(g),
                 rows=footer.rows_before[g[-1] + 1] - footer.rows_before[g[0]],

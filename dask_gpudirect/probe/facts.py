@@ -281,7 +281,7 @@ def _raw_shard(path: str, nbytes: int, target: str, **fields: Any) -> Shard:
     from ..shards import Shard
 
     part = BinaryPart(np.dtype(np.uint8), (nbytes,))
-    return Shard(path, ((0, nbytes),), 0, nbytes, part, target=target, **fields)
+    return Shard(path, ((0, nbytes),), part, target=target, **fields)
 
 
 def _measure_storage(nbytes: int) -> dict[str, Any]:

@@ -105,13 +105,13 @@ class Target:
     def _start_read(
         self, shard: Shard, file: Opened, view: Any, stack: contextlib.ExitStack
     ) -> list[Callable[[], int]]:
-        """Start reading ``shard``'s ranges from ``file`` into ``view`` (``shard.size`` bytes;
+        """Start reading ``shard``'s ranges from ``file`` into ``view`` (``shard.nbytes``;
         a handle the reads need open goes on ``stack``): a call for each read started, which
         waits for it and gives the bytes it read."""
         raise NotImplementedError
 
     def read(self, shard: Shard) -> Any:
-        """``shard``'s ranges in one buffer of ``shard.size`` bytes on this target."""
+        """``shard``'s ranges end to end in one buffer on this target (``Shard.layout``)."""
         return self.read_run((shard,))
 
     def read_run(self, shards: Sequence[Shard]) -> Any:
@@ -131,12 +131,12 @@ class Target:
             _check_count(shard, nread)
             self.record(shard, time.perf_counter() - start, REMOTE_ROUTES[self.name])
             return buffer
-        buffer, view = self._allocate(sum(shard.size for shard in shards))
+        buffer, view = self._allocate(sum(shard.nbytes for shard in shards))
         counts: list[int] = []
         at = 0
         for first in range(0, len(shards), FILES_AT_ONCE):
             batch = shards[first : first + FILES_AT_ONCE]
-            size = sum(shard.size for shard in batch)
+            size = sum(shard.nbytes for shard in batch)
             counts += self._read_files(batch, view[at : at + size])
             at += size
         for shard, nread in zip(shards, counts, strict=True):
@@ -152,9 +152,9 @@ class Target:
             try:
                 for shard in shards:
                     file = stack.enter_context(self.checked(shard))
-                    view_of = view[at : at + shard.size]
+                    view_of = view[at : at + shard.nbytes]
                     started.append(self._start_read(shard, file, view_of, stack))
-                    at += shard.size
+                    at += shard.nbytes
             except BaseException:  # a later file missing, changed or refused: the reads of
                 for waits in started:  # the files before it end before their files close
                     _settle(waits)

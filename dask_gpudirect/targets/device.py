@@ -8,6 +8,7 @@ pinned bounce buffers, then host-to-device: two copies) elsewhere; the ledger re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import time
@@ -26,6 +27,7 @@ import rmm
 from .. import cudf_compat, remote
 from ..compat import PYARROW_DEFAULTS, Conversion
 from ..errors import InputError
+from ..formats.parquet import TAIL
 from ..shards import decoding
 from . import Order, Target
 
@@ -56,20 +58,58 @@ def _decode_parquet(
     return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
 
 
-def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
-    """One libcudf decode of ``shards`` from ``sources`` (a path or a device buffer each), end
-    to end, float16 as float32, with the rows their footers promise. Where the call fails, the
-    shard whose source fails alone is named."""
-    row_groups = [list(shard.part.row_groups) for shard in shards]
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """Device bytes at ``ptr`` as libcudf's readers take them (pylibcudf's Span protocol)."""
+
+    ptr: int
+    size: int
+
+
+def _decode_packed(shard: Shard, buffer: rmm.DeviceBuffer, columns: list[str]) -> cudf.DataFrame:
+    """``shard`` decoded from its ranges alone, end to end in ``buffer`` (``Shard.layout``),
+    by libcudf's hybrid-scan reader: the footer (the buffer's last bytes) on the host, each
+    column chunk a span of the buffer, as cudf-polars' split scans read a file. No buffer
+    of the whole file: a remote file cut into k shards cost k times its size before."""
+    import cudf
+
+    data = cupy.asarray(buffer)
+    tail = data[-TAIL:].get().tobytes()  # the footer's length, then the magic bytes
+    length = int.from_bytes(tail[:4], "little")
+    footer = data[-TAIL - length : -TAIL].get().tobytes()
+    options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo([])).build()
+    options.set_column_names(columns)
+    reader = plc.io.experimental.HybridScanReader(footer, options)
+    row_groups, layout = list(shard.part.row_groups), shard.layout
+    chunks = reader.all_column_chunks_byte_ranges(row_groups, options)
+    spans = [_Span(buffer.ptr + layout.at(c.offset, c.size), c.size) for c in chunks]
+    return cudf.DataFrame.from_pylibcudf(reader.materialize_all_columns(row_groups, spans, options))
+
+
+def _decoded(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
+    """``shards`` decoded end to end from ``sources``: files by path in one libcudf read, or
+    the device buffers of remote shards (:func:`_decode_packed`) one by one."""
+    import cudf
+
     columns = list(shards[0].part.read_columns)
+    if not isinstance(sources[0], rmm.DeviceBuffer):
+        return _decode_parquet(sources, [list(s.part.row_groups) for s in shards], columns)
+    frames = [_decode_packed(s, b, columns) for s, b in zip(shards, sources, strict=True)]
+    return cudf.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
+    """``shards`` decoded from ``sources`` (a path or a device buffer each), end to end,
+    float16 as float32, with the rows their footers promise. Where the decode fails, the
+    shard whose source fails alone is named."""
     try:
-        frame = _decode_parquet(sources, row_groups, columns)
+        frame = _decoded(shards, sources)
     except MemoryError:
         raise
     except Exception as exc:  # one call for many files names none: find the one
-        for shard, source, rgs in zip(shards, sources, row_groups, strict=True):
+        for shard, source in zip(shards, sources, strict=True):
             with decoding(shard):
-                _decode_parquet([source], [rgs], columns)
+                _decoded([shard], [source])
         with decoding(*shards):
             raise exc from None
     frame = halves_as_float32(frame, shards[0].part.halves)
@@ -620,24 +660,18 @@ class DeviceTarget(Target):
         # kvikio opens by name: the descriptor's own name opens the very file we checked
         f = stack.enter_context(kvikio.CuFile(file.same_file_path, "r"))
         _check_same_file(file, f.fileno())
-        return [
-            f.pread(view[offset - shard.base : offset - shard.base + length], length, offset).get
-            for offset, length in shard.ranges
-            if length
-        ]
+        places = zip(shard.ranges, shard.layout.offsets, strict=False)
+        return [f.pread(view[at : at + n], n, o).get for (o, n), at in places if n]
 
     def _read_object(self, shard: Shard, obj: remote.Object) -> tuple[rmm.DeviceBuffer, int]:
         """``shard``'s ranges straight into GPU memory by ``kvikio.RemoteFile``: parallel range
         requests on kvikio's threads, in its task size."""
-        buffer = rmm.DeviceBuffer(size=shard.size)
+        buffer = rmm.DeviceBuffer(size=shard.nbytes)
         view = cupy.asarray(buffer)
+        places = zip(shard.ranges, shard.layout.offsets, strict=False)
         try:
             with remote_file(obj) as f:
-                futures = [
-                    f.pread(view[o - shard.base : o - shard.base + n], n, o)
-                    for o, n in shard.ranges
-                    if n
-                ]
+                futures = [f.pread(view[at : at + n], n, o) for (o, n), at in places if n]
                 nread = sum(fut.get() for fut in futures)
         except RuntimeError as exc:  # kvikio's HTTP errors (status, connection) from C++
             raise remote.error(shard.path, exc, obj.store) from None
@@ -662,9 +696,8 @@ class DeviceTarget(Target):
         return frame
 
     def _read_remote_parquet(self, shards: Sequence[Shard]) -> cudf.DataFrame:
-        """Remote shards, each read into a device buffer (where its ranges lie in the file;
-        the rest is never read), all at once, then decoded by libcudf in one call, end to end
-        (one call per small file costs ~10 ms, as for local files)."""
+        """Remote shards, each read into a device buffer of its ranges alone, all at once,
+        then decoded by libcudf (:func:`_decode_packed`)."""
         return _decode_run(shards, list(self._remote_pool().map(self.read, shards)))
 
     def _remote_pool(self) -> ThreadPoolExecutor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import itertools
 import json
 import os
@@ -19,6 +20,7 @@ from dask.dataframe.io.parquet.arrow import ArrowDatasetEngine
 from .. import remote
 from ..compat import PYARROW_DEFAULTS, Conversion
 from ..errors import InputError
+from ..formats.parquet import MAGIC, TAIL
 from ..shards import decoding
 from . import Order, Target
 
@@ -299,15 +301,15 @@ class HostTarget(Target):
             self._remote_pool = ThreadPoolExecutor(
                 settings.connections, thread_name_prefix="gpudirect-remote"
             )
-        buffer = np.empty(shard.size, dtype=np.uint8)
+        buffer = np.empty(shard.nbytes, dtype=np.uint8)
         futures = [
-            (o, self._remote_pool.submit(obj.pread, n, o))
-            for o, n in remote.pieces(shard.ranges, settings.range_size)
+            (at, self._remote_pool.submit(obj.pread, n, o))
+            for o, at, n in shard.layout.pieces(settings.range_size)
         ]
         nread = 0
-        for o, future in futures:
+        for at, future in futures:
             data = future.result()
-            buffer[o - shard.base : o - shard.base + len(data)] = np.frombuffer(data, np.uint8)
+            buffer[at : at + len(data)] = np.frombuffer(data, np.uint8)
             nread += len(data)
         return buffer, nread
 
@@ -320,14 +322,8 @@ class HostTarget(Target):
     ) -> list[Callable[[], int]]:
         """Reads of ``task_size`` bytes on this target's threads."""
         return [
-            self.pool.submit(
-                _pread_into,
-                file.fd,
-                view[o - shard.base : o - shard.base + min(self.task_size, offset + length - o)],
-                o,
-            ).result
-            for offset, length in shard.ranges
-            for o in range(offset, offset + length, self.task_size)
+            self.pool.submit(_pread_into, file.fd, view[at : at + n], o).result
+            for o, at, n in shard.layout.pieces(self.task_size)
         ]
 
     def decode_run(self, shards: Sequence[Shard]) -> pd.DataFrame:
@@ -339,7 +335,8 @@ class HostTarget(Target):
             buffer = self.read(shard)
             part = shard.part
             with decoding(shard):
-                file = pq.ParquetFile(pa.py_buffer(buffer))
+                packed = PackedFile(buffer, shard)
+                file = pq.ParquetFile(pa.PythonFile(packed, mode="r"), metadata=packed.footer())
                 rgs, columns = list(part.row_groups), list(part.read_columns)
                 table = _cast(file.read_row_groups(rgs, columns=columns), part.casts)
                 tables.append(table if part.pandas is None else _with_pandas(table, part.pandas))
@@ -358,6 +355,48 @@ class HostTarget(Target):
         self.pool.shutdown(wait=False, cancel_futures=True)
         if self._remote_pool is not None:
             self._remote_pool.shutdown(wait=False, cancel_futures=True)
+
+
+class PackedFile(io.RawIOBase):
+    """A Parquet file as pyarrow reads it, from a shard's buffer: its ranges alone, end to
+    end (``Shard.layout``), where a buffer of the whole file cost its size in memory for
+    each shard (a file larger than memory could not be read). Reading a byte outside them
+    is an error: the plan missed a range."""
+
+    def __init__(self, buffer: np.ndarray, shard: Shard):
+        self.buffer = buffer.data
+        self.layout = shard.layout
+        offset, length = shard.ranges[-1]
+        self.end = offset + length  # a Parquet shard reads the file's footer, to its end
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        start = {os.SEEK_SET: 0, os.SEEK_CUR: self.position, os.SEEK_END: self.end}[whence]
+        self.position = start + offset
+        return self.position
+
+    def footer(self) -> pq.FileMetaData:
+        """The file's footer, parsed from the buffer's last bytes: pyarrow's own first read
+        of a file takes its last 64 KiB at once, whatever the footer's size."""
+        tail = self.buffer[len(self.buffer) - TAIL :]
+        length = int.from_bytes(tail[:4], "little")
+        footer = self.buffer[len(self.buffer) - TAIL - length :]
+        return pq.read_metadata(pa.BufferReader(MAGIC + bytes(footer)))
+
+    def read(self, size: int = -1) -> memoryview:
+        size = self.end - self.position if size < 0 else min(size, self.end - self.position)
+        at = self.layout.at(self.position, size)
+        self.position += size
+        return self.buffer[at : at + size]
 
 
 def _cast(table: pa.Table, casts: tuple[tuple[str, pa.DataType], ...]) -> pa.Table:

@@ -6,6 +6,8 @@ InputErrors naming the URL. The servers are the CPU tests' (``tests/object_serve
 
 from __future__ import annotations
 
+import os
+
 import gpu_helpers as h
 import numpy as np
 import pytest
@@ -98,3 +100,53 @@ def test_http_connection_cut_mid_read(cuda_tcp, http_url):
         server.cut_next = 0
     assert info.value.path == url
     h.assert_same_array(compute(cuda_tcp, arr), np.arange(1000, dtype="<i4"))  # cluster fine
+
+
+def test_http_parquet_of_nested_types_reads_as_its_local_copy(cuda_tcp, http_url):
+    """A remote shard is decoded from its ranges alone (libcudf's hybrid-scan reader over
+    one device buffer of them): nested columns, maps and float16, whole files and a row
+    group a partition, read as the same files on a local disk (one libcudf read of paths)."""
+    from util import write_nested_parquet
+
+    base, root, _ = http_url
+    (root / "nested").mkdir()
+    paths = write_nested_parquet(root / "nested")
+    urls = [f"{base}/nested/{os.path.basename(p)}" for p in paths]
+    for split in (False, True):
+        local = dg.read_parquet(paths, split_row_groups=split, target="device", client=cuda_tcp)
+        served = dg.read_parquet(urls, split_row_groups=split, target="device", client=cuda_tcp)
+        assert served.npartitions == local.npartitions
+        expected = cuda_tcp.compute(local).result().reset_index(drop=True)
+        got = cuda_tcp.compute(served).result().reset_index(drop=True)
+        h.assert_same_table(h.cudf_to_arrow(got), h.cudf_to_arrow(expected))
+
+
+def test_http_parquet_shard_takes_device_memory_of_its_ranges_alone(cuda_tcp, http_url):
+    """One column of one row group of a remote file of 16 columns and 8 row groups: the read
+    allocates about its bytes on the GPU, not the file's (a buffer of the whole file for
+    every shard made a file cut into k shards cost k times its size in flight)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dask_gpudirect.formats import parquet
+    from dask_gpudirect.plugin import current_plugin
+
+    base, root, _ = http_url
+    table = pa.table({f"c{i}": np.arange(1 << 20, dtype="float64") + i for i in range(16)})
+    pq.write_table(table, root / "wide.parquet", row_group_size=1 << 17, compression="none")
+    url = f"{base}/wide.parquet"
+    shard = parquet.projected(parquet.plan([url], None, None, 1, "device").shards[3], ["c5"])
+
+    def read(shard):
+        import rmm.statistics
+
+        with current_plugin().target("device").used() as target:
+            with rmm.statistics.statistics():
+                frame = target.decode_run([shard])
+                peak = rmm.statistics.get_statistics().peak_bytes
+        return peak, frame["c5"].to_numpy()
+
+    peak, values = cuda_tcp.submit(read, shard, pure=False).result()
+    size = (root / "wide.parquet").stat().st_size
+    assert peak < size / 16, (peak, size)
+    np.testing.assert_array_equal(values, np.arange(3 << 17, 4 << 17, dtype="float64") + 5)
