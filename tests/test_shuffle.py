@@ -898,3 +898,62 @@ def test_shuffle_array_rows_of_the_table_are_drawn_alone():
 def test_shuffle_array_refuses_a_billion_records(client):
     with pytest.raises(dg.InputError, match="cannot shuffle 1,000,000,001 records"):
         dg.shuffle_array(da.zeros(10**9 + 1, dtype=bool, chunks=10**8), seed=1, client=client)
+
+
+def record_pieces_memory(dask_worker) -> None:
+    """Test instrumentation: each piece this worker's shuffles keep (its own rows and those it
+    receives) is recorded as (its string column's bytes, the bytes of the Arrow buffers that
+    column holds on to)."""
+    from dask_gpudirect.shuffle.buffer import SpillBuffer
+
+    dask_worker.pieces_memory = []
+    update = SpillBuffer.update
+
+    def recorded(self, pieces):
+        for rows in pieces.values():
+            column = rows["s"].array._pa_array
+            held = sum(b.size for c in column.chunks for b in c.buffers() if b is not None)
+            dask_worker.pieces_memory.append((column.nbytes, held))
+        return update(self, pieces)
+
+    recorded.original = update
+    SpillBuffer.update = recorded
+
+
+def pieces_memory_recorded(dask_worker) -> list[tuple[int, int]]:
+    from dask_gpudirect.shuffle.buffer import SpillBuffer
+
+    SpillBuffer.update = SpillBuffer.update.original
+    return dask_worker.pieces_memory
+
+
+def test_rows_a_worker_keeps_for_itself_hold_only_their_own_memory(tcp):
+    """The rows of a worker's split chunk that it keeps for itself wait, with those it
+    receives, until its outputs are built: they must hold their own memory, not the whole
+    chunk (a slice of it held every row its peers were sent too, while the worker counted,
+    and spilled, the slice at its own size)."""
+    rows = 200_000
+    halves = [
+        pd.DataFrame(
+            {"k": np.arange(rows) + h * rows, "s": [f"value-{i:012d}" for i in range(rows)]}
+        )
+        for h in range(2)
+    ]
+    workers = sorted(tcp.nthreads())
+    futures = [
+        tcp.scatter(half, workers=[w], hash=False) for half, w in zip(halves, workers, strict=True)
+    ]
+    df = dd.from_delayed(futures, meta=halves[0].iloc[:0], verify_meta=False)
+    tcp.run(record_pieces_memory)
+    try:
+        out = dg.shuffle(df, "k", npartitions=2, client=tcp)
+    finally:
+        kept = tcp.run(pieces_memory_recorded)
+    assert_frame_equal(
+        compute(tcp, out).sort_values("k").reset_index(drop=True),
+        pd.concat(halves, ignore_index=True),
+    )
+    for worker, pieces in kept.items():
+        assert len(pieces) == 2, pieces  # its own rows and its peer's
+        for own, held in pieces:
+            assert held < 1.1 * own, (worker, pieces)

@@ -89,7 +89,7 @@ def test_an_empty_output_holds_none_of_its_chunks_memory():
     chunk = pd.DataFrame({"s": [f"value-{i:08d}" for i in range(200_000)], "k": range(200_000)})
     meta = pd.DataFrame({"s": pd.Series([], dtype="str"), "k": pd.Series([], dtype="int64")})
     splitter = HashSplit(["k"], 4, "host", meta)
-    empty = splitter.empty(chunk)
+    empty = splitter.owned(splitter.rows(chunk, 0, 0))
     del chunk
     assert pa.total_allocated_bytes() - start < 1024
     assert empty.empty and str(empty["s"].dtype) == "str" and list(empty) == ["s", "k"]

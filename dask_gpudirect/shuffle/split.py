@@ -34,8 +34,8 @@ class Splitter(Protocol):
 
     ``split`` orders a chunk's rows by output (and within one output by input) and counts them,
     a row of counts per input, or one row for the whole chunk where no input order is kept;
-    ``rows`` slices that order; ``empty`` makes an output of no rows like a chunk's, in
-    memory of its own; ``join`` concatenates pieces; ``outputs`` builds consecutive
+    ``rows`` slices that order; ``owned`` copies a slice into memory of its own (a slice
+    holds its whole chunk); ``join`` concatenates pieces; ``outputs`` builds consecutive
     outputs out of the received pieces, given the segments of them (:class:`Segments`) that
     list their rows one output after another, output ``k`` being rows ``bounds[k]`` to
     ``bounds[k + 1]`` of that list; ``meta`` is an output with no rows.
@@ -51,7 +51,7 @@ class Splitter(Protocol):
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]: ...
     def rows(self, part: Any, start: int, stop: int) -> Any: ...
-    def empty(self, chunk: Any) -> Any: ...
+    def owned(self, rows: Any) -> Any: ...
     def join(self, pieces: list) -> Any: ...
     def outputs(
         self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range
@@ -126,11 +126,10 @@ class HashSplit:
     def rows(self, part: Any, start: int, stop: int) -> Any:
         return part.iloc[start:stop]
 
-    def empty(self, chunk: Any) -> Any:
-        """An output of no rows like ``chunk``'s (its categories and types, as the task
-        shuffle's empty outputs hold the data's), in memory of its own: not holding the
-        chunk's buffers (a host slice's Arrow columns share them, a device slice its columns)."""
-        return targets.module(self.target).copied(chunk.iloc[:0])
+    def owned(self, rows: Any) -> Any:
+        """``rows`` in memory of their own: a host slice's Arrow columns share the chunk's
+        buffers, a device slice its columns."""
+        return targets.module(self.target).copied(rows)
 
     def join(self, pieces: list) -> Any:
         return targets.module(self.target).concat_frames(pieces, self.meta, self.index)
@@ -202,9 +201,8 @@ class PermutationSplit:
     def rows(self, chunk: Any, start: int, stop: int) -> Any:
         return chunk[start:stop]
 
-    def empty(self, chunk: Any) -> Any:
-        """No records of ``chunk``, in memory of its own."""
-        return chunk[:0].copy()
+    def owned(self, rows: Any) -> Any:
+        return rows.copy()
 
     def join(self, pieces: list) -> Any:
         """``pieces`` end to end, in their own dtype: NumPy's concatenate makes big-endian

@@ -172,7 +172,7 @@ class ShuffleRun:
         for group, outputs in enumerate(groups):
             received = self.received.pop(group, {})
             if not received:
-                # no rows: like this worker's own split rows (Splitter.empty), else the meta
+                # no rows: like this worker's own split rows (its first chunk's), else the meta
                 yield {j: splitter.meta if empty is None else empty for j in outputs}
                 continue
             firsts = sorted(received)
@@ -605,20 +605,24 @@ class ShuffleService:
         """The ``distributed`` engine: pieces to their owners over Distributed's comms."""
         me = self.worker.address
         groups = {w: exchange.groups_of(w) for w in exchange.participants}
-        empty = None  # what an output of no rows holds: like this worker's first chunk
+        splitter = exchange.splitter
+        # what an output of no rows holds: like this worker's first chunk (its categories, as
+        # the task shuffle's empty outputs hold the data's), not holding the chunk
+        empty = None
         for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, run, clock):
             if empty is None:
-                empty = exchange.splitter.empty(ordered)
+                empty = splitter.owned(splitter.rows(ordered, 0, 0))
             with clock("send"):  # waits while max-in-flight bytes are on the wire
                 for dest, runs in groups.items():
                     pieces = [
                         (g, js.start, counts[:, js.start : js.stop], rows)
                         for g, js in enumerate(runs)
-                        if (rows := _rows(exchange.splitter, ordered, offsets, js)) is not None
+                        if (rows := _rows(splitter, ordered, offsets, js)) is not None
                     ]
                     if not pieces:
                         continue
-                    if dest == me:
+                    if dest == me:  # kept as long as the outputs wait: not holding the chunk
+                        pieces = [(*p[:3], _owned(splitter, ordered, p[3])) for p in pieces]
                         self._keep_own(exchange, run, (indices, pieces))
                     else:
                         self.on_loop(run.send, exchange, dest, (indices, pieces))
@@ -726,6 +730,13 @@ def _rows(splitter: Splitter, ordered: Any, offsets: np.ndarray, outputs: range)
     """The rows of a split chunk bound for ``outputs`` (one slice), or None where there are none."""
     start, stop = offsets[outputs.start], offsets[outputs.stop]
     return splitter.rows(ordered, start, stop) if stop > start else None
+
+
+def _owned(splitter: Splitter, chunk: Any, rows: Any) -> Any:
+    """``rows`` of ``chunk`` in memory of their own, unless they are all of it: a slice kept
+    by this worker held the whole split chunk, its peers' rows too, while it was counted (and
+    spilled) at its own size."""
+    return rows if len(rows) == len(chunk) else splitter.owned(rows)
 
 
 def _nbytes(message: tuple) -> int:
