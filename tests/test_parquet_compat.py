@@ -741,3 +741,47 @@ def test_a_column_required_in_one_file_and_nullable_in_another_reads_as_in_dask(
     pq.write_table(pa.table({"v": [3, None]}), tmp_path / "1.parquet")
     got = compute(tcp, dg.read_parquet(tmp_path, blocksize="1GiB", client=tcp))
     pd.testing.assert_frame_equal(got, dd.read_parquet(tmp_path).compute())
+
+
+def with_created_by(path, writer: bytes) -> None:
+    """Rewrite ``path``'s footer to say ``writer`` wrote the file (its data unchanged)."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - length : -8]
+    old = pq.read_metadata(path).created_by.encode()
+    footer = footer.replace(bytes([len(old)]) + old, bytes([len(writer)]) + writer, 1)
+    path.write_bytes(data[: -8 - length] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+
+
+@pytest.mark.parametrize("writer", [b"parquet-mr version 1.2.8 (build 1)", b"parquet-mr"])
+def test_files_of_parquet_mr_before_1_2_9_read_as_pyarrow_reads_them(tcp, tmp_path, writer):
+    """pyarrow reads 100 bytes past each column chunk of a file parquet-mr 1.2.8 or older
+    wrote (its sizes left out a header, PARQUET-816): the read plans them too. They were
+    left out, and a shard's buffer holds only what the read planned."""
+    path = tmp_path / "old.parquet"
+    rng = np.random.default_rng(0)
+    table = pa.table({c: rng.random(20_000) for c in "xyz"})
+    pq.write_table(table, path, use_dictionary=False, row_group_size=5_000)
+    with_created_by(path, writer)
+    assert pq.read_metadata(path).created_by == writer.decode()
+    for columns in (["x"], ["y"], None):
+        got = compute(tcp, dg.read_parquet(path, columns=columns, blocksize=1, client=tcp))
+        expected = pq.read_table(path, columns=columns).to_pandas()
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), expected)
+    df = dg.read_parquet(path, split_row_groups=True, client=tcp)
+    assert compute(tcp, df.y.sum()) == pytest.approx(table["y"].to_numpy().sum())
+
+
+def test_a_column_named_like_a_struct_field_reads_alone(tcp, tmp_path):
+    """A column ``a.b`` beside a struct ``a`` with a field ``b``: ``columns=["a.b"]`` is that
+    column, as pyarrow's read_table gives it (its ParquetFile takes the field by name too)."""
+    path = tmp_path / "dotted.parquet"
+    rng = np.random.default_rng(0)
+    n = 20_000
+    field = pa.StructArray.from_arrays([pa.array(rng.random(n))], names=["b"])
+    pq.write_table(pa.table({"a": field, "pad": rng.random(n), "a.b": rng.random(n)}), path)
+    expected = pq.read_table(path, columns=["a.b"]).to_pandas()
+    got = compute(tcp, dg.read_parquet(path, columns=["a.b"], client=tcp))
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), expected)
+    after = dg.read_parquet(path, client=tcp)[["a.b"]]
+    pd.testing.assert_frame_equal(compute(tcp, after).reset_index(drop=True), expected)
