@@ -475,3 +475,16 @@ def test_s3_connection_cut_mid_read(tcp, s3_proxy, local_data):
     np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
     proxy.cut_next = 1  # once: the SDK tries again and the read is whole
     np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
+
+
+def test_remote_settings_from_environment_variables():
+    """``DASK_GPUDIRECT__REMOTE__RANGE_SIZE=1000``, as a deployment sets the workers' config:
+    Dask stores that key as ``range_size``, which the settings must find as ``range-size``."""
+    import subprocess
+    import sys
+
+    code = "from dask_gpudirect import remote; print(remote.Settings.current().range_size)"
+    env = {**os.environ, "DASK_GPUDIRECT__REMOTE__RANGE_SIZE": "1000"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1000"
