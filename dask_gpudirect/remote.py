@@ -252,13 +252,15 @@ class Settings:
 
     @classmethod
     def current(cls) -> Settings:
-        config = dask.config.get("gpudirect.remote")
+        def get(key: str) -> Any:  # by Dask's names: DASK_GPUDIRECT__REMOTE__RANGE_SIZE
+            return dask.config.get(f"gpudirect.remote.{key}")  # sets "range_size"
+
         return cls(
-            connections=int(config["connections"]),
-            range_size=parse_bytes(config["range-size"]),
-            retries=int(config["retries"]),
-            backoff=float(parse_timedelta(config["backoff"])),
-            timeout=float(parse_timedelta(config["timeout"])),
+            connections=int(get("connections")),
+            range_size=parse_bytes(get("range-size")),
+            retries=int(get("retries")),
+            backoff=float(parse_timedelta(get("backoff"))),
+            timeout=float(parse_timedelta(get("timeout"))),
         )
 
 

@@ -753,17 +753,19 @@ def with_created_by(path, writer: bytes) -> None:
     path.write_bytes(data[: -8 - length] + footer + len(footer).to_bytes(4, "little") + b"PAR1")
 
 
-@pytest.mark.parametrize("writer", [b"parquet-mr version 1.2.8 (build 1)", b"parquet-mr"])
+@pytest.mark.parametrize(
+    "writer", [b"parquet-mr version 1.2.8 (build 1)", b"parquet-mr", b" parquet-mr version 1.0"]
+)
 def test_files_of_parquet_mr_before_1_2_9_read_as_pyarrow_reads_them(tcp, tmp_path, writer):
     """pyarrow reads 100 bytes past each column chunk of a file parquet-mr 1.2.8 or older
-    wrote (its sizes left out a header, PARQUET-816): the read plans them too. They were
-    left out, and a shard's buffer holds only what the read planned."""
+    wrote (its sizes left out a header, PARQUET-816; Arrow trims the writer's name first):
+    the read plans them too. They were left out, and a shard's buffer holds only what the
+    read planned."""
     path = tmp_path / "old.parquet"
     rng = np.random.default_rng(0)
     table = pa.table({c: rng.random(20_000) for c in "xyz"})
     pq.write_table(table, path, use_dictionary=False, row_group_size=5_000)
     with_created_by(path, writer)
-    assert pq.read_metadata(path).created_by == writer.decode()
     for columns in (["x"], ["y"], None):
         got = compute(tcp, dg.read_parquet(path, columns=columns, blocksize=1, client=tcp))
         expected = pq.read_table(path, columns=columns).to_pandas()

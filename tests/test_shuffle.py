@@ -903,7 +903,7 @@ def test_shuffle_array_refuses_a_billion_records(client):
 def record_pieces_memory(dask_worker) -> None:
     """Test instrumentation: each piece this worker's shuffles keep (its own rows and those it
     receives) is recorded as (its string column's bytes, the bytes of the Arrow buffers that
-    column holds on to)."""
+    column holds on to), and the same of its index of strings."""
     from dask_gpudirect.shuffle.buffer import SpillBuffer
 
     dask_worker.pieces_memory = []
@@ -911,9 +911,10 @@ def record_pieces_memory(dask_worker) -> None:
 
     def recorded(self, pieces):
         for rows in pieces.values():
-            column = rows["s"].array._pa_array
-            held = sum(b.size for c in column.chunks for b in c.buffers() if b is not None)
-            dask_worker.pieces_memory.append((column.nbytes, held))
+            for strings in (rows["s"].array, rows.index.array):
+                column = strings._pa_array
+                held = sum(b.size for c in column.chunks for b in c.buffers() if b is not None)
+                dask_worker.pieces_memory.append((column.nbytes, held))
         return update(self, pieces)
 
     recorded.original = update
@@ -930,12 +931,13 @@ def pieces_memory_recorded(dask_worker) -> list[tuple[int, int]]:
 def test_rows_a_worker_keeps_for_itself_hold_only_their_own_memory(tcp):
     """The rows of a worker's split chunk that it keeps for itself wait, with those it
     receives, until its outputs are built: they must hold their own memory, not the whole
-    chunk (a slice of it held every row its peers were sent too, while the worker counted,
-    and spilled, the slice at its own size)."""
+    chunk (a slice of it held every row its peers were sent too, its labels as well, while
+    the worker counted, and spilled, the slice at its own size)."""
     rows = 200_000
     halves = [
         pd.DataFrame(
-            {"k": np.arange(rows) + h * rows, "s": [f"value-{i:012d}" for i in range(rows)]}
+            {"k": np.arange(rows) + h * rows, "s": [f"value-{i:012d}" for i in range(rows)]},
+            index=pd.Index([f"row-{h}-{i:012d}" for i in range(rows)], dtype="str"),
         )
         for h in range(2)
     ]
@@ -949,11 +951,8 @@ def test_rows_a_worker_keeps_for_itself_hold_only_their_own_memory(tcp):
         out = dg.shuffle(df, "k", npartitions=2, client=tcp)
     finally:
         kept = tcp.run(pieces_memory_recorded)
-    assert_frame_equal(
-        compute(tcp, out).sort_values("k").reset_index(drop=True),
-        pd.concat(halves, ignore_index=True),
-    )
+    assert_frame_equal(compute(tcp, out).sort_values("k"), pd.concat(halves))
     for worker, pieces in kept.items():
-        assert len(pieces) == 2, pieces  # its own rows and its peer's
+        assert len(pieces) == 4, pieces  # its own rows and its peer's: values and labels
         for own, held in pieces:
             assert held < 1.1 * own, (worker, pieces)

@@ -177,3 +177,41 @@ def test_a_parquet_shard_is_read_into_a_buffer_of_its_ranges_alone(client, tmp_p
     assert nbytes == shard.nbytes < path.stat().st_size / 30
     expected = table.slice(75_000, 25_000).select(["c5"]).to_pandas()
     pd.testing.assert_frame_equal(frame, expected)
+
+
+def test_a_parquet_shard_s_raw_bytes_go_once_decoded(tmp_path, monkeypatch):
+    """A run of Parquet files decodes one shard at a time: each shard's raw bytes are let go
+    once pyarrow has decoded them, not held through the next shard's read or the conversion
+    to pandas (which raised a worker's peak by the raw bytes of a row group)."""
+    import weakref
+
+    from dask_gpudirect.config import resolve_options
+    from dask_gpudirect.formats import parquet
+    from dask_gpudirect.ledger import Ledger
+    from dask_gpudirect.targets import host
+
+    paths = [str(tmp_path / f"{i}.parquet") for i in range(3)]
+    for i, path in enumerate(paths):
+        pq.write_table(pa.table({"x": np.arange(10_000) + i, "y": np.ones(10_000)}), path)
+    shards = parquet.plan(paths, None, None, 1 << 30, "host").shards
+    target = host.HostTarget(resolve_options({"threads": 2}), Ledger("w", 10))
+    buffers, alive = [], []
+    read, to_pandas = target.read, host._to_pandas
+
+    def tracked(shard):
+        alive.append(sum(b() is not None for b in buffers))
+        buffers.append(weakref.ref(buffer := read(shard)))
+        return buffer
+
+    def converted(table, *args):
+        alive.append(sum(b() is not None for b in buffers))
+        return to_pandas(table, *args)
+
+    monkeypatch.setattr(target, "read", tracked)
+    monkeypatch.setattr(host, "_to_pandas", converted)
+    try:
+        frame = target.decode_run(shards)
+    finally:
+        target.close()
+    assert alive == [0, 0, 0, 0]
+    assert frame["x"].sum() == sum(np.arange(10_000).sum() + 10_000 * i for i in range(3))

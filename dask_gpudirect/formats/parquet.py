@@ -422,7 +422,7 @@ _PARQUET_MR = re.compile(r"parquet-mr(?![\w-])(?:\s+version\s+(\d+)(?:\.(\d+))?(
 def _before_parquet_816(created_by: str | None) -> bool:
     """Whether Arrow takes ``created_by`` for parquet-mr older than 1.2.9 (the application's
     name as written, a missing version part as 0)."""
-    match = _PARQUET_MR.match(created_by or "")
+    match = _PARQUET_MR.match((created_by or "").lstrip())  # Arrow trims leading spaces
     return match is not None and tuple(int(g or 0) for g in match.groups()) < (1, 2, 9)
 
 

@@ -621,11 +621,14 @@ class ShuffleService:
                     ]
                     if not pieces:
                         continue
-                    if dest == me:  # kept as long as the outputs wait: not holding the chunk
-                        pieces = [(*p[:3], _owned(splitter, ordered, p[3])) for p in pieces]
-                        self._keep_own(exchange, run, (indices, pieces))
-                    else:
+                    if dest != me:
                         self.on_loop(run.send, exchange, dest, (indices, pieces))
+                        continue
+                    # kept until the outputs are built: a slice of a chunk that holds peers'
+                    # rows held them all, while the buffer counted (and spilled) its own size
+                    if sum(len(rows) for *_, rows in pieces) < len(ordered):
+                        pieces = [(*p[:3], splitter.owned(p[3])) for p in pieces]
+                    self._keep_own(exchange, run, (indices, pieces))
             ordered, pieces = None, []  # let the joined copy go before the next split
         with clock("wait for peers"):
             self.on_loop(run.finish, exchange)
@@ -730,13 +733,6 @@ def _rows(splitter: Splitter, ordered: Any, offsets: np.ndarray, outputs: range)
     """The rows of a split chunk bound for ``outputs`` (one slice), or None where there are none."""
     start, stop = offsets[outputs.start], offsets[outputs.stop]
     return splitter.rows(ordered, start, stop) if stop > start else None
-
-
-def _owned(splitter: Splitter, chunk: Any, rows: Any) -> Any:
-    """``rows`` of ``chunk`` in memory of their own, unless they are all of it: a slice kept
-    by this worker held the whole split chunk, its peers' rows too, while it was counted (and
-    spilled) at its own size."""
-    return rows if len(rows) == len(chunk) else splitter.owned(rows)
 
 
 def _nbytes(message: tuple) -> int:

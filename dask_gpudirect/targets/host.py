@@ -127,6 +127,8 @@ def copied(part: pd.DataFrame, arrow: list[int] | None = None) -> pd.DataFrame:
     arrow = _arrow_columns(part) if arrow is None else arrow
     part = part.copy()
     positions = np.arange(len(part))
+    if not isinstance(part.index, pd.RangeIndex):  # a copy's index is a view of the slice's
+        part.index = part.index[positions]  # (take returns a view for all positions)
     for i in arrow:
         part.isetitem(i, part.iloc[:, i].array.take(positions))
     return part
@@ -341,7 +343,7 @@ class HostTarget(Target):
                 tables.append(table if part.pandas is None else _with_pandas(table, part.pandas))
             # the raw bytes are not held through the next shard's read and the conversion to
             # pandas (a row group of 1 GB peaked 30 % above Dask's read): the table owns its own
-            del file, buffer
+            del file, packed, buffer
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         return _to_pandas(table, shards[0].part.conversion)
 
