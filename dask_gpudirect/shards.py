@@ -29,7 +29,7 @@ class Shard:
     """Byte ranges of one file, read end to end into one buffer, decoded by ``part``.
 
     ``ranges`` are ``(file_offset, length)`` pairs, sorted, and the buffer holds them alone
-    (:attr:`nbytes`; :meth:`at` says where a byte of the file lies in it): a shard of a few
+    (:attr:`nbytes`; :attr:`layout` says where a byte of the file lies in it): a shard of a few
     row groups of a large file costs their bytes, not the file's. ``stamp`` is the file as
     planned, checked again by every read. ``worker`` is set by placement. ``store`` says how
     to reach a remote object (``s3://``, ``http(s)://``); its repr leaves the credentials out.
@@ -90,13 +90,13 @@ class Layout:
             raise ValueError(f"bytes {offset}..{offset + length} lie outside the ranges read")
         return self.offsets[k] + offset - self._starts[k]
 
-    def pieces(self, size: int) -> list[tuple[int, int, int]]:
-        """The reads of at most ``size`` bytes that fill the buffer: ``(file offset, buffer
-        offset, bytes)`` each."""
+    def pieces(self, size: int | None = None) -> list[tuple[int, int, int]]:
+        """The reads of at most ``size`` bytes (None: a range each) that fill the buffer:
+        ``(file offset, buffer offset, bytes)`` each."""
         return [
-            (o + k, at + k, min(size, n - k))
+            (o + k, at + k, min(size or n, n - k))
             for (o, n), at in zip(self.ranges, self.offsets, strict=False)
-            for k in range(0, n, size)
+            for k in range(0, n, size or max(n, 1))
         ]
 
 

@@ -660,18 +660,16 @@ class DeviceTarget(Target):
         # kvikio opens by name: the descriptor's own name opens the very file we checked
         f = stack.enter_context(kvikio.CuFile(file.same_file_path, "r"))
         _check_same_file(file, f.fileno())
-        places = zip(shard.ranges, shard.layout.offsets, strict=False)
-        return [f.pread(view[at : at + n], n, o).get for (o, n), at in places if n]
+        return [f.pread(view[at : at + n], n, o).get for o, at, n in shard.layout.pieces()]
 
     def _read_object(self, shard: Shard, obj: remote.Object) -> tuple[rmm.DeviceBuffer, int]:
         """``shard``'s ranges straight into GPU memory by ``kvikio.RemoteFile``: parallel range
         requests on kvikio's threads, in its task size."""
         buffer = rmm.DeviceBuffer(size=shard.nbytes)
         view = cupy.asarray(buffer)
-        places = zip(shard.ranges, shard.layout.offsets, strict=False)
         try:
             with remote_file(obj) as f:
-                futures = [f.pread(view[at : at + n], n, o) for (o, n), at in places if n]
+                futures = [f.pread(view[at : at + n], n, o) for o, at, n in shard.layout.pieces()]
                 nread = sum(fut.get() for fut in futures)
         except RuntimeError as exc:  # kvikio's HTTP errors (status, connection) from C++
             raise remote.error(shard.path, exc, obj.store) from None
