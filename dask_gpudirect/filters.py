@@ -260,6 +260,7 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
     orders only an ordered categorical, and by its categories' order)."""
     if op not in ("=", "==", "!=") and str(series.dtype) == "category":
         series = series.astype(series.cat.categories.dtype)
+    series = _widened(series)
     if _inexact_int(series, value):
         # no float equals it; the nearest float below or above it bounds it exactly (NumPy
         # would round it to one of them: 2**53 + 1 compared as 2**53)
@@ -283,12 +284,37 @@ def _isin(series: Any, values: Any) -> Any:
     """pyarrow's ``is_in`` on a pandas or cuDF series: a null is in ``values`` iff None is."""
     values = list(values)
     wanted: Any = [v for v in values if v is not None and not _inexact_int(series, v)]
+    if _narrow_float(series):  # pyarrow casts the values to the column's type: 0.1 is in 0.1f
+        kind = getattr(series.dtype, "numpy_dtype", series.dtype).type
+        wanted = [float(kind(v)) if isinstance(v, numbers.Real) else v for v in wanted]
+        series = _widened(series)  # pandas hashes no float16
     if any(isinstance(v, bytes) for v in wanted):  # not NumPy bytes, which drop trailing NULs
         wanted = np.array(wanted, dtype=object)
     found = series.isin(wanted).fillna(False).astype(bool)
     if any(v is None for v in values):
         return found | series.isna()
     return found & series.notna()
+
+
+def _narrow_float(series: Any) -> bool:
+    """Whether ``series`` holds floats narrower than float64 in NumPy's types or pandas'
+    nullable ones (pandas' Arrow types compare as pyarrow does already)."""
+    dtype = series.dtype
+    return (
+        getattr(dtype, "kind", None) == "f"
+        and dtype.itemsize < 8
+        and not isinstance(dtype, pd.ArrowDtype)
+    )
+
+
+def _widened(series: Any) -> Any:
+    """``series`` compared as pyarrow compares a float32 column with a Python float: in
+    float64 (NumPy 2 would cast the value down: ``0.1f == 0.1``, ``1/3 > 1/3f``)."""
+    if not _narrow_float(series):
+        return series
+    return series.astype(
+        "Float64" if isinstance(series.dtype, pd.api.extensions.ExtensionDtype) else np.float64
+    )
 
 
 def _inexact_int(series: Any, value: Any) -> bool:

@@ -486,6 +486,27 @@ def test_float_filter_values_on_an_int_column(tcp, tmp_path, filters):
     )
 
 
+@pytest.mark.parametrize("dtype_backend", [None, "numpy_nullable"])
+def test_float_filter_values_on_a_float32_column(tcp, tmp_path, dtype_backend):
+    """A float32 column keeps the rows pyarrow (and so Dask) keeps: compared with a Python
+    float in float64 (``1/3`` is below ``1/3f``, ``0.1`` is not ``0.1f``), and ``in`` with its
+    values cast to float32 (``0.1f`` is in ``[0.1]``). NumPy compared in float32 and pandas'
+    ``isin`` in float64, each the other way round."""
+    values = np.array([0.05, 0.1, 1 / 3, 0.5], dtype=np.float32)
+    path = write(tmp_path / "f32.parquet", pa.table({"f": values}))
+    for filters in (
+        [("f", ">", 1 / 3)],
+        [("f", "!=", 0.1)],
+        [("f", "==", 0.1)],
+        [("f", "in", [0.1])],
+        [("f", "not in", [0.1, None])],
+    ):
+        kwargs = {"dtype_backend": dtype_backend} if dtype_backend else {}
+        got = compute(tcp, dg.read_parquet(path, filters=filters, client=tcp, **kwargs))
+        expected = pq.read_table(path, filters=filters).column("f").to_pylist()
+        assert got.f.tolist() == expected, filters
+
+
 def test_a_selection_after_the_read_reads_only_its_columns(tcp, tmp_path):
     """Dask's optimizer pushes a later selection into the read, as into ``dd.read_parquet``'s:
     ``df[["a"]]`` and ``df.a`` read the column chunks ``columns=["a"]`` reads (the ledger's

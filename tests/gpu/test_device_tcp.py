@@ -109,6 +109,17 @@ def test_parquet_filters(cuda_tcp, parquet_dir, name):
     h.assert_same_table(h.cudf_to_arrow(compute(cuda_tcp, ddf)), expected)
 
 
+def test_float_filter_values_on_a_float32_column(cuda_tcp, tmp_path):
+    """cuDF's float32 column keeps the rows pyarrow keeps: compared with a Python float in
+    float64, ``in`` with its values cast to float32 (tests/test_parquet.py, on the host)."""
+    path = str(tmp_path / "f32.parquet")
+    pq.write_table(pa.table({"f": np.array([0.05, 0.1, 1 / 3, 0.5], dtype=np.float32)}), path)
+    for filters in ([("f", ">", 1 / 3)], [("f", "==", 0.1)], [("f", "in", [0.1])]):
+        ddf = dg.read_parquet(path, filters=filters, target="device", client=cuda_tcp)
+        got = compute(cuda_tcp, ddf).f.to_arrow().to_pylist()
+        assert got == pq.read_table(path, filters=filters).column("f").to_pylist(), filters
+
+
 def test_len_of_a_filtered_read_counts_the_kept_rows(cuda_tcp, parquet_dir):
     """A filter left to drop rows after decoding: ``len`` reads, and counts what cuDF kept."""
     directory, paths = parquet_dir
