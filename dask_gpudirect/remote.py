@@ -86,8 +86,7 @@ _SAFE = "/%:@!$&'()*+,;=~"
 
 
 def _redacted(parts: urllib.parse.SplitResult) -> str:
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    netloc = parts.netloc.rpartition("@")[2]  # the host and port as written: [::1]:8000
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
@@ -478,34 +477,50 @@ def _http_first_byte(url: str) -> tuple[int, str]:
 
 
 def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
-    """Bytes ``offset .. offset + length`` of ``url``, checked to be of ``version``. A body cut
-    short (the connection dropped) is asked for again from where it stopped, after the same
-    backoff as a failed request, ``retries`` times at most."""
+    """Bytes ``offset .. offset + length`` of ``url``, checked to be of ``version``. A reply
+    that comes whole but shorter (a server that caps its ranges) is followed by a request for
+    the rest; a body cut short (the connection dropped) is asked for again from where it
+    stopped, after the same backoff as a failed request, ``retries`` times at most."""
     settings = Settings.current()
     data = bytearray()
-    for attempt in range(settings.retries + 1):
-        if attempt:
-            _back_off(settings, attempt - 1)
+    cuts = 0
+    while len(data) < length:
         start = offset + len(data)
-        headers = {"Range": f"bytes={start}-{offset + length - 1}"}
-        with _retried(urllib.request.Request(url, headers=headers)) as response:
-            if response.status != 206:
-                raise InputError(
-                    url, f"the server does not serve byte ranges (HTTP {response.status})"
-                )
-            now = _version(response.headers)
-            if now != version:
-                raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
+        asked = f"bytes={start}-{offset + length - 1}"
+        before, whole = len(data), False
+        with _retried(urllib.request.Request(url, headers={"Range": asked})) as response:
+            _check_range(url, response, asked, start, version)
             try:
                 data += response.read(length - len(data))
+                whole = not response.length  # all the body its Content-Length announced
             except http.client.IncompleteRead as exc:
                 data += exc.partial
             except (ConnectionError, TimeoutError):
                 pass  # what this response gave is lost with it: asked for again
-        if len(data) == length:
-            return bytes(data)
-    raise InputError(
-        url,
-        f"the connection was cut after {len(data)} of {length} bytes at {offset}, "
-        f"through gpudirect.remote.retries ({settings.retries}) retries",
-    )
+        if len(data) < length and not (whole and len(data) > before):
+            if cuts == settings.retries:
+                raise InputError(
+                    url,
+                    f"the connection was cut after {len(data)} of {length} bytes at {offset}, "
+                    f"through gpudirect.remote.retries ({settings.retries}) retries",
+                )
+            _back_off(settings, cuts)
+            cuts += 1
+    return bytes(data)
+
+
+def _check_range(
+    url: str, response: http.client.HTTPResponse, asked: str, start: int, version: str
+) -> None:
+    """That ``response`` holds the ranged bytes of ``url`` asked for, from ``start``, of
+    ``version``: a reply that starts elsewhere (its Content-Range) read as asked would be
+    other bytes, unnoticed."""
+    if response.status != 206:
+        raise InputError(url, f"the server does not serve byte ranges (HTTP {response.status})")
+    now = _version(response.headers)
+    if now != version:
+        raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
+    served = response.headers.get("Content-Range")
+    first = (served or "").removeprefix("bytes ").partition("-")[0]
+    if served is not None and first != str(start):
+        raise InputError(url, f"the server answered {served!r} to a request for {asked}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,8 @@ def view(entry: str, listing: Listing, store: remote.Store) -> View:
     """What a remote ``entry`` is: one object, a prefix's objects or a glob's matches, each
     ``(url, size, 0, 0)`` (a remote object's version stands for its modification time)."""
     if remote.scheme(entry) != "s3":
-        if entry.endswith("/") or glob.has_magic(entry):
+        # the path alone: an IPv6 host's brackets are no pattern
+        if entry.endswith("/") or glob.has_magic(urllib.parse.urlsplit(entry).path):
             raise InputError(entry, "HTTP(S) has no listing: name each file's URL")
         with remote.opened(entry, store) as obj:
             return View(FILE, ((entry, obj.stat.st_size, 0, 0),))

@@ -114,8 +114,9 @@ def s3(local_data):
 
 
 class _FaultyRangeHandler(RangeHandler):
-    """The benchmark's ranged server, able to fail: 503s, connections cut mid-body, and HEAD
-    requests refused (405)."""
+    """The benchmark's ranged server, able to fail: 503s, connections cut mid-body, HEAD
+    requests refused (405), and ranges served otherwise than asked, as the reply's
+    Content-Range says: at most ``cap`` bytes, or from the multiple of ``align`` below."""
 
     def do_HEAD(self):
         if self.server.no_head:
@@ -128,6 +129,12 @@ class _FaultyRangeHandler(RangeHandler):
             self.server.fail_next -= 1
             self.send_error(503)
             return None
+        spec = self.headers.get("Range")
+        if spec and (self.server.cap or self.server.align):
+            start, end = (int(n) for n in spec.removeprefix("bytes=").split("-"))
+            start -= start % (self.server.align or 1)
+            end = min(end, start + self.server.cap - 1) if self.server.cap else end
+            self.headers.replace_header("Range", f"bytes={start}-{end}")
         return super().send_head()
 
     def send_range(self, body, start, info):
@@ -169,6 +176,7 @@ def http_url(tmp_path_factory, local_data):
         server.cut_next = 0  # range requests whose connection drops mid-body
         server.gate = None  # a Gate that holds every range request
         server.no_head = False  # whether HEAD requests are refused
+        server.cap = server.align = 0  # bytes a range reply holds at most; where ranges start
         yield base_url(server), root, server
 
 

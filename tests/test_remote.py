@@ -5,7 +5,10 @@ HTTP server that serves byte ranges. Results equal pyarrow's and NumPy's reads o
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -26,6 +29,7 @@ from util import (
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report, remote
+from dask_gpudirect.bench.range_server import LoopbackServer, RangeHandler
 from dask_gpudirect.errors import InputError
 
 pytest.importorskip("moto.server")
@@ -435,6 +439,64 @@ def test_http_connection_cut_mid_read_is_resumed_then_an_error(tcp, http_url):
         with pytest.raises(InputError, match="the connection was cut after 3000 of 4000 bytes"):
             compute(tcp, arr)
     np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
+
+
+def test_http_server_that_caps_its_ranges_is_read_whole(tcp, http_url):
+    """A server may answer a range with fewer bytes than asked, whole (its Content-Range says
+    which): the rest is asked for next, not counted as a cut connection (with no retry left,
+    the read failed)."""
+    base, _, server = http_url
+    arr = dg.read_binary(f"{base}/raw.bin", dtype="<i4", client=tcp)
+    server.cap = 700
+    try:
+        with worker_config(tcp, {"gpudirect.remote.retries": 0}):
+            np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
+    finally:
+        server.cap = 0
+
+
+def test_http_reply_of_other_bytes_than_asked_is_an_error(tcp, http_url):
+    """A 206 that starts before the byte asked for (as its Content-Range says) was read as
+    if it held the bytes asked for: wrong values and no error."""
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    arr = dg.read_binary(url, dtype="<i4", blocksize="1000B", client=tcp)
+    assert arr.numblocks[0] > 1  # shards at 1000, 2000...: not multiples of 64
+    server.align = 64
+    try:
+        with pytest.raises(
+            InputError, match=r"answered 'bytes \d+-\d+/4000' to a request for bytes=\d+-"
+        ):
+            compute(tcp, arr)
+    finally:
+        server.align = 0
+    whole = dg.read_binary(url, dtype="<i4", client=tcp)  # not the shards still being read
+    np.testing.assert_array_equal(compute(tcp, whole), np.arange(1000, dtype="<i4"))
+
+
+def test_http_url_of_an_ipv6_host(tcp, tmp_path):
+    """An IPv6 literal's brackets in a URL's host are no glob (the read was refused as one);
+    a pattern in its path still is."""
+    np.save(tmp_path / "a.npy", np.arange(10.0))
+    try:
+        server = _V6Server(("::1", 0), functools.partial(RangeHandler, directory=str(tmp_path)))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://[::1]:{server.server_address[1]}"
+    try:
+        np.testing.assert_array_equal(
+            compute(tcp, dg.read_binary(f"{base}/a.npy", client=tcp)), np.arange(10.0)
+        )
+        with pytest.raises(InputError, match="HTTP.S. has no listing"):
+            dg.read_binary(f"{base}/*.npy", client=tcp)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _V6Server(LoopbackServer):
+    address_family = socket.AF_INET6
 
 
 def test_s3_throttling_is_retried_then_an_error_naming_the_url(tcp, s3_proxy, local_data):
