@@ -374,6 +374,35 @@ def test_outputs_of_no_rows_hold_no_unknown_categories_placeholder(client, metho
     assert sizes.to_dict() == {"x": 10, "y": 10}
 
 
+@pytest.mark.parametrize("method", ["dg.shuffle", "shuffle_method"])
+def test_categories_of_outputs_follow_the_inputs_wherever_they_are(client, method):
+    """Inputs with categories of their own (files read one by one): every output holds their
+    union in input order, whichever worker held which input, and Dask's rows. Each output
+    held the union of the pieces that reached it, in the order its worker's inputs were
+    joined: other codes, and categories missing, by placement. (Dask's task shuffle unions
+    the inputs that sent an output rows, and gives one of none the first input's.)"""
+    parts = [
+        pd.DataFrame({"k": pd.Categorical([f"c{2 * i}", f"c{2 * i + 1}"] * 3), "x": range(6)})
+        for i in range(4)
+    ]
+    meta = parts[0].iloc[:0].astype({"k": pd.CategoricalDtype(["__UNKNOWN_CATEGORIES__"])})
+    a, b = sorted(client.nthreads())
+    for placement in ([a, a, b, b], [a, b, a, b], [b, a, a, b]):
+        futures = [
+            client.scatter(p, workers=[w], hash=False)
+            for p, w in zip(parts, placement, strict=True)
+        ]
+        df = dd.from_delayed(futures, meta=meta, verify_meta=False)
+        if method == "dg.shuffle":
+            out = dg.shuffle(df, "k", npartitions=3, client=client)
+        else:
+            out = df.shuffle("k", npartitions=3, shuffle_method="gpudirect")
+        expected = partitions(client, df.shuffle("k", npartitions=3, shuffle_method="tasks"))
+        for got, want in zip(partitions(client, out), expected, strict=True):
+            assert list(got.k.cat.categories) == [f"c{i}" for i in range(8)], placement
+            assert_frame_equal(got.astype({"k": str}), want.astype({"k": str}))
+
+
 def test_many_partitions(client):
     pdf = sample_frame(3000, keys=1000, seed=6)
     out = dg.shuffle(dd.from_pandas(pdf, npartitions=10), "k", npartitions=100, client=client)

@@ -16,11 +16,13 @@ a slot per chunk and output, not per input and output (half a million at 1024 pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
+import pandas as pd
 from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
 from dask.dataframe.dask_expr._shuffle import _is_numeric_cast_type as cast_type
 from dask.dataframe.utils import strip_unknown_categories
@@ -38,7 +40,9 @@ class Splitter(Protocol):
     holds its whole chunk); ``join`` concatenates pieces; ``outputs`` builds consecutive
     outputs out of the received pieces, given the segments of them (:class:`Segments`) that
     list their rows one output after another, output ``k`` being rows ``bounds[k]`` to
-    ``bounds[k + 1]`` of that list; ``meta`` is an output with no rows.
+    ``bounds[k + 1]`` of that list; ``meta`` is an output with no rows. ``categories_of``
+    gives an input's categories (by column, as pandas Indexes; none where no column is
+    categorical) and ``with_categories`` sets an output's to their union over all inputs.
     """
 
     #: What a progress bar calls the call and its inputs.
@@ -56,6 +60,19 @@ class Splitter(Protocol):
     def outputs(
         self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range
     ) -> list: ...
+    def categories_of(self, part: Any) -> dict[Any, pd.Index]: ...
+    def with_categories(self, part: Any, categories: dict[Any, pd.Index]) -> Any: ...
+
+
+def union_categories(inputs: dict[int, dict[Any, pd.Index]]) -> dict[Any, pd.Index]:
+    """Each column's categories over all ``inputs`` (input ``i``: its categories by column),
+    in input order, each where it first appears: what Dask's concat of the task shuffle's
+    pieces of an output (those of no rows too) holds, wherever the inputs were."""
+    by_column: dict[Any, list[pd.Index]] = {}
+    for i in sorted(inputs):
+        for column, categories in inputs[i].items():
+            by_column.setdefault(column, []).append(categories)
+    return {c: first.append(rest).unique() for c, (first, *rest) in by_column.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +164,30 @@ class HashSplit:
             ordered = module.take_rows(self.join(pieces), positions, self.index)
         return module.cut_frame(ordered, bounds, self.index)
 
+    def categories_of(self, part: Any) -> dict[Any, pd.Index]:
+        """The categories of ``part``'s unordered categorical columns (an ordered column's
+        are its order, the same in every partition)."""
+        module = targets.module(self.target)
+        return {c: module.categories_of(part[c]) for c in self._unordered_categoricals}
+
+    def with_categories(self, part: Any, categories: dict[Any, pd.Index]) -> Any:
+        """``part`` with ``categories`` as its columns' (the codes follow the values)."""
+        module = targets.module(self.target)
+        changed = [
+            c for c, cs in categories.items() if not module.categories_of(part[c]).equals(cs)
+        ]
+        if not changed:
+            return part
+        part = part.copy(deep=False)  # not the meta, nor an output of no rows shared by many
+        for column in changed:
+            part[column] = part[column].cat.set_categories(module.as_categories(categories[column]))
+        return part
+
+    @functools.cached_property
+    def _unordered_categoricals(self) -> list:
+        dtypes = self.meta.dtypes.items()
+        return [c for c, t in dtypes if str(t) == "category" and not t.ordered]
+
 
 #: The name ``df.shuffle(on)`` gives the index where ``on`` names it (Dask's ``RearrangeByColumn``).
 INDEX_KEY = "_partitions_0"
@@ -203,6 +244,12 @@ class PermutationSplit:
 
     def owned(self, rows: Any) -> Any:
         return rows.copy()
+
+    def categories_of(self, part: Any) -> dict[Any, pd.Index]:
+        return {}  # an array's records have no categories
+
+    def with_categories(self, part: Any, categories: dict[Any, pd.Index]) -> Any:
+        return part
 
     def join(self, pieces: list) -> Any:
         """``pieces`` end to end, in their own dtype: NumPy's concatenate makes big-endian

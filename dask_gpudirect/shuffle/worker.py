@@ -53,7 +53,7 @@ from ..targets import TargetName
 from . import settings
 from .buffer import SpillBuffer
 from .rapidsmpf_engine import members as rapidsmpf_members
-from .split import Splitter, assembly_segments
+from .split import Splitter, assembly_segments, union_categories
 
 T = TypeVar("T")
 
@@ -130,6 +130,9 @@ class ShuffleRun:
             collections.defaultdict(dict)
         )
         self.finished: set[str] = set()
+        # input -> its categories by column: our inputs' as split, our peers' as they finish
+        self.categories: dict[int, dict[Any, Any]] = {}
+        self.peer_categories: dict[int, dict[Any, Any]] = {}
         self.changed = asyncio.Event()  # a peer finished, or the run failed
         self.failed = asyncio.Event()
         self.error: ShuffleError | None = None
@@ -169,11 +172,15 @@ class ShuffleRun:
         the same partitions). Its cost follows the bytes, not the partitions; only one group's
         pieces and outputs are in hand at once."""
         splitter = exchange.splitter
+        categories = union_categories({**self.peer_categories, **self.categories})
         for group, outputs in enumerate(groups):
             received = self.received.pop(group, {})
             if not received:
                 # no rows: like this worker's own split rows (its first chunk's), else the meta
-                yield {j: splitter.meta if empty is None else empty for j in outputs}
+                nothing = splitter.with_categories(
+                    splitter.meta if empty is None else empty, categories
+                )
+                yield dict.fromkeys(outputs, nothing)
                 continue
             firsts = sorted(received)
             with clock("take pieces"):  # back from host or disk where spilled
@@ -184,6 +191,7 @@ class ShuffleRun:
                 bounds = np.concatenate([[0], np.cumsum(sizes)])
             with clock("combine"):
                 built = splitter.outputs(pieces, segments, bounds, outputs)
+                built = [splitter.with_categories(part, categories) for part in built]
             yield dict(zip(outputs, built, strict=True))
             pieces, built = [], []  # let this group's rows go before the next one's
 
@@ -281,15 +289,17 @@ class ShuffleRun:
         )
 
     async def finish(self, exchange: Exchange) -> None:
-        """Wait for our sends, tell every peer we are done, and wait until every peer is."""
+        """Wait for our sends, tell every peer we are done (and our inputs' categories), and
+        wait until every peer is."""
         while self.sends:
             await self.unless_failed(asyncio.wait(set(self.sends)))
         self.raise_if_failed()
         me = self.service.worker.address
+        ours = to_serialize(dict(self.categories)) if self.categories else None
         tells = {
             p: asyncio.ensure_future(
                 self.service.worker.rpc(p).gpudirect_shuffle_finished(
-                    shuffle_id=self.id, target=exchange.target, source=me
+                    shuffle_id=self.id, target=exchange.target, source=me, categories=ours
                 )
             )
             for p in exchange.participants
@@ -371,8 +381,15 @@ class ShuffleService:
         pieces = list(zip(groups, firsts, counts, rows, strict=True))
         await self.run(shuffle_id, target).put(inputs, pieces)
 
-    def peer_finished(self, shuffle_id: str, target: TargetName, source: str) -> None:
+    def peer_finished(
+        self,
+        shuffle_id: str,
+        target: TargetName,
+        source: str,
+        categories: dict[int, dict[Any, Any]] | None = None,
+    ) -> None:
         run = self.run(shuffle_id, target)
+        run.peer_categories.update(categories or {})
         run.finished.add(source)
         run.changed.set()
 
@@ -678,6 +695,9 @@ class ShuffleService:
                     self.on_loop(self.computed_here, run, keys)
             with clock("split"):
                 parts = self.take_inputs(keys)
+                for i, part in zip(indices, parts, strict=True):
+                    if categories := exchange.splitter.categories_of(part):
+                        run.categories[i] = categories
                 ordered, counts = exchange.splitter.split(list(indices), parts)
                 indices = indices[: len(counts)]  # one row: the chunk counted as its first input
                 offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])

@@ -19,6 +19,7 @@ import cupy
 import kvikio
 import kvikio.defaults
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pylibcudf as plc
@@ -207,6 +208,19 @@ def category_type(categories: tuple, integer: bool) -> cudf.CategoricalDtype:
 
     values = cudf.Index(list(categories), dtype="int32" if integer else "str")
     return cudf.CategoricalDtype(categories=values, ordered=False)
+
+
+def categories_of(series: cudf.Series) -> pd.Index:
+    """A categorical ``series``' categories, copied to the host: few next to its rows, and
+    sent to every peer of a shuffle."""
+    return series.cat.categories.to_pandas()
+
+
+def as_categories(categories: pd.Index) -> cudf.Index:
+    """Categories (a pandas Index) as cuDF's ``set_categories`` takes them."""
+    import cudf
+
+    return cudf.Index.from_pandas(categories)
 
 
 def with_partition_column(

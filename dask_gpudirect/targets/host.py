@@ -169,6 +169,16 @@ def category_type(categories: tuple, integer: bool) -> pd.CategoricalDtype:
     return pd.CategoricalDtype(pd.Index(list(categories), dtype="int32" if integer else "str"))
 
 
+def categories_of(series: pd.Series) -> pd.Index:
+    """A categorical ``series``' categories, as pandas holds them."""
+    return series.cat.categories
+
+
+def as_categories(categories: pd.Index) -> pd.Index:
+    """Categories (a pandas Index) as this target's ``set_categories`` takes them."""
+    return categories
+
+
 @functools.lru_cache(maxsize=16)
 def _codes_of(categories: tuple) -> dict[Any, int]:
     return {value: code for code, value in enumerate(categories)}

@@ -241,6 +241,36 @@ def test_ignore_index_labels_each_output_from_zero(client, engine, npartitions):
     assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
 
 
+def test_categories_of_outputs_follow_the_inputs_wherever_they_are(client):
+    """cuDF inputs with categories of their own: every output holds their union in input
+    order, whichever worker held which input (tests/test_shuffle.py, on the host)."""
+    parts = [
+        pd.DataFrame({"k": pd.Categorical([f"c{2 * i}", f"c{2 * i + 1}"] * 3), "x": range(6)})
+        for i in range(4)
+    ]
+    whole = pd.concat(parts, ignore_index=True).astype({"k": "category"})
+    ddf = dd.from_pandas(whole, npartitions=4, sort=False).to_backend("cudf")
+    a, b = sorted(client.nthreads())
+    for n, placement in enumerate(([a, a, b, b], [a, b, a, b])):
+        # keys of their own: the same keys would stay where the first placement put them
+        pieces = ddf.map_partitions(_own_categories, token=f"own-categories-{n}").to_delayed()
+        futures = [client.compute(p, workers=[w]) for p, w in zip(pieces, placement, strict=True)]
+        df = dd.from_delayed(futures, meta=ddf._meta, verify_meta=False)
+        out = dg.shuffle(df, "k", npartitions=3, client=client)
+        got = client.gather(client.compute([out.get_partition(j) for j in range(3)]))
+        for part in got:
+            assert part["k"].cat.categories.to_pandas().tolist() == [f"c{i}" for i in range(8)]
+        rows = pd.concat([p.to_pandas() for p in got]).astype({"k": str})
+        assert sorted(rows.itertuples(index=False)) == sorted(
+            pd.concat(parts).astype({"k": str}).itertuples(index=False)
+        )
+
+
+def _own_categories(part):
+    """``part`` with only the categories its rows hold, as a file read alone has them."""
+    return part.assign(k=part["k"].cat.remove_unused_categories())
+
+
 def _keyed_frame(rows: int, seed: int) -> pd.DataFrame:
     """Keys of each kind a user shuffles on: integers, strings, nullable integers."""
     pdf = _frame(rows, 1000, seed=seed)
