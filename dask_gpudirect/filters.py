@@ -52,6 +52,12 @@ def normalize(filters: Any, columns: list[str], path: str | None = None) -> Filt
         filters = [filters]
     out: Filters = []
     for conjunction in filters:
+        if not (isinstance(conjunction, (list, tuple)) and conjunction):
+            # an empty AND-list would keep every row, whatever the others say (pyarrow and
+            # Dask call it malformed)
+            raise InputError(
+                None, f"bad filters {filters!r}: each AND-list needs a (column, op, value)"
+            )
         terms = []
         for term in conjunction:
             if not (isinstance(term, (tuple, list)) and len(term) == 3):

@@ -420,8 +420,20 @@ def test_filter_on_unknown_column(tcp, good):
         [("id", "is", 3)],
         "id > 3",
         [("id", ">", np.datetime64("2024-01-02T12:00"))],  # minutes: no pyarrow scalar
+        [[("id", ">", 3)], []],  # an empty AND-list kept every row
+        [[("id", ">", 3)], "id < 1"],
     ],
-    ids=["operator", "two-items", "in-scalar", "equals-none", "is-not-none", "string", "value"],
+    ids=[
+        "operator",
+        "two-items",
+        "in-scalar",
+        "equals-none",
+        "is-not-none",
+        "string",
+        "value",
+        "empty-and",
+        "and-of-a-string",
+    ],
 )
 def test_malformed_filters(tcp, good, filters):
     with pytest.raises(dg.InputError, match="filter"):
