@@ -78,17 +78,10 @@ class ParquetPart:
     # bytes read are compressed and encoded
     decoded: int = 0
     layout: tuple = ()  # the file's columns as its footer lays them out (:func:`_layout`)
-    top_level: tuple[str, ...] = ()  # the file's top-level columns, in its order
     # each read column chunk of these row groups: (top-level column, offset, bytes, decoded
     # bytes); and the file's header and footer ranges: what a projection reads (:func:`projected`)
     chunks: tuple[tuple[str, int, int, int], ...] = ()
     frame: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def positions(self) -> list[int]:
-        """Where each read column is among the file's top-level ones: libcudf reads by
-        position, since by name it takes a column ``"a.b"`` for the field ``b`` of ``a``."""
-        return [self.top_level.index(c) for c in self.read_columns]
 
     @property
     def indexed(self) -> bool:
@@ -117,7 +110,6 @@ def alike(a: ParquetPart, b: ParquetPart) -> bool:
         a.empty is None
         and b.empty is None
         and a.layout == b.layout
-        and a.top_level == b.top_level
         and a.filters == b.filters
         and a.casts == b.casts
         and (a.range_index is None) == (b.range_index is None)
@@ -850,7 +842,7 @@ def _file_shards(
     ruled out) one shard that reads the footer alone, to check the file, and gives no rows of
     ``out``."""
     blocksize, per_shard, target, ranged, store = args
-    part = dict(part, layout=_layout(footer.file), top_level=tuple(footer.schema.names))
+    part = dict(part, layout=_layout(footer.file))
     expression = dnf.to_expression(part["filters"], footer.schema)
     path, meta, size = footer.path, footer.file.metadata, footer.stamp.size
     store = remote.store_of(path, store)

@@ -46,15 +46,14 @@ if TYPE_CHECKING:
 
 
 def _decode_parquet(
-    sources: list[Any], row_groups: list[list[int]] | None, positions: list[int]
+    sources: list[Any], row_groups: list[list[int]] | None, columns: list[str]
 ) -> cudf.DataFrame:
-    """One libcudf read of ``sources`` (device buffers or paths), end to end, of the top-level
-    columns at ``positions`` (``ParquetPart.positions``); ``row_groups``: each source's, or
-    None for all."""
+    """One libcudf read of ``sources`` (device buffers or paths), end to end; ``row_groups``:
+    each source's, or None for all."""
     import cudf
 
     options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo(sources)).build()
-    options.set_column_indices(positions)
+    options.set_column_names(columns)
     if row_groups is not None:
         options.set_row_groups(row_groups)
     return cudf.DataFrame.from_pylibcudf(plc.io.parquet.read_parquet(options))
@@ -68,7 +67,7 @@ class _Span:
     size: int
 
 
-def _decode_packed(shard: Shard, buffer: rmm.DeviceBuffer) -> cudf.DataFrame:
+def _decode_packed(shard: Shard, buffer: rmm.DeviceBuffer, columns: list[str]) -> cudf.DataFrame:
     """``shard`` decoded from its ranges alone, end to end in ``buffer`` (``Shard.layout``),
     by libcudf's hybrid-scan reader: the footer (the buffer's last bytes) on the host, each
     column chunk a span of the buffer, as cudf-polars' split scans read a file. No buffer
@@ -80,7 +79,7 @@ def _decode_packed(shard: Shard, buffer: rmm.DeviceBuffer) -> cudf.DataFrame:
     length = int.from_bytes(tail[:4], "little")
     footer = data[-TAIL - length : -TAIL].get().tobytes()
     options = plc.io.parquet.ParquetReaderOptions.builder(plc.io.SourceInfo([])).build()
-    options.set_column_indices(shard.part.positions)
+    options.set_column_names(columns)
     reader = plc.io.experimental.HybridScanReader(footer, options)
     row_groups, layout = list(shard.part.row_groups), shard.layout
     chunks = reader.all_column_chunks_byte_ranges(row_groups, options)
@@ -93,10 +92,10 @@ def _decoded(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
     the device buffers of remote shards (:func:`_decode_packed`) one by one."""
     import cudf
 
+    columns = list(shards[0].part.read_columns)
     if not isinstance(sources[0], rmm.DeviceBuffer):
-        row_groups = [list(s.part.row_groups) for s in shards]
-        return _decode_parquet(sources, row_groups, shards[0].part.positions)
-    frames = [_decode_packed(s, b) for s, b in zip(shards, sources, strict=True)]
+        return _decode_parquet(sources, [list(s.part.row_groups) for s in shards], columns)
+    frames = [_decode_packed(s, b, columns) for s, b in zip(shards, sources, strict=True)]
     return cudf.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
@@ -114,6 +113,13 @@ def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
                 _decoded([shard], [source])
         with decoding(*shards):
             raise exc from None
+    missing = [c for c in shards[0].part.read_columns if c not in frame.columns]
+    if missing:  # libcudf joins a path with dots: "a.b" names the field b of a struct a
+        raise InputError(
+            shards[0].path,
+            f"the device target cannot read column(s) {missing}: libcudf takes a dotted name "
+            "for the field of a struct of that path; read this file with target='host'",
+        )
     frame = halves_as_float32(frame, shards[0].part.halves)
     with decoding(*shards):  # columns stored in other types than the read's
         frame = _cast(frame, shards[0].part.casts)
@@ -137,7 +143,7 @@ def empty_frame(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> c
 
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    frame = _decode_parquet([sink.getvalue().to_pybytes()], None, list(range(table.num_columns)))
+    frame = _decode_parquet([sink.getvalue().to_pybytes()], None, table.column_names)
     for field in table.schema:
         if pa.types.is_fixed_size_binary(field.type):
             frame[field.name] = cudf.Series([], dtype=cudf.ListDtype("uint8"))
@@ -221,7 +227,7 @@ def as_categories(categories: pd.Index) -> cudf.Index:
     """Categories (a pandas Index) as cuDF's ``set_categories`` takes them."""
     import cudf
 
-    return cudf.Index.from_pandas(categories)
+    return cudf.from_pandas(categories)
 
 
 def with_partition_column(
