@@ -105,7 +105,13 @@ def exchange(
     if progress is None:
         progress = bool(dask.config.get("gpudirect.shuffle.progress"))
     with ShuffleProgress(client, len(inputs), progress, *splitter.shown_as) as shown:
-        return _exchange(client, inputs, splitter, keys, target, shown, engines, placed, then)
+        try:
+            return _exchange(client, inputs, splitter, keys, target, shown, engines, placed, then)
+        except BaseException:
+            # the error's frames hold the inputs (``inputs``: the caller's list) for as long
+            # as it is kept (a notebook's last one): the workers would keep them too
+            inputs.clear()
+            raise
 
 
 def _exchange(
@@ -159,6 +165,7 @@ def _exchange(
         with clock("end"), contextlib.suppress(OSError):  # a lost scheduler must not hide
             if client.status == "running":  # the first error
                 _end(client, plan, abort=f"the caller's call ended: {type(exc).__name__}")
+        on_worker.clear()  # the inputs, held by the error's frames (see exchange)
         raise
     finally:
         clock.count_collections()
