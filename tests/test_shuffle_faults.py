@@ -473,6 +473,31 @@ def test_peer_slower_than_the_timeout(cluster):
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
+def test_a_peer_still_sending_is_waited_for_past_the_timeout(cluster):
+    """``gpudirect.shuffle.timeout`` bounds each wait on a peer, not the whole exchange: a
+    worker that finished first waits for a peer that holds more input for as long as that
+    peer's pieces keep coming (here 8 messages, one at a time, each held 0.6 s by the
+    receiver: about 5 s against a timeout of 2 s). The wait was bounded as a whole."""
+    a, b = sorted(cluster.nthreads())
+    pdf = frame(1800, keys=97, seed=8)
+    pieces = [pdf.iloc[i * 200 : (i + 1) * 200] for i in range(9)]
+    futures = [  # one small input on a, eight on b
+        cluster.scatter(p, workers=[a if i == 0 else b], hash=False) for i, p in enumerate(pieces)
+    ]
+    df = dd.from_delayed(futures, meta=pdf.iloc[:0], verify_meta=False)
+    cluster.run(delay_receive, seconds=0.6, workers=[a])
+    settings = {
+        "gpudirect.shuffle.timeout": "2s",
+        "gpudirect.shuffle.chunk-size": 1,  # each input a chunk: a message each
+        "gpudirect.shuffle.max-in-flight": 1,  # one at a time
+    }
+    with worker_config(cluster, settings):
+        out = dg.shuffle(df, "k", npartitions=4, client=cluster)
+    assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+    sent = moved_records(cluster)
+    assert len(sent[sent["peer"] == a]) >= 8
+
+
 def test_concurrent_shuffles_on_one_thread_workers(cluster):
     """Shuffles started at once from several client threads all finish, on 1-thread workers.
 

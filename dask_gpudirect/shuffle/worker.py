@@ -134,6 +134,7 @@ class ShuffleRun:
         self.categories: dict[int, dict[Any, Any]] = {}
         self.peer_categories: dict[int, dict[Any, Any]] = {}
         self.changed = asyncio.Event()  # a peer finished, or the run failed
+        self.heard = time.monotonic()  # when a peer's pieces last arrived
         self.failed = asyncio.Event()
         self.error: ShuffleError | None = None
         self.sends: set[asyncio.Task] = set()
@@ -151,6 +152,7 @@ class ShuffleRun:
         bytes); the caller (a sender waiting for our answer) hears back once they are kept, so
         a peer that says it has finished has nothing left on its way."""
         self.raise_if_failed()
+        self.heard = time.monotonic()
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self.service.store_thread, self._keep, inputs, pieces
@@ -322,14 +324,17 @@ class ShuffleRun:
                         f"shuffle {self.id}: peer {peer} could not be told: {error}"
                     ) from error
         self.finished.add(me)
-        deadline = time.monotonic() + self.timeout
+        done = time.monotonic()
         while not self.finished.issuperset(exchange.participants):
             self.raise_if_failed()
             self.changed.clear()
-            left = deadline - time.monotonic()
+            # bounded from the last piece that came: a peer still sending is busy, not stopped
+            left = max(done, self.heard) + self.timeout - time.monotonic()
             try:
                 await asyncio.wait_for(self.changed.wait(), timeout=max(left, 0))
             except TimeoutError:
+                if max(done, self.heard) + self.timeout > time.monotonic():
+                    continue
                 missing = sorted(set(exchange.participants) - self.finished)
                 raise ShuffleError(
                     f"shuffle {self.id}: waited {self.timeout:.0f} s (gpudirect.shuffle.timeout) "
