@@ -282,6 +282,30 @@ def test_then_is_map_partitions_on_the_workers_that_build_the_outputs(client):
     assert_series_equal(got, pdf.groupby("k")["v"].sum())
 
 
+def _grown_noting_kept(part: pd.DataFrame) -> pd.DataFrame:
+    """``part`` 100 times over, with the worker that made it and the keys it then held."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    return pd.concat([part] * 100).assign(worker=worker.address, held=len(worker.data))
+
+
+def test_then_results_go_to_the_workers_memory_a_chunk_at_a_time(client):
+    """``then``'s results are handed to the worker's memory, where it may spill them, about
+    a chunk's bytes at a time: a group's results were held at once (every output a worker
+    builds, here), and a ``then`` that makes more than it takes outgrew a worker where
+    ``map_partitions`` after the shuffle did not."""
+    pdf = sample_frame(4000, keys=100, seed=9)
+    df = dd.from_pandas(pdf, npartitions=4)
+    meta = pdf.iloc[:0].assign(worker="", held=0)
+    with worker_config(client, {"gpudirect.shuffle.chunk-size": "1MiB"}):
+        out = dg.shuffle(df, "k", npartitions=8, client=client, then=_grown_noting_kept, meta=meta)
+        got = compute(client, out)
+    assert len(got) == 100 * len(pdf)
+    for worker, made in got.groupby("worker"):  # some results kept before others were made
+        assert made["held"].nunique() > 1, worker
+
+
 def _keeps_only_small(part: pd.DataFrame) -> pd.DataFrame:
     if len(part) > 10:
         raise ZeroDivisionError(f"{len(part)} rows")

@@ -411,7 +411,7 @@ class ShuffleService:
             if not run.staged:  # made by a peer's piece; no stage will come to close it
                 self.close(shuffle_id, reason)
 
-    def keep(self, shuffle_id: str, outputs: dict[Key, Any]) -> None:
+    def keep(self, shuffle_id: str, outputs: dict[Key, Any]) -> dict[Key, int]:
         """Put outputs this worker built into its memory under their keys, as
         ``client.scatter`` does (no task per output partition), where the worker spills them
         like any result; the scheduler learns of them from :meth:`report_built`. (``update_data``'s
@@ -430,6 +430,7 @@ class ShuffleService:
         if lost:  # the worker's memory refused it (a spill that failed, say)
             raise ShuffleError(f"worker {self.worker.address} could not keep output {lost[0]}")
         self.built.setdefault(shuffle_id, {}).update(sizes)
+        return sizes
 
     def report_built(self, shuffle_id: str) -> None:
         """Tell the scheduler which outputs this worker keeps for ``shuffle_id`` and their
@@ -662,13 +663,28 @@ class ShuffleService:
     def hand_over(self, exchange: Exchange, outputs: dict[int, Any], clock: Phases) -> int:
         """Outputs ``j`` this stage built into the worker's memory under their keys (see
         :meth:`keep`), from the stage's thread, each through ``exchange.then`` first where the
-        caller gave one; how many."""
-        if (then := exchange.then) is not None:
+        caller gave one; how many. ``then``'s results go to the worker's memory, where it may
+        spill them, about a chunk's bytes at a time (by the size of those kept before): a
+        group's results held at once outgrew the worker where ``then`` makes more than it
+        takes, and ``map_partitions(then)`` after the shuffle did not."""
+        if (then := exchange.then) is None:
+            with clock("keep"):
+                self.on_loop(
+                    self.keep, exchange.id, {exchange.keys[j]: p for j, p in outputs.items()}
+                )
+            return len(outputs)
+        limit = self.batches(exchange.target)["chunk"]
+        kept, batch, each = 0, {}, None
+        for j in list(outputs):
             with clock("then"):
-                outputs = {j: self._then(then, exchange.id, j, p) for j, p in outputs.items()}
-        with clock("keep"):
-            self.on_loop(self.keep, exchange.id, {exchange.keys[j]: p for j, p in outputs.items()})
-        return len(outputs)
+                batch[exchange.keys[j]] = self._then(then, exchange.id, j, outputs.pop(j))
+            if outputs and each is not None and len(batch) * each < limit:
+                continue
+            with clock("keep"):
+                sizes = self.on_loop(self.keep, exchange.id, batch)
+            each = max(sum(sizes.values()) // len(sizes), 1)
+            kept, batch = kept + len(batch), {}
+        return kept
 
     def _then(self, then: Callable[[Any], Any], shuffle_id: str, j: int, part: Any) -> Any:
         """``then(part)`` of output ``j``; its error, named, fails the shuffle."""
