@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from dask.sizeof import sizeof
 
 from dask_gpudirect.errors import ShuffleError
 from dask_gpudirect.ledger import Ledger
@@ -88,6 +89,27 @@ def test_host_target_spills_straight_to_disk_within_its_limit(tmp_path):
     small, _ = buffer(tmp_path / "small", device=False, fast=1, host=1, disk=1000)
     with pytest.raises(ShuffleError, match="would pass the disk limit of 1000 bytes"):
         small.update({"p0": given["p0"]})
+
+
+@pytest.mark.parametrize("device", [False, True])
+def test_pieces_taken_back_are_not_spilled_again(tmp_path, device):
+    """A spilled piece taken back is read from disk where it lies: zict moved it back into
+    memory first, spilling other pieces to make room (written again, and counted against the
+    disk limit again), and the limit counted every byte ever written rather than those on
+    disk. A shuffle that never had its limit's bytes on disk failed."""
+    given = pieces(16)
+    room = 4 * sizeof(given["p0"])  # about four pieces in memory
+    probe, _ = buffer(tmp_path / "probe", device=device, fast=1, host=room)
+    probe.update(given)
+    on_disk = sum(f.stat().st_size for f in (tmp_path / "probe" / "spill").iterdir())
+    spill, ledger = buffer(tmp_path, device=device, fast=1, host=room, disk=int(on_disk * 1.05))
+    spill.update(given)
+    written = spilled(ledger)["host-to-disk"]
+    assert written >= 0.9 * on_disk  # most pieces on disk, within 5 % of the limit
+    for key, piece in given.items():
+        pd.testing.assert_frame_equal(spill.pop(key), piece)
+    assert spilled(ledger)["host-to-disk"] == written  # nothing written twice
+    spill.close()
 
 
 def test_a_closed_buffer_refuses_pieces_and_leaves_no_files(tmp_path):

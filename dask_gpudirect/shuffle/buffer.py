@@ -35,15 +35,18 @@ _Bytes = bytes | bytearray | memoryview
 
 
 class _RecordedFile(zict.File):
-    """zict.File that records each write in the ledger and keeps within a byte budget."""
+    """zict.File that records each write in the ledger and keeps the bytes on disk within a
+    budget."""
 
     def __init__(self, directory: str, ledger: Ledger, shuffle: str, limit: int):
         super().__init__(directory)
-        self.ledger, self.shuffle, self.limit, self.written = ledger, shuffle, limit, 0
+        self.ledger, self.shuffle, self.limit = ledger, shuffle, limit
+        self.sizes: dict[str, int] = {}  # of the files on disk
+        self.on_disk = 0  # their sum
 
     def __setitem__(self, key: str, value: _Bytes | list[_Bytes] | tuple[_Bytes, ...]) -> None:
         nbytes = _nbytes(value)
-        if self.written + nbytes > self.limit:
+        if self.on_disk + nbytes > self.limit:
             raise ShuffleError(
                 f"shuffle {self.shuffle}: spilling {nbytes} more bytes to {self.directory} "
                 f"would pass the disk limit of {self.limit} bytes (gpudirect.shuffle.disk-limit "
@@ -51,7 +54,8 @@ class _RecordedFile(zict.File):
             )
         start = time.perf_counter()
         super().__setitem__(key, value)
-        self.written += nbytes
+        self.sizes[key] = nbytes
+        self.on_disk += nbytes
         self.ledger.add(
             op="spill",
             path="host-to-disk",
@@ -59,6 +63,10 @@ class _RecordedFile(zict.File):
             seconds=time.perf_counter() - start,
             shard=self.shuffle,
         )
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.on_disk -= self.sizes.pop(key)
 
 
 class SpillBuffer:
@@ -104,8 +112,13 @@ class SpillBuffer:
                 self._in_host_memory.evict_until_below_target(0)
 
     def pop(self, key: str) -> Any:
+        """The piece ``key``, taken from the tier that holds it. zict's own ``pop`` moves a
+        spilled piece back into memory first, spilling others to make room for it: written
+        to disk again, and counted against the disk limit again."""
         with self._lock:
-            return self._data.pop(key)
+            piece = _peek(self._data, key)
+            del self._data[key]
+            return piece
 
     def _device_to_host(self, piece: Any) -> list[_Bytes]:
         start = time.perf_counter()
@@ -124,6 +137,15 @@ class SpillBuffer:
             self._closed = True
             self._data.clear()
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _peek(store: Any, key: str) -> Any:
+    """``store[key]``, without moving it between the tiers of a ``zict.Buffer``."""
+    if isinstance(store, zict.Buffer):
+        return store.fast[key] if key in store.fast else _peek(store.slow, key)
+    if isinstance(store, zict.Func):
+        return store.load(_peek(store.d, key))
+    return store[key]
 
 
 def _to_frames(piece: Any) -> list[_Bytes]:
