@@ -283,6 +283,21 @@ def _sums(client: Client, data: dd.DataFrame | da.Array) -> tuple[int, ...]:
     return tuple(int(v) for v in client.compute(asked, sync=True))
 
 
+def _misplaced_rows(client: Client, out: dd.DataFrame) -> int:
+    """Rows of the shuffled ``out`` whose key Dask's own hash (every method's) puts in another
+    partition: a shuffle that moved rows by another column, or none, keeps the sums."""
+    counted = out.map_partitions(_misplaced, out.npartitions, meta=(None, "int64"))
+    return int(client.compute(counted.sum(), sync=True))
+
+
+def _misplaced(part: Any, npartitions: int, partition_info: dict | None = None) -> int:
+    from dask.dataframe.shuffle import partitioning_index
+
+    assert partition_info is not None  # Dask gives it to a function that names it
+    owner = partitioning_index(part[["key"]].astype("float64"), npartitions)
+    return int((owner != partition_info["number"]).sum())
+
+
 def _dask_array_shuffle(arr: da.Array, seed: int) -> da.Array:
     """Dask's own array shuffle of ``arr``'s records into chunks of the sizes they had: a
     random permutation (drawn on the client, as ``dg.shuffle_array`` draws its counts there)
@@ -345,6 +360,11 @@ def _shuffle_run(
             )
         outputs = out.numblocks[0] if data.data == "array" else out.npartitions
         note = f"{data.partitions} -> {outputs} partitions; {SUMS[data.data]} checked"
+        if data.data != "array":
+            misplaced = _misplaced_rows(client, out)
+            if misplaced:
+                raise RuntimeError(f"{misplaced} rows are not in the partition their key hashes to")
+            note += "; every key in its partition"
         if method not in ("gpudirect", "rapidsmpf", "dask-gpudirect"):
             return {"seconds": seconds, "note": note}
         note += f"; engine {shuffle_engine()}"
