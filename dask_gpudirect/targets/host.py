@@ -284,8 +284,12 @@ def memory_bytes(worker: Worker) -> int:
     return worker.memory_manager.memory_limit or psutil.virtual_memory().total
 
 
-def _pread_into(fd: int, view: memoryview, offset: int) -> int:
-    """Fill ``view`` from ``offset``, looping over short reads; stop early only at end of file."""
+def _pread_into(fd: int, box: list[memoryview], offset: int) -> int:
+    """Fill the view in ``box`` from ``offset``, looping over short reads; stop early only at
+    end of file. The view is taken out of ``box``: the pool's work item holds its arguments
+    until its thread comes back to it, after the caller has its result, so a view passed as
+    an argument kept the shard's buffer alive past its decoding."""
+    view = box.pop()
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)
@@ -334,7 +338,7 @@ class HostTarget(Target):
     ) -> list[Callable[[], int]]:
         """Reads of ``task_size`` bytes on this target's threads."""
         return [
-            self.pool.submit(_pread_into, file.fd, view[at : at + n], o).result
+            self.pool.submit(_pread_into, file.fd, [view[at : at + n]], o).result
             for o, at, n in shard.layout.pieces(self.task_size)
         ]
 
