@@ -77,6 +77,8 @@ def test_bench_shuffle_host(tmp_path, protocol):
     assert records["raw"]["bytes"] == 16 << 20
     assert all(s > 0 for s in records["raw"]["round_trip_seconds"])
     assert "rows and sum(z) checked" in records["gpudirect"]["note"]
+    shuffles = [r for key, r in records.items() if key != "raw"]
+    assert all("every key in its partition" in r["note"] for r in shuffles), shuffles
     # which engine moved the bytes, where the package's exchange did (pandas: its own)
     for key in ("gpudirect", "dask-gpudirect"):
         assert records[key]["note"].endswith("; engine distributed"), records[key]
@@ -110,6 +112,22 @@ def test_bench_shuffle_host(tmp_path, protocol):
     markdown = out_md.read_text()
     assert "| df.shuffle('key', shuffle_method='p2p') |" in markdown
     assert f"| shuffle | {WIRE_PATH[protocol]} |" in markdown
+
+
+def test_the_check_finds_rows_shuffled_by_another_column(tcp):
+    """``bench shuffle`` checks that each key is in the partition Dask's hash gives it, on top
+    of the sums (which a shuffle by another column, or none, keeps)."""
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    from dask_gpudirect.bench.shuffle import _misplaced_rows
+
+    rng = np.random.default_rng(0)
+    pdf = pd.DataFrame({"key": rng.integers(0, 1000, 4000), "z": rng.integers(0, 1000, 4000)})
+    df = dd.from_pandas(pdf, npartitions=4)
+    assert _misplaced_rows(tcp, df.shuffle("key", shuffle_method="tasks")) == 0
+    assert _misplaced_rows(tcp, df.shuffle("z", shuffle_method="tasks")) > 0
 
 
 def test_targets_apply_only_where_gpus_exchange():
