@@ -94,7 +94,8 @@ def report(
     left out.
 
     ``copies`` is what the path costs per byte; ``GB/s`` is bytes over the summed seconds of the
-    reads or transfers (per reader, not the window's throughput).
+    reads or transfers (per reader, not the window's throughput), NaN where they took no
+    measurable time (listed last in the shard view).
     """
     import pandas as pd
 
@@ -150,5 +151,6 @@ def _summed(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         )
         .sort_values(keys, ignore_index=True)
     )
-    out["GB/s"] = (out["bytes"] / out["seconds"].where(out["seconds"] > 0) / 1e9).fillna(0.0)
+    # no time measured (a read too quick for the clock): no rate, not the slowest one
+    out["GB/s"] = out["bytes"] / out["seconds"].where(out["seconds"] > 0) / 1e9
     return out

@@ -103,8 +103,10 @@ def test_a_window_longer_than_the_run_is_the_plain_view(client, loaded):
         assert report.drop(columns="window").equals(dg.report(client, by=by))
 
 
-def fake_records(rows: list[tuple[str, str, str, int, float]]) -> pd.DataFrame:
-    """Records of (worker, op, path, bytes, time), one second each, as ``ledger_report.records``."""
+def fake_records(
+    rows: list[tuple[str, str, str, int, float]], seconds: float = 1.0
+) -> pd.DataFrame:
+    """Records of (worker, op, path, bytes, time), ``seconds`` each, as ``records`` gives them."""
     return pd.DataFrame(
         [
             dataclasses.asdict(
@@ -113,10 +115,10 @@ def fake_records(rows: list[tuple[str, str, str, int, float]]) -> pd.DataFrame:
                     op=op,
                     path=p,
                     bytes=b,
-                    seconds=1.0,
+                    seconds=seconds,
                     copies=1,
-                    file="",
-                    shard="",
+                    file=f"{w}.npy",
+                    shard=f"{w}.npy[0]",
                     time=t,
                 )
             )
@@ -150,6 +152,18 @@ def test_windows_split_by_record_time(monkeypatch):
         ["a", 400],
         ["a", 800],
     ]
+
+
+def test_records_of_no_measured_time_have_no_rate(monkeypatch):
+    """Bytes over no time are no rate: 0.0 GB/s read as the slowest shard, where the view sorts
+    by rate."""
+    quick = fake_records([("a", "read", "gds", 100, 0.0)], seconds=0.0)
+    slow = fake_records([("b", "read", "gds", 100, 0.0)], seconds=1.0)
+    monkeypatch.setattr(ledger_report, "records", lambda client: pd.concat([quick, slow]))
+    assert dg.report(None, by="path")["GB/s"].tolist() == [200 / 1e9]
+    by_shard = dg.report(None, by="shard")
+    assert by_shard["worker"].tolist() == ["b", "a"]  # the slowest measured first
+    assert by_shard["GB/s"].iloc[0] == 100 / 1e9 and np.isnan(by_shard["GB/s"].iloc[1])
 
 
 @pytest.mark.parametrize(
