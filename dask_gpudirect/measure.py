@@ -70,7 +70,26 @@ def start_cluster(
     Device target: ``dg.LocalCUDACluster`` (one worker per GPU; ``cuda_options`` go to it, e.g.
     ``enable_nvlink``); with more workers than GPUs, :func:`_shared_gpu_cluster`. Host target:
     a ``LocalCluster`` of worker processes.
+
+    The scheduler, in this process, times Python's garbage collections by a ``gc`` callback:
+    a Ctrl-C that lands in it is printed as "Exception ignored" and lost, and the tool then
+    waited on the workers the same Ctrl-C had stopped. The callback goes once it is started.
     """
+    from distributed.gc import disable_gc_diagnosis
+
+    cluster, client = _started(target, workers, threads, protocol, rmm_pool_size, **cuda_options)
+    disable_gc_diagnosis(force=True)
+    return cluster, client
+
+
+def _started(
+    target: str,
+    workers: int | None,
+    threads: int,
+    protocol: str,
+    rmm_pool_size: str | None,
+    **cuda_options: Any,
+) -> tuple[SpecCluster, Client]:
     from distributed import Client, LocalCluster
 
     import dask_gpudirect as dg

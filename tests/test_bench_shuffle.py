@@ -130,6 +130,22 @@ def test_the_check_finds_rows_shuffled_by_another_column(tcp):
     assert _misplaced_rows(tcp, df.shuffle("z", shuffle_method="tasks")) > 0
 
 
+def test_the_tools_cluster_leaves_no_gc_callback_that_loses_a_ctrl_c():
+    """The in-process scheduler's GC timing is a ``gc`` callback: a Ctrl-C landing in it was
+    printed as "Exception ignored" and lost (3 of 5 interrupts of a bench), and the bench then
+    waited on the workers the same Ctrl-C had stopped."""
+    import gc
+
+    from dask_gpudirect.measure import start_cluster, stop_cluster
+
+    cluster, client = start_cluster("host", 1, 1, "tcp", None)
+    try:
+        owners = [type(getattr(callback, "__self__", None)).__name__ for callback in gc.callbacks]
+        assert "GCDiagnosis" not in owners, owners
+    finally:
+        stop_cluster(cluster, client, print)
+
+
 def test_targets_apply_only_where_gpus_exchange():
     """With one worker every row stays on its GPU: the ratios are shown, the targets are not."""
     from dask_gpudirect.bench.shuffle_report import checks_of
