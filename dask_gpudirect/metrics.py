@@ -24,6 +24,9 @@ from .ledger import Ledger
 HEARTBEAT = "gpudirect"
 
 _lock = threading.Lock()
+#: worker address -> the ledger exported for it, and how many plugins export it (the readers'
+#: and the shuffle's share the worker's one ledger: removing one must leave the other's export)
+_exporters: dict[str, tuple[Ledger, int]] = {}
 
 
 class LedgerCollector(PrometheusCollector):
@@ -95,14 +98,24 @@ def export(worker: Any, ledger: Ledger) -> None:
     A second export for the same worker (the plugin registered again) replaces the first.
     """
     with _lock:
+        held = _exporters.get(worker.address)
+        count = held[1] + 1 if held is not None and held[0] is ledger else 1
+        _exporters[worker.address] = (ledger, count)
         collector().ledgers[worker.address] = ledger
     # A new dict, not an update: a heartbeat may be iterating the old one across an await.
     worker.metrics = {**worker.metrics, HEARTBEAT: lambda _: heartbeat(ledger)}
 
 
 def unexport(worker: Any, ledger: Ledger) -> None:
-    """Stop publishing ``ledger`` (a no-op where another ledger replaced it)."""
+    """Stop publishing ``ledger`` for one plugin: a no-op where another ledger replaced it,
+    or where another plugin of the worker still exports it."""
     with _lock:
+        held = _exporters.get(worker.address)
+        if held is not None and held[0] is ledger:
+            if held[1] > 1:
+                _exporters[worker.address] = (ledger, held[1] - 1)
+                return
+            del _exporters[worker.address]
         ledgers = collector().ledgers
         if ledgers.get(worker.address) is ledger:
             del ledgers[worker.address]

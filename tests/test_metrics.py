@@ -123,6 +123,31 @@ def test_a_cluster_that_only_shuffles_publishes_its_counts():
         assert all(beat is not None for beat in beats)
 
 
+def test_removing_the_reader_plugin_leaves_the_shuffle_s_counts_published():
+    """The readers' plugin and the shuffle's export the worker's one ledger: taking the
+    readers' away stopped the shuffle's counts on /metrics and in the heartbeats too."""
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        df = dd.from_pandas(pd.DataFrame({"k": np.arange(4_000) % 37, "v": 1.0}), npartitions=4)
+        client.register_plugin(dg.GPUDirectPlugin())
+        dg.shuffle(df, "k", npartitions=4, client=client)  # the shuffle's plugin too
+        client.unregister_worker_plugin("gpudirect")
+        clear_ledgers(client)
+        before = scrape(client)["dask_gpudirect_bytes"]
+        dg.shuffle(df, "k", npartitions=4, client=client)
+        records = ledger_report.records(client)
+        after = scrape(client)["dask_gpudirect_bytes"]
+        grown = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+        assert grown and grown == pytest.approx(
+            {k: v for k, v in recorded(records)["dask_gpudirect_bytes"].items() if v}
+        )
+        client.run(heartbeat)
+        beats = [w["metrics"]["gpudirect"] for w in workers_info(client).values()]
+        assert all(beat is not None for beat in beats)
+
+
 def test_counters_outlive_evicted_and_cleared_records():
     book = Ledger("tcp://w:1", max_records=2)
     for _ in range(5):
