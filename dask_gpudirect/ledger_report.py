@@ -141,16 +141,22 @@ _VIEWS: dict[str, list[str]] = {
 
 def _summed(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """``df``'s records summed per ``keys``: count, bytes, seconds, copies (per byte), GB/s."""
+    # one path's records may cost different copies (tcp-host-staged: 2 in a node, 5 across
+    # nodes): weighed by their bytes, as the counters' copies_total / bytes_total are
     out = (
-        df.groupby(keys, as_index=False)
+        df.assign(copied=df["bytes"] * df["copies"])
+        .groupby(keys, as_index=False)
         .agg(
             count=("bytes", "size"),
             bytes=("bytes", "sum"),
             seconds=("seconds", "sum"),
-            copies=("copies", "max"),
+            copied=("copied", "sum"),
+            most=("copies", "max"),
         )
         .sort_values(keys, ignore_index=True)
     )
+    per_byte = out.pop("copied") / out["bytes"].where(out["bytes"] > 0)
+    out["copies"] = per_byte.fillna(out.pop("most")).astype(float)  # no bytes: the path's cost
     # no time measured (a read too quick for the clock): no rate, not the slowest one
     out["GB/s"] = out["bytes"] / out["seconds"].where(out["seconds"] > 0) / 1e9
     return out

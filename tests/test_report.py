@@ -166,6 +166,16 @@ def test_records_of_no_measured_time_have_no_rate(monkeypatch):
     assert by_shard["GB/s"].iloc[0] == 100 / 1e9 and np.isnan(by_shard["GB/s"].iloc[1])
 
 
+def test_copies_are_per_byte_where_a_path_s_records_differ(monkeypatch):
+    """Host-staged transfers cost 2 copies in a node and 5 across nodes: 9 bytes of the one
+    and 1 of the other are 2.3 copies a byte (the counters' ratio), not the largest, 5."""
+    records = fake_records([("a", "shuffle", "tcp-host-staged", 9, 0.0)] * 2)
+    records["bytes"] = [9, 1]
+    records["copies"] = [2, 5]
+    monkeypatch.setattr(ledger_report, "records", lambda client: records)
+    assert dg.report(None, by="path")["copies"].tolist() == [pytest.approx(2.3)]
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
