@@ -120,6 +120,17 @@ def test_npy_header_versions(tcp, tmp_path, version):
     assert_same_array(compute(tcp, dg.read_binary(path, client=tcp)), expected)
 
 
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_npy_of_a_header_over_numpy_s_default_limit(tcp, tmp_path, version):
+    """A structured dtype of 600 fields has a header of about 14 KB, which np.save writes and
+    np.load reads with max_header_size=; it was refused as a bad header."""
+    expected = np.arange(5 * 600, dtype="<f4").view([(f"f{i}", "<f4") for i in range(600)])
+    path = tmp_path / "wide.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, expected, version=version)
+    assert_same_array(compute(tcp, dg.read_binary(path, client=tcp)), expected)
+
+
 def test_npy_zero_records(tcp, tmp_path):
     """A valid ``.npy`` with no records loads as an empty array."""
     path = tmp_path / "zero.npy"

@@ -100,7 +100,7 @@ def fixed_dtype(dtype: DTypeLike, path: str | None) -> np.dtype:
 
 
 def _read_header_3_0(
-    f: IO[bytes], version: tuple[int, int]
+    f: IO[bytes], version: tuple[int, int], max_header_size: int
 ) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Header of a version 3.0 ``.npy`` (utf-8 field names): NumPy has no public reader for it,
     and NumPy 2 moved the private one from ``np.lib.format`` to ``np.lib._format_impl``."""
@@ -109,7 +109,7 @@ def _read_header_3_0(
         from numpy.lib import _format_impl
 
         read = _format_impl._read_array_header  # type: ignore[attr-defined]  # private: untyped
-    return read(f, version)
+    return read(f, version, max_header_size=max_header_size)
 
 
 def _npy_header(file: Source) -> bytes:
@@ -125,14 +125,18 @@ def _npy_header(file: Source) -> bytes:
 
 def _npy_layout(path: str, size: int, header: bytes) -> _Layout:
     f = io.BytesIO(header)
+    # NumPy's readers refuse headers over 10,000 bytes (np.load's guard against untrusted
+    # files, lifted there by max_header_size=): a structured dtype of a few hundred fields,
+    # which np.save writes, has one. The header is in memory already, read to its end.
+    limit = max(len(header), 10000)
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, limit)
         elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, limit)
         else:
-            shape, fortran, dtype = _read_header_3_0(f, version)
+            shape, fortran, dtype = _read_header_3_0(f, version, limit)
     except (ValueError, SyntaxError, TypeError, EOFError, tokenize.TokenError) as exc:
         raise InputError(path, f"bad .npy header: {exc}") from None
     offset = f.tell()
