@@ -67,7 +67,8 @@ class Splitter(Protocol):
 def union_categories(inputs: dict[int, dict[Any, pd.Index]]) -> dict[Any, pd.Index]:
     """Each column's categories over all ``inputs`` (input ``i``: its categories by column),
     in input order, each where it first appears: what Dask's concat of the task shuffle's
-    pieces of an output (those of no rows too) holds, wherever the inputs were."""
+    pieces of an output of rows holds (pieces of no rows too), wherever the inputs were. An
+    output of no rows holds the same union; the task shuffle's holds its first piece's."""
     by_column: dict[Any, list[pd.Index]] = {}
     for i in sorted(inputs):
         for column, categories in inputs[i].items():
