@@ -75,30 +75,16 @@ def start_cluster(
     a Ctrl-C that lands in it is printed as "Exception ignored" and lost, and the tool then
     waited on the workers the same Ctrl-C had stopped. The callback goes once it is started.
     """
-    from distributed.gc import disable_gc_diagnosis
-
-    cluster, client = _started(target, workers, threads, protocol, rmm_pool_size, **cuda_options)
-    disable_gc_diagnosis(force=True)
-    return cluster, client
-
-
-def _started(
-    target: str,
-    workers: int | None,
-    threads: int,
-    protocol: str,
-    rmm_pool_size: str | None,
-    **cuda_options: Any,
-) -> tuple[SpecCluster, Client]:
     from distributed import Client, LocalCluster
+    from distributed.gc import disable_gc_diagnosis
 
     import dask_gpudirect as dg
     from dask_gpudirect.cluster import ucx_progress_env
 
     cluster: SpecCluster
-    if target == "device":
-        if workers and workers > gpu_count():
-            return _shared_gpu_cluster(workers, threads, protocol, rmm_pool_size)
+    if target == "device" and workers and workers > gpu_count():
+        cluster, client = _shared_gpu_cluster(workers, threads, protocol, rmm_pool_size)
+    elif target == "device":
         cluster = dg.LocalCUDACluster(
             n_workers=workers,
             threads_per_worker=threads,
@@ -122,6 +108,7 @@ def _started(
         )
         client = Client(cluster)
         client.register_plugin(dg.GPUDirectPlugin())
+    disable_gc_diagnosis(force=True)
     return cluster, client
 
 
