@@ -120,7 +120,10 @@ def _registered(dask_scheduler: Scheduler) -> dict[str, Any]:
 
 
 def ensure_plugins(
-    client: Client, need_readers: list[str] | None = None, readers: bool = True
+    client: Client,
+    need_readers: list[str] | None = None,
+    readers: bool = True,
+    timeout: float | None = None,
 ) -> None:
     """Register the reader, shuffle, placement and dashboard plugins where they are missing, and
     say so. The readers come through :class:`.DefaultReaders`, which sets up a
@@ -128,9 +131,11 @@ def ensure_plugins(
     user's ``register_plugin``), now and on every worker that joins later. Where all are there
     (every call after the first): one round trip to the scheduler. Before, one more to the
     workers, unless the caller says which lack the reader plugin (``need_readers``: the survey
-    learns which); a shuffle, which reads nothing, registers no readers (``readers=False``)."""
+    learns which); a shuffle, which reads nothing, registers no readers (``readers=False``).
+    ``timeout``: the longest wait, in seconds, for the workers to set up a worker plugin (a
+    stopped worker answers never), else a TimeoutError; None: no limit."""
     held = client.run_on_scheduler(_registered)
-    _register_missing(client, held, need_readers, readers)
+    _register_missing(client, held, need_readers, readers, timeout)
 
 
 def _register_missing(
@@ -138,6 +143,7 @@ def _register_missing(
     held: dict[str, list[str]],
     need_readers: list[str] | None,
     readers: bool = True,
+    timeout: float | None = None,
 ) -> None:
     """:func:`ensure_plugins`, the scheduler's plugins (``held``) known."""
     missing = need_readers
@@ -157,7 +163,7 @@ def _register_missing(
             "registering GPUDirectPlugin with defaults on %d worker(s): %s", len(missing), missing
         )
     if missing or (readers and DefaultReaders.name not in held["worker"]):
-        client.register_plugin(DefaultReaders())
+        _register(client, DefaultReaders(), timeout)
     for plugin, kind in (
         (ShuffleWorkerPlugin, "worker"),
         (ShuffleSchedulerPlugin, "scheduler"),
@@ -165,7 +171,25 @@ def _register_missing(
         (DashboardPlugin, "scheduler"),
     ):
         if plugin.name not in held[kind]:
-            client.register_plugin(plugin())
+            _register(client, plugin(), timeout)
+
+
+def _register(client: Client, plugin: Any, timeout: float | None) -> None:
+    """``client.register_plugin(plugin)``, a worker plugin waited for at most ``timeout``
+    seconds (None: as long as the workers take): the scheduler keeps the plugin either way and
+    hands it to a worker that answers late, or joins later. (Distributed's public call takes
+    no timeout: this is its worker branch, with one.)"""
+    name: str = plugin.name  # each of the package's plugins has one
+    if timeout is None or not isinstance(plugin, WorkerPlugin):
+        client.register_plugin(plugin)
+        return
+    client.sync(
+        client._register_worker_plugin,
+        plugin=plugin,
+        name=name,
+        idempotent=bool(getattr(plugin, "idempotent", False)),
+        callback_timeout=timeout,
+    )
 
 
 def survey(

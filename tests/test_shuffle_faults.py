@@ -604,6 +604,33 @@ def test_a_stopped_worker_holding_inputs_fails_the_shuffle_within_the_timeout(cl
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
 
+def test_a_stopped_worker_fails_the_first_shuffle_of_a_cluster_within_the_timeout():
+    """The first call of the package on a cluster sets its plugins up on the workers: a worker
+    stopped (SIGSTOP) before it held that call for as long as it stayed stopped. It is a
+    ShuffleError after gpudirect.shuffle.timeout, and the shuffle runs once the worker goes on."""
+    with start_cluster("tcp", threads=1) as lc, Client(lc) as client:
+        pdf = frame(2000, keys=97, seed=21)
+        df = client.persist(dd.from_pandas(pdf, npartitions=4))
+        wait(df)
+        victim = sorted(client.nthreads())[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+
+        def shuffle():
+            with client.as_current():
+                return dg.shuffle(df, "k", client=client)
+
+        with dask.config.set({"gpudirect.shuffle.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                running = pool.submit(shuffle)
+                with pytest.raises(dg.ShuffleError, match="did not answer"):
+                    running.result(timeout=HANG_GUARD)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        out = shuffle()
+        assert_hash_partitions(partitions(client, out), pdf, "k", 4)
+
+
 def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
     """A client closed while its shuffle waits on a stopped peer ends that shuffle on every
     worker at once, not after gpudirect.shuffle.timeout (here far longer than the test's

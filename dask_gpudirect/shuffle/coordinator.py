@@ -101,7 +101,14 @@ def exchange(
     results alive long after the user dropped the output.) ``progress`` shows a bar on stderr
     (None: as ``gpudirect.shuffle.progress`` says).
     """
-    ensure_plugins(client, need_readers=[], readers=False)  # a shuffle reads nothing
+    timeout = settings.timeout()
+    try:  # a shuffle reads nothing; a stopped worker would hold the first shuffle up for ever
+        ensure_plugins(client, need_readers=[], readers=False, timeout=timeout)
+    except TimeoutError:
+        raise ShuffleError(
+            f"a worker did not answer in {timeout:g} s (gpudirect.shuffle.timeout) while the "
+            "shuffle was set up on the workers: stopped or overloaded; run the shuffle again"
+        ) from None
     if progress is None:
         progress = bool(dask.config.get("gpudirect.shuffle.progress"))
     with ShuffleProgress(client, len(inputs), progress, *splitter.shown_as) as shown:
