@@ -931,6 +931,27 @@ def test_then_with_meta_where_it_cannot_run_on_a_made_up_partition(client):
         dg.shuffle(df, "k", client=client, meta=("day", "datetime64[ns]"))
 
 
+def test_then_results_are_made_like_meta_as_map_partitions_makes_them(client):
+    """``meta=`` is enforced as ``map_partitions`` enforces it: a series named as meta names
+    it, and columns that are not meta's an error at the shuffle (the collection said columns
+    its partitions did not have, and failed only at a later step)."""
+    pdf = sample_frame(300, keys=20, seed=5)
+    df = dd.from_pandas(pdf, npartitions=3)
+    out = dg.shuffle(df, "k", npartitions=2, client=client, then=_doubled, meta=("z", "f8"))
+    want = df.shuffle("k", npartitions=2).map_partitions(_doubled, meta=("z", "f8"))
+    assert_series_equal(compute(client, out).sort_index(), compute(client, want).sort_index())
+    with pytest.raises(dg.ShuffleError, match="do not match"):
+        dg.shuffle(df, "k", client=client, then=_doubled_frame, meta={"a": "f8"})
+
+
+def _doubled(part: pd.DataFrame) -> pd.Series:
+    return part["v"] * 2
+
+
+def _doubled_frame(part: pd.DataFrame) -> pd.DataFrame:
+    return part[["v"]] * 2
+
+
 def test_shuffle_array_rows_of_the_table_are_drawn_alone():
     """A worker draws only its chunks' rows of the table, and gets those the whole table has,
     whichever others it draws with them (the same seed, wherever the chunks live). Small

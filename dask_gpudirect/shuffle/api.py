@@ -130,6 +130,8 @@ def shuffle(
     if given_meta is not None and then is None:
         raise InputError(None, "meta= describes what then= returns: pass then= too")
     out_meta = meta if then is None else _meta_of(then, meta, given_meta)
+    if then is not None:  # as map_partitions enforces its meta: names checked and set
+        then = _Enforced(then, out_meta)
     target = targets.holding(meta)
     partitions = max(df.npartitions, npartitions)
     candidates = engines.choose(engine, target, meta, not ignore_index, partitions, keep_order)
@@ -226,6 +228,23 @@ def _meta_of(then: Callable[[Any], Any], meta: Any, given: Any = None) -> Any:
             None, f"then={name} must return a frame or a series, not {type(made).__name__}"
         )
     return make_meta(made)
+
+
+class _Enforced:
+    """``then`` whose results are made like ``meta`` as ``map_partitions`` makes them (Dask's
+    ``apply_and_enforce``): a frame's columns checked against the meta's and named as they
+    are there, a series named as it is, an empty result the meta itself."""
+
+    def __init__(self, then: Callable[[Any], Any], meta: Any):
+        from dask.utils import funcname
+
+        self.then, self.meta = then, meta
+        self.__name__ = funcname(then)  # what errors call it
+
+    def __call__(self, part: Any) -> Any:
+        from dask.dataframe.core import apply_and_enforce
+
+        return apply_and_enforce(part, _func=self.then, _meta=self.meta)
 
 
 class Computed(FromGraph):
