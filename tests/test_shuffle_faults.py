@@ -1095,6 +1095,7 @@ def test_on_takes_names_as_an_index_or_an_array(tcp, names):
         ("disk-limit", -1, "a size like"),
         ("timeout", -1, "a positive duration"),
         ("timeout", "soon", "a positive duration"),
+        ("progress", "false", "true or false"),  # bool("false") showed the bar
     ],
 )
 def test_a_bad_shuffle_setting_is_named_before_the_shuffle_starts(tcp, key, value, wanted):

@@ -26,7 +26,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-import dask.config
 from dask.typing import Key
 from dask.utils import format_bytes
 from distributed import Client, Future
@@ -110,7 +109,7 @@ def exchange(
             "shuffle was set up on the workers: stopped or overloaded; run the shuffle again"
         ) from None
     if progress is None:
-        progress = bool(dask.config.get("gpudirect.shuffle.progress"))
+        progress = settings.progress()
     with ShuffleProgress(client, len(inputs), progress, *splitter.shown_as) as shown:
         try:
             return _exchange(client, inputs, splitter, keys, target, shown, engines, placed, then)

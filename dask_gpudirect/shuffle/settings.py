@@ -54,6 +54,15 @@ def timeout() -> float:
     return seconds
 
 
+def progress() -> bool:
+    """``gpudirect.shuffle.progress``: a bool (a string such as "false" set in Python would
+    read as true)."""
+    value = _value("progress")
+    if not isinstance(value, bool):
+        raise _bad("progress", value, "true or false")
+    return value
+
+
 def check() -> None:
     """This process's settings, each read as a worker reads it: a ConfigError if one cannot
     be used."""
@@ -63,6 +72,7 @@ def check() -> None:
         limit(key, 1)
     disk_limit()
     timeout()
+    progress()
 
 
 def _value(key: str) -> Any:
