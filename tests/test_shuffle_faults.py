@@ -1112,6 +1112,19 @@ def test_a_bad_shuffle_setting_is_named_before_the_shuffle_starts(tcp, key, valu
     )
 
 
+def test_a_bad_setting_on_a_worker_is_named_not_taken_for_silence(tcp):
+    """A worker whose own gpudirect.shuffle.chunk-size cannot be used answered with the
+    ConfigError, which the shuffle reported as a worker that "did not answer" and should be
+    run again."""
+    df = dd.from_pandas(frame(100, keys=5), npartitions=2)
+    with worker_config(tcp, {"gpudirect.shuffle.chunk-size": 0}):
+        with pytest.raises(dg.ShuffleError, match="gpudirect.shuffle.chunk-size=0") as info:
+            dg.shuffle(df, "k", client=tcp)
+    assert "did not answer" not in str(info.value) and "run the shuffle again" not in str(
+        info.value
+    )
+
+
 def test_shuffle_on_a_series_names_what_it_takes(tcp):
     """Dask's shuffle also takes a Series to hash; ``dg.shuffle`` says to make it a column."""
     df = dd.from_pandas(frame(100, keys=5), npartitions=2)

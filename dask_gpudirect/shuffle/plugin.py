@@ -194,6 +194,8 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             return {"unplaced": True}
         if lost:
             (worker, error), *_ = lost
+            if not isinstance(error, OSError):  # it answered with an error (its own settings)
+                raise ShuffleError(f"worker {worker}, which holds shuffle inputs: {error}")
             why = (
                 f"in gpudirect.shuffle.timeout, {timeout} s"
                 if isinstance(error, TimeoutError)
