@@ -160,12 +160,45 @@ def _cast(frame: cudf.DataFrame, casts: tuple[tuple[str, pa.DataType], ...]) -> 
     for name, dtype in _cudf_types(casts).items():
         column = frame[name]
         if column.null_count < len(column):
+            _check_safe(name, column, dtype)
             frame[name] = column.astype(dtype)
         else:  # nulls alone (libcudf's type for a column stored as nulls casts to junk)
             nulls = cudf.Series([None], dtype=dtype).repeat(len(column))
             nulls.index = column.index
             frame[name] = nulls
     return frame
+
+
+#: Nanoseconds in each unit Parquet stores times and durations in (cuDF's units).
+_NANOSECONDS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _check_safe(name: str, column: cudf.Series, dtype: Any) -> None:
+    """Raise where ``column`` holds a value ``dtype`` cannot hold, as pyarrow's safe cast (the
+    host target's) refuses it: cuDF's ``astype`` rounds an integer past the float's mantissa
+    (2**53 + 1 as 2**53) and wraps a timestamp or duration past the finer unit's range."""
+    before = column.dtype
+    kind, to = getattr(before, "kind", None), getattr(dtype, "kind", None)
+    if kind in ("i", "u") and to == "f":
+        limit = 2 ** (np.finfo(dtype).nmant + 1)  # pyarrow's range: +-2**53 for float64
+        low, high = int(column.min()), int(column.max())
+        if low < -limit or high > limit:
+            bad = low if low < -limit else high
+            raise ValueError(
+                f"column {name!r}: integer value {bad} not in range: -{limit} to {limit}"
+            )
+    elif kind in ("m", "M") and to == kind and before != dtype:
+        unit, finer = np.datetime_data(before)[0], np.datetime_data(dtype)[0]
+        factor = _NANOSECONDS[unit] // _NANOSECONDS[finer]
+        if factor > 1:
+            ints = column.astype("int64")
+            low, high = int(ints.min()), int(ints.max())
+            limit = (2**63 - 1) // factor
+            if low < -limit or high > limit:
+                raise ValueError(
+                    f"column {name!r}: casting from {before} to {dtype} would result in out of "
+                    "bounds values"
+                )
 
 
 @functools.lru_cache(maxsize=64)
