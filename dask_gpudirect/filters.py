@@ -11,6 +11,7 @@ keep no row.
 from __future__ import annotations
 
 import datetime
+import decimal
 import functools
 import math
 import numbers
@@ -235,8 +236,10 @@ def _past_int64(value: Any) -> Any:
     return value
 
 
-def apply(frame: Any, filters: Filters | None) -> Any:
-    """Rows of a pandas or cuDF ``frame`` that satisfy ``filters``."""
+def apply(frame: Any, filters: Filters | None, halves: tuple[str, ...] = ()) -> Any:
+    """Rows of a pandas or cuDF ``frame`` that satisfy ``filters``. ``halves``: the columns
+    the file stores as float16 (the device target decodes them as float32), whose ``in``
+    values are cast to float16 on both targets."""
     if filters is None:
         return frame
     keep = None
@@ -245,7 +248,7 @@ def apply(frame: Any, filters: Filters | None) -> Any:
         for column, op, value in conjunction:
             series = frame[column]
             if op in ("in", "not in"):
-                term = _isin(series, value)
+                term = _isin(series, value, half=column in halves)
                 term = ~term if op == "not in" else term
             elif op in ("is", "is not"):
                 term = series.isna() if op == "is" else series.notna()
@@ -267,6 +270,15 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
     if op not in ("=", "==", "!=") and str(series.dtype) == "category":
         series = series.astype(series.cat.categories.dtype)
     series = _widened(series)
+    value = _as_decoded(series, value)
+    scale = _device_decimal(series)
+    if scale is not None and _decimal_value(value):
+        # cuDF makes the value a scalar of the column's type, which fails for a finer one
+        # (ArrowInvalid: 'Rescaling Decimal value would cause data loss'): compare with the
+        # bound of the column's scale that keeps the same rows, as pandas' Decimals compare
+        decided, op, value = _on_decimal_scale(op, value, *scale)
+        if decided is not None:
+            return series.notna() & decided
     if _inexact_int(series, value):
         # no float equals it; the nearest float below or above it bounds it exactly (NumPy
         # would round it to one of them: 2**53 + 1 compared as 2**53)
@@ -286,20 +298,107 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
     return term.fillna(False).astype(bool) & series.notna()
 
 
-def _isin(series: Any, values: Any) -> Any:
-    """pyarrow's ``is_in`` on a pandas or cuDF series: a null is in ``values`` iff None is."""
+def _isin(series: Any, values: Any, half: bool = False) -> Any:
+    """pyarrow's ``is_in`` on a pandas or cuDF series: a null is in ``values`` iff None is.
+    ``half``: the file stores the column as float16, whatever type it was decoded to."""
     values = list(values)
     wanted: Any = [v for v in values if v is not None and not _inexact_int(series, v)]
-    if _narrow_float(series):  # pyarrow casts the values to the column's type: 0.1 is in 0.1f
-        kind = getattr(series.dtype, "numpy_dtype", series.dtype).type
+    if half or _narrow_float(series):  # pyarrow casts the values to the column's type
+        kind = np.float16 if half else getattr(series.dtype, "numpy_dtype", series.dtype).type
         wanted = [float(kind(v)) if isinstance(v, numbers.Real) else v for v in wanted]
         series = _widened(series)  # pandas hashes no float16
+    wanted = [_as_decoded(series, v) for v in wanted]
     if any(isinstance(v, bytes) for v in wanted):  # not NumPy bytes, which drop trailing NULs
         wanted = np.array(wanted, dtype=object)
+    scale = _device_decimal(series)
+    if scale is not None:
+        # cuDF's isin matches only values of the column's very dtype (a decimal(3, 2) of
+        # [Decimal('1.50')] matched no row of a decimal(12, 2)): the values it can hold, as it
+        # holds them
+        exact = [
+            d
+            for v in wanted
+            if (_decimal_value(v) or isinstance(v, float)) and (d := _held(v, *scale)) is not None
+        ]
+        wanted = type(series)(exact, dtype=series.dtype) if exact else []
     found = series.isin(wanted).fillna(False).astype(bool)
     if any(v is None for v in values):
         return found | series.isna()
     return found & series.notna()
+
+
+def _as_decoded(series: Any, value: Any) -> Any:
+    """``value`` as the decoded column holds it, where libcudf decodes a file's type as
+    another (the plan checked ``value`` against the file's type): an undeclared binary column
+    as strings (bytes matched no row), a time-zone-aware timestamp as a naive one in UTC (an
+    aware value could not be compared with it)."""
+    if isinstance(value, bytes) and type(series).__module__.partition(".")[0] == "cudf":
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            raise InputError(
+                None,
+                f"filter value {value!r} is not UTF-8, which bytes must be to be filtered on "
+                "by the device target (libcudf reads a column of bytes as strings); "
+                "target='host' takes any",
+            ) from None
+    aware = isinstance(value, datetime.datetime) and value.tzinfo is not None
+    if aware and getattr(series.dtype, "kind", None) == "M" and not hasattr(series.dtype, "tz"):
+        return pd.Timestamp(value).tz_convert("UTC").tz_localize(None)
+    return value
+
+
+def _device_decimal(series: Any) -> tuple[int, int] | None:
+    """A cuDF decimal column's (precision, scale); None for any other column (pandas holds
+    Decimal objects, and pyarrow-backed decimals compare as pyarrow does)."""
+    dtype = series.dtype
+    if type(dtype).__module__.partition(".")[0] != "cudf" or not hasattr(dtype, "scale"):
+        return None
+    return int(dtype.precision), int(dtype.scale)
+
+
+def _decimal_value(value: Any) -> bool:
+    """Whether ``value`` compares with decimals exactly: an int or a Decimal."""
+    return isinstance(value, (decimal.Decimal, numbers.Integral)) and not isinstance(value, bool)
+
+
+def _held(value: Any, precision: int, scale: int) -> decimal.Decimal | None:
+    """``value`` as a decimal of ``scale`` digits after the point, or None where no such
+    decimal of ``precision`` digits equals it."""
+    exact = decimal.Decimal(value)
+    if not exact.is_finite():  # a NaN or an infinity: no decimal equals it
+        return None
+    step = decimal.Decimal(1).scaleb(-scale)
+    with decimal.localcontext() as context:
+        context.prec = max(precision, exact.adjusted() + scale + 1, 1) + 2
+        held = exact.quantize(step, rounding=decimal.ROUND_DOWN)
+        if held != exact or abs(held) >= decimal.Decimal(10) ** (precision - scale):
+            return None
+    return held
+
+
+def _on_decimal_scale(
+    op: str, value: Any, precision: int, scale: int
+) -> tuple[bool | None, str, Any]:
+    """``(decided, op, value)``: ``op value`` on a decimal column of ``precision`` and
+    ``scale``, as a comparison with a value the column's type holds, or ``decided`` (True or
+    False for every non-null row) where none is needed."""
+    held = _held(value, precision, scale)
+    if held is not None:
+        return None, op, held
+    exact = decimal.Decimal(value)
+    if op in ("=", "==", "!="):
+        return op == "!=", op, value
+    largest = decimal.Decimal(10) ** (precision - scale) - decimal.Decimal(1).scaleb(-scale)
+    if exact > largest:  # above every value the column holds
+        return op in ("<", "<="), op, value
+    if exact < -largest:
+        return op in (">", ">="), op, value
+    rounding = decimal.ROUND_CEILING if op in ("<", ">=") else decimal.ROUND_FLOOR
+    with decimal.localcontext() as context:
+        context.prec = max(precision, exact.adjusted() + scale + 1, 1) + 2
+        bound = exact.quantize(decimal.Decimal(1).scaleb(-scale), rounding=rounding)
+    return None, op, bound
 
 
 def _narrow_float(series: Any) -> bool:

@@ -144,7 +144,10 @@ def finish(parts: Sequence[ParquetPart], helpers: ModuleType, frame: Frame | Non
         for name, categories, integer in part.partition_types:  # each file's folders' values
             values = [dict(p.partition)[name] for p in parts]
             frame = helpers.with_partition_column(frame, name, values, rows, categories, integer)
-        frame = dnf.apply(frame, part.filters)
+        # float16 columns the read gives as float16 (the device decodes them as float32): the
+        # host casts an 'in' list to float16 there, and so must the device
+        halves = tuple(c for c in part.halves if c not in dict(part.casts))
+        frame = dnf.apply(frame, part.filters, halves)
         frame = frame[list(part.columns)]
         if part.range_index is None:
             frame = frame.reset_index(drop=True)
