@@ -43,6 +43,9 @@ def test_rapidsmpf_on_pandas_partitions_is_a_clear_error(tcp):
 def test_unknown_engine_names_the_choices(tcp):
     with pytest.raises(InputError, match=r"unknown shuffle engine 'nccl': use 'auto', 'distri"):
         dg.shuffle(_frame(), "k", client=tcp, engine="nccl")
+    with dask.config.set({"gpudirect.shuffle.engine": "nccl"}):  # the key named: no engine=
+        with pytest.raises(InputError, match=r"'nccl' \(gpudirect.shuffle.engine\): use 'auto'"):
+            dg.shuffle(_frame(), "k", client=tcp)
 
 
 def test_auto_and_distributed_give_the_default_partitions(tcp):

@@ -45,9 +45,9 @@ def choose(
     if asked == "auto":
         return auto(target, meta, index, partitions, keep_order)
     if asked not in ENGINES:
-        raise InputError(
-            None, f"unknown shuffle engine {asked!r}: use 'auto', {', '.join(map(repr, ENGINES))}"
-        )
+        where = " (gpudirect.shuffle.engine)" if engine is None else ""
+        choices = ", ".join(map(repr, ENGINES))
+        raise InputError(None, f"unknown shuffle engine {asked!r}{where}: use 'auto', {choices}")
     if asked == "rapidsmpf":
         if target != "device":
             raise InputError(
