@@ -229,7 +229,7 @@ def _wait(shuffler: Any, run: Any, shuffle_id: str) -> None:
             if time.monotonic() > deadline:
                 raise ShuffleError(
                     f"shuffle {shuffle_id}: RapidsMPF's exchange did not finish in "
-                    f"{run.timeout:.0f} s (gpudirect.shuffle.timeout): a peer stopped or is "
+                    f"{run.timeout:g} s (gpudirect.shuffle.timeout): a peer stopped or is "
                     "overloaded"
                 )
     finally:

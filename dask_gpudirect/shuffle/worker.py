@@ -286,7 +286,7 @@ class ShuffleRun:
 
     def _no_answer(self, peers: list[str]) -> ShuffleError:
         return ShuffleError(
-            f"shuffle {self.id}: worker(s) {peers} did not answer in {self.timeout:.0f} s "
+            f"shuffle {self.id}: worker(s) {peers} did not answer in {self.timeout:g} s "
             "(gpudirect.shuffle.timeout): stopped or overloaded"
         )
 
@@ -337,7 +337,7 @@ class ShuffleRun:
                     continue
                 missing = sorted(set(exchange.participants) - self.finished)
                 raise ShuffleError(
-                    f"shuffle {self.id}: waited {self.timeout:.0f} s (gpudirect.shuffle.timeout) "
+                    f"shuffle {self.id}: waited {self.timeout:g} s (gpudirect.shuffle.timeout) "
                     f"for pieces from {missing}"
                 ) from None
         self.raise_if_failed()
