@@ -177,6 +177,15 @@ def test_string_keys_and_keys_that_differ(tcp, tmp_path):
         dg.read_parquet(tmp_path, client=tcp)
 
 
+def test_a_bool_filter_on_integer_keys_is_refused(tcp, tmp_path):
+    """pyarrow and Dask refuse ``("kind", "==", True)`` on integer keys; it matched the
+    folder ``kind=1``."""
+    kind_folders(tcp, tmp_path, (0, 1))
+    for filters in ([("kind", "==", True)], [("kind", "in", [True])]):
+        with pytest.raises(dg.InputError, match="partition column whose values are integers"):
+            dg.read_parquet(tmp_path, filters=filters, client=tcp)
+
+
 def test_values_of_other_digits_than_ascii_stay_strings(tcp, tmp_path):
     """Python's ``int`` takes ``"٣"`` (an Arabic-Indic three): Dask and pyarrow keep it a
     string, so one folder of it and one of ``4`` are a string column, not the ints 3 and 4."""

@@ -128,7 +128,12 @@ def _holds(value: Any, op: str, operand: Any) -> bool:
         return True
     operands = list(operand) if op in ("in", "not in") else [operand]
     for o in operands:
-        if value is not None and o is not None and isinstance(o, str) != isinstance(value, str):
+        # a bool is no integer here, as pyarrow and Dask refuse it (True matched the value 1)
+        if (
+            value is not None
+            and o is not None
+            and (isinstance(o, str) != isinstance(value, str) or isinstance(o, bool))
+        ):
             kind = "strings" if isinstance(value, str) else "integers"
             raise InputError(
                 None, f"filter ({op!r}, {operand!r}) on a partition column whose values are {kind}"
