@@ -241,3 +241,22 @@ def test_ceilings_of_several_gpus_one_process_each(monkeypatch):
     assert summed["gbps"] == pytest.approx(sum(p["gbps"] for p in summed["per_gpu"]))
     assert concurrent["status"] == "ok" and concurrent["bytes"] == 3 * 20 << 20
     assert 0 < concurrent["gbps"] <= summed["gbps"] * 1.05
+
+
+def test_the_records_check_counts_the_chunks_not_the_declared_shape(tcp):
+    """``bench read`` checked ``array.shape``, which the graph declares before a byte is
+    read: chunks that held one record each passed as the files' records."""
+    import dask
+    import dask.array as da
+    import numpy as np
+
+    from dask_gpudirect.bench.persisting import records_check
+
+    def chunk(n: int) -> da.Array:
+        return da.from_delayed(dask.delayed(np.zeros)(n), shape=(5,), dtype=float)
+
+    whole = tcp.persist(da.concatenate([chunk(5), chunk(5)]))
+    assert records_check(10)(whole) == "10 records in 2 chunks"
+    short = tcp.persist(da.concatenate([chunk(5), chunk(1)]))  # declares 10, holds 6
+    with pytest.raises(RuntimeError, match="the chunks hold 6 records, the files hold 10"):
+        records_check(10)(short)
