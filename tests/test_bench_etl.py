@@ -19,8 +19,8 @@ from util import GC, HANG_GUARD, PLACED_PHASES, clear_ledgers, compute
 
 from dask_gpudirect import ledger_report
 from dask_gpudirect.bench.datasets import dataset
-from dask_gpudirect.bench.etl import _pipeline, etl
-from dask_gpudirect.bench.etl_report import checks_of, sweep
+from dask_gpudirect.bench.etl import _pipeline, etl, read_bytes
+from dask_gpudirect.bench.etl_report import checks_of, disagreeing, sweep
 
 METHODS = ["gpudirect", "combine", "tasks", "p2p", "dask-gpudirect", "dg-dask"]
 #: dg.read_parquet's planning phases, in order (``dask_gpudirect.collections.last_phases``).
@@ -54,8 +54,12 @@ def test_bench_etl_host(tmp_path):
     by = {(r["query"], r["key"]): r for r in result["records"]}
     runs = [(q, m) for q in QUERIES for m in METHODS] + [("scan", m) for m in SCAN_METHODS]
     assert sorted(by) == sorted(runs)
+    paths = sorted(str(p) for p in (tmp_path / "data").glob("*.parquet"))
     for rec in by.values():
         assert rec["status"] == "ok", rec
+        # GB/s of the bytes the query reads (four columns of the files'), not the files' bytes
+        key = result["queries"][rec["query"]]
+        assert rec["bytes"] == read_bytes(paths, [key, "x", "y", "z"]) < data["bytes"], rec
         assert len(rec["runs"]) == 2 and rec["seconds"] > 0 and rec["gbps"] > 0, rec
         assert "->" in rec["note"], rec  # input -> output partitions
     # where dg's time went: each phase waited for, inside the total (combine's partial sums run
@@ -243,8 +247,12 @@ def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
 
     wrong = _shuffle_checks(_result({"gpudirect": split, "tasks": good}, 500, seconds), "device", 2)
     assert wrong[0]["result"] == "miss"
+    assert wrong[1]["result"] == "wrong result"  # no speed-up judged of a wrong result
+    assert disagreeing(wrong)  # which fails the run
     lost = _shuffle_checks(_result({"gpudirect": good, "tasks": good}, 501, seconds), "device", 2)
     assert lost[0]["result"] == "miss"  # both agree, but not with the data written
+    assert lost[1]["result"] == "wrong result" and disagreeing(lost)
+    assert not disagreeing(ok)
     slow = _shuffle_checks(
         _result({"gpudirect": good}, 500, {"gpudirect": 2.0, "tasks": 5.0}), "device", 2
     )

@@ -73,6 +73,7 @@ from .etl_report import (
     SCAN_METHODS,
     UNIQUE,
     checks_of,
+    disagreeing,
     markdown,
     print_result,
     same,
@@ -308,14 +309,32 @@ def _polars_run(
     return run
 
 
-def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
-    """The Dask-run methods in one cluster, then cudf-polars' in one of its own."""
+def read_bytes(paths: list[str], columns: list[str]) -> int:
+    """The compressed bytes of ``columns``' chunks in ``paths``: what a query that reads those
+    columns reads of the files (a query reads four of their five or more columns)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in paths:
+        meta = pq.ParquetFile(path).metadata
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                if chunk.path_in_schema in columns:
+                    total += chunk.total_compressed_size
+    return total
+
+
+def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: dict) -> None:
+    """The Dask-run methods in one cluster, then cudf-polars' in one of its own; ``nbytes``:
+    each query's bytes read."""
     _run_dask(result, opts, target, paths, nbytes)
     if any(m in opts["methods"] for m in OWN_CLUSTER):
         _run_polars(result, opts, paths, nbytes)
 
 
-def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None:
+def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: dict) -> None:
     """cudf-polars' DaskEngine on a fresh cluster of the same shape, both queries."""
     try:
         from cudf_polars.engine.dask import DaskEngine
@@ -343,13 +362,13 @@ def _run_polars(result: dict, opts: dict, paths: list[str], nbytes: int) -> None
                 seen = result["fingerprints"].setdefault(query, {})
                 _log(f"{query}: measuring polars")
                 run = _polars_run(engine, paths, key, query, seen)
-                rec = _measured("polars", query, run, nbytes, opts, lambda: None)
+                rec = _measured("polars", query, run, nbytes[query], opts, lambda: None)
                 result["records"].append({**rec, "query": query})
     finally:
         stop_cluster(cluster, client, _log)
 
 
-def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: int) -> None:
+def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: dict) -> None:
     """Every query by every method in one cluster; records into ``result["records"]``."""
     workers = opts["workers"]
     _log(f"starting the cluster ({workers} worker(s), {opts['protocol']}, {target} target)")
@@ -373,7 +392,7 @@ def _run_dask(result: dict, opts: dict, target: str, paths: list[str], nbytes: i
             seen = result["fingerprints"].setdefault(query, {})
             for method in _methods(opts["methods"], query, RUN_ORDER):
                 try:
-                    rec = _one(client, method, query, key, paths, nbytes, opts, seen, target)
+                    rec = _one(client, method, query, key, paths, nbytes[query], opts, seen, target)
                 except _Interrupted as stop:  # keep the runs it finished
                     result["records"].append({**stop.record, "query": query})
                     raise
@@ -530,6 +549,9 @@ def etl(
     except (MemoryError, OSError) as exc:  # --gib past the memory or the disk
         raise click.ClickException(f"cannot write the data ({type(exc).__name__}: {exc})") from None
     names = device_names() if target == "device" else []
+    data["query_bytes"] = {
+        query: read_bytes(paths, [key, "x", "y", "z"]) for query, key in queries(keys).items()
+    }
     result = {
         **result_head("etl", target, gpus, opts),
         "device": names[0] if names else None,
@@ -541,7 +563,7 @@ def etl(
     try:
         runs = sum(len(_methods(chosen, q, METHODS)) for q in result["queries"])
         with progress_bar("etl", result["records"], runs, progress):
-            _run(result, opts, target, paths, data["bytes"])
+            _run(result, opts, target, paths, data["query_bytes"])
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
         result["interrupted"] = True
         _log("interrupted: writing what was measured so far")
@@ -550,3 +572,6 @@ def etl(
         _log(f"stopped: {result['error']}")
     result["checks"] = checks_of(result, target, workers)
     finish(result, target, print_result, (json_path, md_path, markdown, plot_path))
+    wrong = disagreeing(result["checks"])
+    if wrong:  # a wrong result is a failed run, as a shuffle that loses rows is in bench shuffle
+        raise SystemExit(f"results differ: {'; '.join(wrong)}: see the checks")

@@ -6,6 +6,8 @@ Apart from the measurements, so that a result's JSON can be judged and rendered 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 from .tables import (
     between_runs_note,
@@ -117,22 +119,47 @@ def checks_of(result: dict, target: str, workers: int) -> list[dict]:
     for query in queries_of(result):
         by = {r["key"]: r for r in result["records"] if r.get("query") == query}
         seen = result.get("fingerprints", {}).get(query, {})
-        checks.append(_agreement(query, seen, result.get("data", {}).get("z_sum")))
+        z_sum = result.get("data", {}).get("z_sum")
+        checks.append(_agreement(query, seen, z_sum))
+        right = partial(_right, seen, z_sum)
         if query == SCAN:
             want = TARGET_SCAN if target == "device" else None
-            checks += _speedups(query, "gpudirect", by, {"tasks": want, "polars": want})
+            checks += _speedups(query, "gpudirect", by, {"tasks": want, "polars": want}, right)
             continue
         want = TARGET_VS_TASKS if target == "device" and workers > 1 else None
         for engine in DG_METHODS:
-            checks += _speedups(query, engine, by, {"tasks": want, "polars": want and 1.0})
+            goals = {"tasks": want, "polars": want and 1.0}
+            checks += _speedups(query, engine, by, goals, right)
         # a user's unchanged Dask code on the package's shuffle, and on its read too: shown,
         # no target
-        checks += _speedups(query, "dask-gpudirect", by, {"tasks": None})
-        checks += _speedups(query, "dg-dask", by, {"tasks": None, "polars": None})
+        checks += _speedups(query, "dask-gpudirect", by, {"tasks": None}, right)
+        checks += _speedups(query, "dg-dask", by, {"tasks": None, "polars": None}, right)
     return checks
 
 
-def _speedups(query: str, engine: str, by: dict, goals: dict[str, float | None]) -> list[dict]:
+def _right(seen: dict, z_sum: int | None, a: str, b: str) -> bool:
+    """Whether methods ``a`` and ``b`` gave one result (and the data's sum of z, where known):
+    a speed-up of a wrong result is no speed-up."""
+    fa, fb = seen.get(a), seen.get(b)
+    if fa is None or fb is None:
+        return True  # one did not run: no ratio to judge
+    return same(fa, fb) and (z_sum is None or fa["z"] == fb["z"] == z_sum)
+
+
+def disagreeing(checks: list[dict]) -> list[str]:
+    """The queries whose methods gave different results (or results that miss the data's z)."""
+    return [
+        c["check"] for c in checks if c.get("fingerprints") is not None and c["result"] == "miss"
+    ]
+
+
+def _speedups(
+    query: str,
+    engine: str,
+    by: dict,
+    goals: dict[str, float | None],
+    right: Callable[[str, str], bool] = lambda a, b: True,
+) -> list[dict]:
     """dg's pipeline on ``engine`` against each baseline, with its target speed-up (the issue
     asks for at most cudf-polars' time: a speed-up of at least 1)."""
     dg = by.get(engine)
@@ -152,7 +179,7 @@ def _speedups(query: str, engine: str, by: dict, goals: dict[str, float | None])
                 "path": engine,
                 "ratio": ratio,
                 "target": goal,
-                "result": judge(ratio, goal),
+                "result": judge(ratio, goal) if right(engine, base) else "wrong result",
             }
         )
     return out
@@ -302,7 +329,12 @@ def _data_line(result: dict) -> str:
         f"{d.get('files', '?')} Parquet files, {d.get('bytes', 0) / 1e9:.3f} GB "
         f"({d.get('compression', '?')}), {d.get('rows', '?')} rows: {d.get('columns', '?')}; "
         f"keys={o.get('keys', '?')}; {o.get('workers', '?')} worker(s), "
-        f"protocol {o.get('protocol', '?')}. GB/s: Parquet file bytes over the pipeline's time."
+        f"protocol {o.get('protocol', '?')}. GB/s: "
+        + (
+            "the compressed bytes of the four columns the query reads over the pipeline's time."
+            if d.get("query_bytes")
+            else "Parquet file bytes over the pipeline's time."
+        )
         + between_runs_note(result)
     )
 
