@@ -216,7 +216,7 @@ def _cluster_measurements(
         kvikio_snapshot("after dask-default")
         if cold is None:
             _log("measuring dask-default (cold)")
-            measure = partial(_cold_dask, client, "dask-default", nbytes, dask_default, None)
+            measure = partial(_cold_dask, client, "dask-default", nbytes, dask_default, check)
             recs.append(guarded("dask-default", "cold", measure))
     finally:
         stop_cluster(cluster, client, _log)
