@@ -584,22 +584,7 @@ def test_a_stopped_worker_holding_inputs_fails_the_shuffle_within_the_timeout(cl
     df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
     wait(df)
     victim = sorted({w for ws in cluster.who_has(df).values() for w in ws})[0]
-    pid = cluster.run(os.getpid, workers=[victim])[victim]
-
-    def shuffle():
-        with cluster.as_current():
-            return dg.shuffle(df, "k", client=cluster)
-
-    with dask.config.set({"gpudirect.shuffle.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            running = pool.submit(shuffle)
-            # over tcp the timeout's words; over UCXX the endpoint may close first
-            with pytest.raises(dg.ShuffleError, match="did not answer") as info:
-                running.result(timeout=HANG_GUARD)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-    assert victim in str(info.value)
+    assert victim in str(_fails_while_stopped(cluster, df, victim))
     out = dg.shuffle(df, "k", client=cluster)
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
 
@@ -612,23 +597,30 @@ def test_a_stopped_worker_fails_the_first_shuffle_of_a_cluster_within_the_timeou
         pdf = frame(2000, keys=97, seed=21)
         df = client.persist(dd.from_pandas(pdf, npartitions=4))
         wait(df)
-        victim = sorted(client.nthreads())[0]
-        pid = client.run(os.getpid, workers=[victim])[victim]
-
-        def shuffle():
-            with client.as_current():
-                return dg.shuffle(df, "k", client=client)
-
-        with dask.config.set({"gpudirect.shuffle.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                running = pool.submit(shuffle)
-                with pytest.raises(dg.ShuffleError, match="did not answer"):
-                    running.result(timeout=HANG_GUARD)
-            finally:
-                os.kill(pid, signal.SIGCONT)
-        out = shuffle()
+        _fails_while_stopped(client, df, sorted(client.nthreads())[0])
+        out = dg.shuffle(df, "k", client=client)
         assert_hash_partitions(partitions(client, out), pdf, "k", 4)
+
+
+def _fails_while_stopped(client, df, victim: str) -> dg.ShuffleError:
+    """The ShuffleError ``dg.shuffle(df, "k")`` must end in while ``victim`` is stopped
+    (SIGSTOP), with a 3 s shuffle timeout; the worker goes on (SIGCONT) after."""
+    pid = client.run(os.getpid, workers=[victim])[victim]
+
+    def shuffle():
+        with client.as_current():
+            return dg.shuffle(df, "k", client=client)
+
+    with dask.config.set({"gpudirect.shuffle.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            running = pool.submit(shuffle)
+            # over tcp the timeout's words; over UCXX the endpoint may close first
+            with pytest.raises(dg.ShuffleError, match="did not answer") as info:
+                running.result(timeout=HANG_GUARD)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    return info.value
 
 
 def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
