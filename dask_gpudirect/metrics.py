@@ -24,9 +24,9 @@ from .ledger import Ledger
 HEARTBEAT = "gpudirect"
 
 _lock = threading.Lock()
-#: worker address -> the ledger exported for it, and how many plugins export it (the readers'
-#: and the shuffle's share the worker's one ledger: removing one must leave the other's export)
-_exporters: dict[str, tuple[Ledger, int]] = {}
+#: worker address -> how many plugins export its ledger (the readers' and the shuffle's share
+#: the worker's one ledger: removing one must leave the other's export)
+_exports: dict[str, int] = {}
 
 
 class LedgerCollector(PrometheusCollector):
@@ -98,10 +98,10 @@ def export(worker: Any, ledger: Ledger) -> None:
     A second export for the same worker (the plugin registered again) replaces the first.
     """
     with _lock:
-        held = _exporters.get(worker.address)
-        count = held[1] + 1 if held is not None and held[0] is ledger else 1
-        _exporters[worker.address] = (ledger, count)
-        collector().ledgers[worker.address] = ledger
+        ledgers = collector().ledgers
+        again = ledgers.get(worker.address) is ledger
+        _exports[worker.address] = _exports.get(worker.address, 0) + 1 if again else 1
+        ledgers[worker.address] = ledger
     # A new dict, not an update: a heartbeat may be iterating the old one across an await.
     worker.metrics = {**worker.metrics, HEARTBEAT: lambda _: heartbeat(ledger)}
 
@@ -110,13 +110,12 @@ def unexport(worker: Any, ledger: Ledger) -> None:
     """Stop publishing ``ledger`` for one plugin: a no-op where another ledger replaced it,
     or where another plugin of the worker still exports it."""
     with _lock:
-        held = _exporters.get(worker.address)
-        if held is not None and held[0] is ledger:
-            if held[1] > 1:
-                _exporters[worker.address] = (ledger, held[1] - 1)
-                return
-            del _exporters[worker.address]
         ledgers = collector().ledgers
-        if ledgers.get(worker.address) is ledger:
-            del ledgers[worker.address]
-            worker.metrics = {k: v for k, v in worker.metrics.items() if k != HEARTBEAT}
+        if ledgers.get(worker.address) is not ledger:
+            return
+        left = _exports.pop(worker.address, 1) - 1
+        if left:
+            _exports[worker.address] = left
+            return
+        del ledgers[worker.address]
+        worker.metrics = {k: v for k, v in worker.metrics.items() if k != HEARTBEAT}
