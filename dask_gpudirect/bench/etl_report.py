@@ -140,10 +140,16 @@ def checks_of(result: dict, target: str, workers: int) -> list[dict]:
 def _right(seen: dict, z_sum: int | None, a: str, b: str) -> bool:
     """Whether methods ``a`` and ``b`` gave one result (and the data's sum of z, where known):
     a speed-up of a wrong result is no speed-up."""
-    fa, fb = seen.get(a), seen.get(b)
-    if fa is None or fb is None:
+    if a not in seen or b not in seen:
         return True  # one did not run: no ratio to judge
-    return same(fa, fb) and (z_sum is None or fa["z"] == fb["z"] == z_sum)
+    return _one_result([seen[a], seen[b]], z_sum)
+
+
+def _one_result(fingerprints: list[dict], z_sum: int | None) -> bool:
+    """Whether ``fingerprints`` are of one result, the data's sum of z where it is known."""
+    if not fingerprints or not all(same(fingerprints[0], f) for f in fingerprints):
+        return False
+    return z_sum is None or fingerprints[0]["z"] == z_sum
 
 
 def disagreeing(checks: list[dict]) -> list[str]:
@@ -187,10 +193,7 @@ def _speedups(
 
 def _agreement(query: str, seen: dict, z_sum: int | None) -> dict:
     methods = sorted(seen)
-    first = seen[methods[0]] if methods else {}
-    agree = bool(first) and all(same(first, seen[m]) for m in methods)
-    if agree and z_sum is not None:
-        agree = first["z"] == z_sum
+    agree = _one_result([seen[m] for m in methods], z_sum)
     verdict = "not run" if not methods else "pass" if agree else "miss"
     return {
         "check": f"{query}: {', '.join(methods) or 'no method'} give one result",
