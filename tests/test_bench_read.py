@@ -20,6 +20,7 @@ from util import HANG_GUARD
 
 from dask_gpudirect.bench import ceilings, read_report, shuffle_report
 from dask_gpudirect.bench._baselines import copy_group, record
+from dask_gpudirect.bench.tables import judged_text
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs" / "benchmarks"
 
@@ -114,7 +115,7 @@ def test_bench_read_remote_host(tmp_path, store):
     assert records["dg-parquet"]["note"].startswith(f"{rows} rows")
     (check,) = result["checks"]
     assert check["what"].startswith("dg-parquet / ") and check["ratio"] > 0
-    assert f"{check['what']}: {check['ratio']:.2f}x" in proc.stdout
+    assert f"{check['what']}: {judged_text(check['ratio'], check['target'])}x" in proc.stdout
     assert "| server |" in out_md.read_text()
     server = "moto's S3 server" if "s3" in store else "Python's ranged HTTP server"
     assert server in result["server"]

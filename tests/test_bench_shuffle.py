@@ -168,6 +168,28 @@ def test_targets_apply_only_where_gpus_exchange():
     assert {c["result"] for c in one} == {judge(1.0, None)}
 
 
+def test_a_ratio_shown_next_to_its_target_is_not_rounded_onto_its_other_side():
+    """2.996 against ">= 3" missed but was shown as "3.00x"; a bound "<= 1.5" missed by
+    1.5004 was shown as "1.50x". The table shows the digits that tell them apart."""
+    from dask_gpudirect.bench.shuffle_report import _check_rows
+
+    checks = [
+        {"check": "vs", "baseline": "tasks", "ratio": 2.996, "target": 3.0, "result": "miss"},
+        {"check": "vs", "baseline": "tasks", "ratio": 3.004, "target": 3.0, "result": "pass"},
+        {
+            "check": "growth",
+            "baseline": "8",
+            "ratio": 1.5004,
+            "target": 1.5,
+            "at_most": True,
+            "result": "miss",
+        },
+        {"check": "vs", "baseline": "raw", "ratio": 0.123, "target": None, "result": "-"},
+    ]
+    shown = [row[1] for row in _check_rows({"checks": checks})]
+    assert shown == ["2.996x", "3.00x", "1.5004x", "0.12x"]
+
+
 @pytest.mark.timeout(HANG_GUARD + 60)
 def test_bench_shuffle_sweeps_partition_counts(tmp_path):
     """``--partitions 2,16``: the same frame at each count, each method at each, one table of

@@ -14,6 +14,7 @@ from .tables import (
     figure_text,
     footnote,
     judge,
+    judged_text,
     markdown_table,
     print_table,
 )
@@ -319,7 +320,7 @@ def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
 def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
-        ratio = f"{figure_text(c['ratio'])}x" if c["ratio"] is not None else "-"
+        ratio = f"{judged_text(c['ratio'], c['target'])}x" if c["ratio"] is not None else "-"
         want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
         rows.append((c["check"], ratio, want, c["result"]))
     return rows

@@ -45,7 +45,7 @@ from .datasets import dataset
 from .persisting import dask_measure, guarded, records_check, rows_check
 from .range_server import base_url, serving
 from .s3_server import aws_environment, s3_serving
-from .tables import judge, markdown_table, print_table
+from .tables import judge, judged_text, markdown_table, print_table
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -322,7 +322,8 @@ def _rows(result: dict) -> list[list[str]]:
 
 def _check_lines(result: dict) -> list[str]:
     return [
-        f"{c['what']}: {c['ratio']:.2f}x (target {c['target']:.1f}x: {c['verdict']})"
+        f"{c['what']}: {judged_text(c['ratio'], c['target'])}x "
+        f"(target {c['target']:.1f}x: {c['verdict']})"
         for c in result["checks"]
     ] or ["dg-parquet against the per-URL baselines: not measured (see the table)"]
 

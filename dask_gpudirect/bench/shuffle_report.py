@@ -11,6 +11,7 @@ from .tables import (
     figure_text,
     footnote,
     judge,
+    judged_text,
     markdown_table,
     print_table,
 )
@@ -244,7 +245,9 @@ def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
         unit = "" if c.get("absolute") else "x"
-        ratio = f"{figure_text(c['ratio'])}{unit}" if c["ratio"] is not None else "-"
+        ratio = "-"
+        if c["ratio"] is not None:
+            ratio = f"{judged_text(c['ratio'], c['target'], c.get('at_most', False))}{unit}"
         bound = "<=" if c.get("at_most") else ">="
         want = f"{bound} {c['target']:.2f}{unit}" if c["target"] is not None else "-"
         plain = c.get("at_most") or c.get("absolute")

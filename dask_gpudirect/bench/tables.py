@@ -56,6 +56,17 @@ def footnote(notes: list[str], note: str) -> int:
     return notes.index(note) + 1
 
 
+def judged_text(ratio: float, want: float | None, at_most: bool = False) -> str:
+    """``ratio`` as :func:`figure_text` writes it, with more decimals where that would round
+    it onto the other side of its target (2.996 against ">= 3" is "2.996", not "3.00")."""
+    text = figure_text(ratio)
+    digits = 2
+    while want is not None and judge(float(text), want, at_most) != judge(ratio, want, at_most):
+        digits += 1
+        text = f"{ratio:.{digits}f}"
+    return text
+
+
 def judge(ratio: float | None, want: float | None, at_most: bool = False) -> str:
     """A target's verdict: ``-`` without a target, ``not run`` without a ratio, else pass/miss
     (``ratio >= want``, or ``ratio <= want`` for a bound ``at_most``)."""
