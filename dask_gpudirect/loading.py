@@ -22,7 +22,7 @@ def load_chunk(shards: tuple[Shard, ...]) -> Any:
     """Task body of one chunk of a binary read: its shards' records end to end (small files
     joined: ``binary.joins``), read into one buffer on this worker's target, as one array."""
     plugin = current_plugin()
-    with plugin.target(shards[0].target).used() as target:
+    with plugin.reading(shards[0].target) as target:
         try:  # the read checks the worker's own roots and the stamps: the planning is not trusted
             buffer = target.read_run(shards)
         except InputError as exc:
@@ -43,7 +43,7 @@ def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
     shards = tuple(parquet.projected(shard, columns, reading=True) for shard in shards)
     plugin = current_plugin()
     grouped = parquet.runs(shards)
-    with plugin.target(shards[0].target).used() as target:
+    with plugin.reading(shards[0].target) as target:
         try:
             decoded = target.read_parquet(grouped)
         except InputError as exc:

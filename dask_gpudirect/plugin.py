@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import dask.config
@@ -54,12 +56,16 @@ class GPUDirectPlugin(WorkerPlugin):
         self.ledger.keep(self.options["max_records"])
         self._targets: dict[str, targets.Target] = {}
         self._lock = threading.Lock()
+        self._closed = False
         if self.gpus:
             self.target("device")  # configures kvikio now, so a bad option fails at setup
             _register_cudf_with_dask()
         metrics.export(worker, self.ledger)  # /metrics counters, totals in heartbeats
         if dask.config.get("gpudirect.worker.freeze-gc"):
             _freeze_imports(worker)
+        # set up: the readers a read task finds while this plugin is registered again (the
+        # worker drops it, tears it down, then holds the new one before setting it up)
+        worker._gpudirect_readers = self  # type: ignore[attr-defined]
         logger.info(
             "gpudirect on %s: %d GPU(s), options %s", worker.address, self.gpus, self.options
         )
@@ -68,21 +74,41 @@ class GPUDirectPlugin(WorkerPlugin):
         if not hasattr(self, "_targets"):  # setup failed (a bad option) before making them
             return
         metrics.unexport(worker, self.ledger)
-        for target in self._targets.values():
+        with self._lock:  # a read that takes a target from now on gets one of its own
+            closing, self._targets, self._closed = list(self._targets.values()), {}, True
+        for target in closing:
             target.close()
+
+    @contextlib.contextmanager
+    def reading(self, name: str) -> Iterator[targets.Target]:
+        """This worker's reader for target ``name``, held for one read task: taken and counted
+        as in use at once, so a teardown (the plugin registered again) meanwhile waits for the
+        task to end. A plugin torn down already reads on a reader of its own options that
+        closes when the task ends (a read that found it while the new one was set up)."""
+        with contextlib.ExitStack() as stack:
+            with self._lock:  # counted in use before a teardown can close it
+                target = stack.enter_context(self._target(name).used())
+                if self._closed:
+                    del self._targets[name]
+                    target.close()  # released when this task ends
+            yield target
 
     def target(self, name: str) -> targets.Target:
         """This worker's reader for target ``name``, made on first use."""
         with self._lock:
-            if name not in self._targets:
-                if name == "device" and not self.gpus:
-                    raise ClusterError(
-                        f"worker {self.address} has no usable GPU, so it cannot load to "
-                        "target='device'; use target='host'"
-                    )
-                module = targets.module(name)
-                self._targets[name] = module.TARGET(self.options, self.ledger)
-            return self._targets[name]
+            return self._target(name)
+
+    def _target(self, name: str) -> targets.Target:
+        """:meth:`target`, the plugin's lock held."""
+        if name not in self._targets:
+            if name == "device" and not self.gpus:
+                raise ClusterError(
+                    f"worker {self.address} has no usable GPU, so it cannot load to "
+                    "target='device'; use target='host'"
+                )
+            module = targets.module(name)
+            self._targets[name] = module.TARGET(self.options, self.ledger)
+        return self._targets[name]
 
     def describe(self) -> dict[str, Any]:
         """What placement and reports need to know about this worker."""
@@ -155,7 +181,11 @@ def current_plugin(worker: Worker | None = None) -> GPUDirectPlugin:
                 "'threads' or 'processes'"
             ) from None
     plugin = worker.plugins.get(GPUDirectPlugin.name)
-    if not isinstance(plugin, GPUDirectPlugin):
+    if not isinstance(plugin, GPUDirectPlugin) or not hasattr(plugin, "_closed"):
+        # registered again: the old one removed, or the new one not set up yet; the last one
+        # set up serves the reads that start meanwhile, as it serves those already running
+        plugin = getattr(worker, "_gpudirect_readers", plugin)
+    if not isinstance(plugin, GPUDirectPlugin) or not hasattr(plugin, "_closed"):
         raise ClusterError(
             f"worker {worker.address} has no GPUDirectPlugin: register it with "
             "client.register_plugin(dask_gpudirect.GPUDirectPlugin())"

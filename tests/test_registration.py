@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import subprocess
-import time
 
 import dask
 import dask.dataframe as dd
@@ -35,6 +34,7 @@ from util import (
     spawn,
     start_cluster,
     wait_for_address,
+    wait_for_file,
     workers_info,
 )
 
@@ -334,9 +334,7 @@ def test_registering_the_plugin_again_mid_read_lets_the_read_finish(tmp_path):
         def held(self, shards):
             dask_worker.held_target = self
             started.touch()
-            deadline = time.monotonic() + HANG_GUARD
-            while not release.exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_for_file(release, "the release")
             return read_run(self, shards)
 
         HostTarget.read_run = held
@@ -351,15 +349,74 @@ def test_registering_the_plugin_again_mid_read_lets_the_read_finish(tmp_path):
         arr = dg.read_binary(tmp_path / "x.npy", client=client)
         client.run(hold_reads)
         future = client.compute(arr)
-        deadline = time.monotonic() + HANG_GUARD
-        while not started.exists():
-            assert time.monotonic() < deadline, "the read never started"
-            time.sleep(0.02)
+        wait_for_file(started, "the read's start")
         client.register_plugin(dg.GPUDirectPlugin(threads=3))
         assert not any(client.run(old_readers_closed).values())  # the read still uses them
         release.touch()
         np.testing.assert_array_equal(future.result(timeout=HANG_GUARD), np.arange(4000))
         assert all(client.run(old_readers_closed).values())
+        assert [o["threads"] for o in options_by_worker(client)] == [3]
+
+
+def test_reads_that_start_while_the_plugin_is_registered_again_finish(tmp_path):
+    """Distributed's ``plugin_add`` removes the old plugin, tears it down, then holds the new
+    one before its ``setup``. A read task that looked its plugin up in either gap failed with
+    ``ClusterError`` ("has no GPUDirectPlugin") or an ``AttributeError`` of a plugin not set
+    up; the last plugin set up now serves it, as it serves the reads already running."""
+    for k in range(2):
+        np.save(tmp_path / f"x{k}.npy", np.arange(4000, dtype=np.int64) + k)
+    gaps = {"teardown": tmp_path / "in-teardown", "setup": tmp_path / "in-setup"}
+
+    def hold_lookups_in_the_gaps(dask_worker) -> None:
+        """Test instrumentation: the worker's teardown of the old plugin and setup of the new
+        each wait until a read task has looked its plugin up inside them; the first read
+        task looks up in the teardown, the second in the setup."""
+        import itertools
+
+        from dask_gpudirect import loading
+        from dask_gpudirect.plugin import GPUDirectPlugin
+
+        gap_of_task = itertools.cycle(gaps.values()).__next__
+        lookup, setup, teardown = (
+            loading.current_plugin,
+            GPUDirectPlugin.setup,
+            GPUDirectPlugin.teardown,
+        )
+
+        def looked_up_in_a_gap():
+            gap = gap_of_task()
+            gap.with_suffix(".running").touch()
+            wait_for_file(gap, "the re-registration")
+            try:
+                return lookup()
+            finally:
+                gap.with_suffix(".looked").touch()
+
+        def in_gap(method, gap):
+            def held(self, worker):
+                gap.touch()
+                wait_for_file(gap.with_suffix(".looked"), "a read's lookup")
+                return method(self, worker)
+
+            return held
+
+        loading.current_plugin = looked_up_in_a_gap
+        GPUDirectPlugin.teardown = in_gap(teardown, gaps["teardown"])
+        GPUDirectPlugin.setup = in_gap(setup, gaps["setup"])
+
+    with (
+        start_cluster("tcp", n_workers=1, threads=2, plugins={dg.GPUDirectPlugin()}) as cluster,
+        Client(cluster) as client,
+    ):
+        arrays = [dg.read_binary(tmp_path / f"x{k}.npy", client=client) for k in range(2)]
+        client.run(hold_lookups_in_the_gaps)
+        futures = [client.compute(a) for a in arrays]
+        for gap in gaps.values():  # both read tasks in the worker's threads
+            wait_for_file(gap.with_suffix(".running"), "a read task")
+        client.register_plugin(dg.GPUDirectPlugin(threads=3))
+        got = sorted((f.result(timeout=HANG_GUARD) for f in futures), key=lambda a: a[0])
+        for k in range(2):
+            np.testing.assert_array_equal(got[k], np.arange(4000) + k)
         assert [o["threads"] for o in options_by_worker(client)] == [3]
 
 

@@ -49,6 +49,7 @@ from util import (
     owner_of_rows,
     partitions,
     start_cluster,
+    wait_for_file,
     worker_config,
 )
 
@@ -128,9 +129,7 @@ def has_shuffle_plugin(dask_worker) -> bool:
 def hold_thread(started: str, release: str) -> None:
     """Hold this worker's thread (touching ``started``) until the test makes ``release``."""
     open(started, "w").close()
-    deadline = time.monotonic() + HANG_GUARD
-    while not os.path.exists(release) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_file(release, "the release")
 
 
 def note_the_loop_during_the_next_store(dask_worker) -> None:
@@ -681,10 +680,7 @@ def test_a_run_whose_stage_never_started_is_freed_when_the_shuffle_fails(cluster
     assert {w for ws in cluster.who_has(futures_of(df)).values() for w in ws} == {busy, peer}
     started, release = tmp_path / "started", tmp_path / "release"
     blocker = cluster.submit(hold_thread, str(started), str(release), workers=[busy], pure=False)
-    deadline = time.monotonic() + HANG_GUARD
-    while not started.exists():
-        assert time.monotonic() < deadline, "the blocking task never started"
-        time.sleep(0.05)
+    wait_for_file(started, "the blocking task's start")
     try:
         with worker_config(cluster, {"gpudirect.shuffle.timeout": "2s"}):
             with pytest.raises(dg.ShuffleError, match="gpudirect.shuffle.timeout"):

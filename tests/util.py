@@ -414,6 +414,15 @@ def assert_released(client, held, *args, timeout: float = 10.0) -> None:
     assert not any(client.run(held, *args).values())
 
 
+def wait_for_file(path, what: str) -> None:
+    """Wait until ``path`` exists: a step of another process (a worker's task or handler) that
+    touches it has happened. Fails after :data:`HANG_GUARD` seconds naming ``what``."""
+    deadline = time.monotonic() + HANG_GUARD
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.02)
+
+
 def later(path) -> None:
     """Move ``path``'s modification time a second on, as a real later write would (two writes
     within one tick of a coarse file system clock may share it)."""
