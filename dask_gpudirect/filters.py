@@ -332,7 +332,7 @@ def _as_decoded(series: Any, value: Any) -> Any:
     another (the plan checked ``value`` against the file's type): an undeclared binary column
     as strings (bytes matched no row), a time-zone-aware timestamp as a naive one in UTC (an
     aware value could not be compared with it)."""
-    if isinstance(value, bytes) and type(series).__module__.partition(".")[0] == "cudf":
+    if isinstance(value, bytes) and _of_cudf(series):
         try:
             return value.decode()
         except UnicodeDecodeError:
@@ -348,11 +348,16 @@ def _as_decoded(series: Any, value: Any) -> Any:
     return value
 
 
+def _of_cudf(obj: Any) -> bool:
+    """Whether ``obj`` (a column or a dtype) is cuDF's: the device target's decoded data."""
+    return type(obj).__module__.partition(".")[0] == "cudf"
+
+
 def _device_decimal(series: Any) -> tuple[int, int] | None:
     """A cuDF decimal column's (precision, scale); None for any other column (pandas holds
     Decimal objects, and pyarrow-backed decimals compare as pyarrow does)."""
     dtype = series.dtype
-    if type(dtype).__module__.partition(".")[0] != "cudf" or not hasattr(dtype, "scale"):
+    if not _of_cudf(dtype) or not hasattr(dtype, "scale"):
         return None
     return int(dtype.precision), int(dtype.scale)
 
@@ -368,13 +373,18 @@ def _held(value: Any, precision: int, scale: int) -> decimal.Decimal | None:
     exact = decimal.Decimal(value)
     if not exact.is_finite():  # a NaN or an infinity: no decimal equals it
         return None
-    step = decimal.Decimal(1).scaleb(-scale)
+    held = _to_scale(exact, precision, scale, decimal.ROUND_DOWN)
+    if held != exact or held.copy_abs() >= decimal.Decimal(10) ** (precision - scale):
+        return None
+    return held
+
+
+def _to_scale(exact: decimal.Decimal, precision: int, scale: int, rounding: str) -> decimal.Decimal:
+    """``exact`` rounded to ``scale`` digits after the point, with every digit it needs kept
+    (the default context's 28 would round a decimal of 38 digits)."""
     with decimal.localcontext() as context:
         context.prec = max(precision, exact.adjusted() + scale + 1, 1) + 2
-        held = exact.quantize(step, rounding=decimal.ROUND_DOWN)
-        if held != exact or abs(held) >= decimal.Decimal(10) ** (precision - scale):
-            return None
-    return held
+        return exact.quantize(decimal.Decimal(1).scaleb(-scale), rounding=rounding)
 
 
 def _on_decimal_scale(
@@ -395,10 +405,7 @@ def _on_decimal_scale(
     if exact < -largest:
         return op in (">", ">="), op, value
     rounding = decimal.ROUND_CEILING if op in ("<", ">=") else decimal.ROUND_FLOOR
-    with decimal.localcontext() as context:
-        context.prec = max(precision, exact.adjusted() + scale + 1, 1) + 2
-        bound = exact.quantize(decimal.Decimal(1).scaleb(-scale), rounding=rounding)
-    return None, op, bound
+    return None, op, _to_scale(exact, precision, scale, rounding)
 
 
 def _narrow_float(series: Any) -> bool:
