@@ -95,8 +95,14 @@ def _decoded(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
     columns = list(shards[0].part.read_columns)
     if not isinstance(sources[0], rmm.DeviceBuffer):
         return _decode_parquet(sources, [list(s.part.row_groups) for s in shards], columns)
-    frames = [_decode_packed(s, b, columns) for s, b in zip(shards, sources, strict=True)]
-    return cudf.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    frames = []
+    for i, shard in enumerate(shards):
+        with decoding(shard):  # named here: the buffers decoded are gone, none is decoded again
+            frames.append(_decode_packed(shard, sources[i], columns))
+        sources[i] = None  # its raw bytes go once decoded, as the host target's do, not
+        # held through the others' decoding, the concat and the casts
+    with decoding(*shards):
+        return cudf.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
 def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
@@ -105,7 +111,7 @@ def _decode_run(shards: Sequence[Shard], sources: list[Any]) -> cudf.DataFrame:
     shard whose source fails alone is named."""
     try:
         frame = _decoded(shards, sources)
-    except MemoryError:
+    except (MemoryError, InputError):  # InputError: a remote shard's, named as it failed
         raise
     except Exception as exc:  # one call for many files names none: find the one
         for shard, source in zip(shards, sources, strict=True):
@@ -749,7 +755,7 @@ class DeviceTarget(Target):
 
     def _read_remote_parquet(self, shards: Sequence[Shard]) -> cudf.DataFrame:
         """Remote shards, each read into a device buffer of its ranges alone, all at once,
-        then decoded by libcudf (:func:`_decode_packed`)."""
+        then decoded by libcudf (:func:`_decode_packed`), each buffer let go once decoded."""
         return _decode_run(shards, list(self._remote_pool().map(self.read, shards)))
 
     def _remote_pool(self) -> ThreadPoolExecutor:
