@@ -11,6 +11,7 @@ from dask.base import tokenize
 from distributed import Client, Scheduler, Worker, WorkerPlugin
 
 from . import access, discovery, known_workers, targets
+from .config import duration_seconds
 from .cuda import gpu_count
 from .dashboard import DashboardPlugin
 from .errors import ClusterError
@@ -82,6 +83,55 @@ if dask_cuda is not None:
                 options["plugins"] = set(options["plugins"]) | self._user_plugins
                 options["env"] = {**ucx_progress_env(), **options.get("env", {})}
             return spec
+
+
+#: The longest wait for each worker's answer while a read is set up.
+SETUP_TIMEOUT = "gpudirect.planning.timeout"
+
+
+def silent(workers: list[str], timeout: float, doing: str) -> ClusterError:
+    """The error of a read whose ``workers`` gave no answer in ``timeout`` seconds."""
+    return ClusterError(
+        f"worker(s) {', '.join(workers)} did not answer in {timeout:g} s ({SETUP_TIMEOUT}) "
+        f"while {doing}: stopped or overloaded; read again once it answers, or raise the key"
+    )
+
+
+async def _run_each(
+    client: Client, function: Any, workers: list[str], timeout: float, **kwargs: Any
+) -> tuple[dict[str, Any], list[str]]:
+    """``client.run(function, on_error="return", **kwargs)`` on each of ``workers`` apart, all
+    at once, for at most ``timeout`` seconds: the answers (an error as ``client.run`` returns
+    it), and the workers that gave none in time, their calls given up. (One ``client.run`` of
+    all the workers answers all or nothing: a stopped worker held it up for as long as it stayed
+    stopped, and nothing said which.)"""
+    calls = {
+        w: asyncio.ensure_future(
+            client.run(function, workers=[w], on_error="return", asynchronous=True, **kwargs)
+        )
+        for w in workers
+    }
+    if not calls:
+        return {}, []
+    done, pending = await asyncio.wait(calls.values(), timeout=timeout)
+    for call in pending:
+        call.cancel()
+    answers: dict[str, Any] = {}
+    for call in done:
+        answers.update(call.result())
+    return answers, [w for w, call in calls.items() if call in pending]
+
+
+def run_each(
+    client: Client, function: Any, workers: list[str], doing: str, **kwargs: Any
+) -> dict[str, Any]:
+    """:func:`_run_each` within ``gpudirect.planning.timeout``: a ClusterError names the
+    workers that did not answer (``doing``: what the read was doing)."""
+    timeout = duration_seconds(SETUP_TIMEOUT)
+    answers, late = client.sync(_run_each, client, function, workers, timeout, **kwargs)
+    if late:
+        raise silent(late, timeout, doing)
+    return answers
 
 
 def _has_plugin(dask_worker: Worker) -> bool:
@@ -196,45 +246,57 @@ def survey(
     client: Client, entries: list[str], listing: discovery.Listing = discovery.FLAT
 ) -> dict[str, dict]:
     """Per worker: its GPU count, its plugin options, and how it sees each path of ``entries``
-    (directories listed as ``listing`` says). The workers' plugins are checked by the same
-    round trip to the workers, the scheduler's asked at the same time, and the workers asked
-    again only where one lacked the reader plugin. Where the last survey found only workers
-    that see the client's files, and the scheduler has the same ones, only the scheduler is
-    asked (:mod:`.known_workers`)."""
+    (directories listed as ``listing`` says). The scheduler is asked which workers and plugins
+    it has, then each of those workers at once, and the workers asked again only where one
+    lacked the reader plugin. Where the last survey found only workers that see the client's
+    files, and the scheduler has the same ones, only the scheduler is asked
+    (:mod:`.known_workers`). Each worker's answer, and the plugins' set-up on the workers, is
+    waited for at most ``gpudirect.planning.timeout``: a worker that gives none (stopped,
+    hung) is a ClusterError that names it."""
+    timeout = duration_seconds(SETUP_TIMEOUT)
+    held = client.run_on_scheduler(_registered)
     known = known_workers.recall(client)
-    held: dict[str, Any] | None = None
-    if known is not None:
-        held = client.run_on_scheduler(_registered)
-        if known.still(held):
-            _register_missing(client, held, [])
-            return known.survey(entries, listing)
+    if known is not None and known.still(held):
+        _register_for_read(client, held, [], timeout)
+        return known.survey(entries, listing)
 
-    def described(**options: Any) -> Any:
-        return client.run(_describe, entries=entries, listing=listing, on_error="return", **options)
+    def described(workers: list[str]) -> tuple[dict[str, Any], list[str]]:
+        asked = run_each(client, _describe, workers, SURVEYED, entries=entries, listing=listing)
+        return answered(asked)
 
-    async def ask() -> tuple[Any, Any]:
-        return await asyncio.gather(
-            described(asynchronous=True), client.run_on_scheduler(_registered, asynchronous=True)
-        )
-
-    if held is None:
-        asked, held = client.sync(ask)
-    else:  # what the scheduler said a moment ago stands: only the workers are asked
-        asked = described()
-    workers, gone = answered(asked)
+    workers, gone = described(list(held["servers"]))
     missing = [w for w, info in workers.items() if info is None]
-    _register_missing(client, held, missing)
+    _register_for_read(client, held, missing, timeout)
     if missing:
-        workers, more_gone = answered(described())
+        workers, more_gone = described(list(workers))
         gone += more_gone
     if not workers:
         raise ClusterError("the cluster has no workers")
     lacking = [w for w, info in workers.items() if info is None]
-    if lacking:  # a worker that joined as the plugin was registered
+    if lacking:  # a worker restarted as the plugin was registered
         raise ClusterError(f"GPUDirectPlugin is not set up on worker(s) {lacking}: try again")
     if not missing and not gone:  # else the plugins or the workers have changed meanwhile
         known_workers.remember(client, workers, held)
     return workers
+
+
+#: What a read does while it asks each worker how it sees the paths (:func:`silent`).
+SURVEYED = "the read asked it how it sees the paths (the survey)"
+
+
+def _register_for_read(
+    client: Client, held: dict[str, Any], missing: list[str], timeout: float
+) -> None:
+    """:func:`_register_missing` for a read, within ``timeout``: a ClusterError past it. (Every
+    worker has just answered the survey: one that stops answering now is named by none.)"""
+    try:
+        _register_missing(client, held, missing, timeout=timeout)
+    except TimeoutError:
+        raise ClusterError(
+            f"a worker did not answer in {timeout:g} s ({SETUP_TIMEOUT}) while the package's "
+            "plugins were set up on the workers for a read: stopped or overloaded; read again "
+            "once it answers, or raise the key"
+        ) from None
 
 
 def answered(results: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -27,7 +27,7 @@ from dask.typing import Key
 from distributed import Client, Worker
 
 from . import compat, discovery, plan_cache, read_plans, remote, remote_listing, targets
-from .cluster import answered, survey
+from .cluster import answered, run_each, survey
 from .config import size_in_bytes
 from .connection import connected
 from .errors import ClusterError, InputError, flag
@@ -178,6 +178,10 @@ def _plan(client: Client, found: discovery.Found, planner: Callable[..., P], *ar
     )
 
 
+#: What a read does while each worker plans its files (:func:`.cluster.silent`).
+PLANNED = "the read asked it to plan its files (their footers or headers)"
+
+
 def _plan_on_workers(
     client: Client, found: discovery.Found, planner: Callable[..., P], args: tuple
 ) -> P:
@@ -186,14 +190,9 @@ def _plan_on_workers(
     by_file: dict[str, P | InputError] = {}
     while left:  # until every file is planned: a worker that leaves meanwhile, by the others
         groups = planners(left, readable)
-        planned, gone = answered(
-            client.run(
-                _plan_here,
-                groups=groups,
-                planner=planner,
-                args=args,
-                workers=list(groups),
-                on_error="return",
+        planned, gone = answered(  # a stopped worker: a ClusterError that names it
+            run_each(
+                client, _plan_here, list(groups), PLANNED, groups=groups, planner=planner, args=args
             )
         )
         for worker, answer in planned.items():

@@ -13,7 +13,7 @@ from typing import Any
 
 import dask.config
 import yaml
-from dask.utils import parse_bytes
+from dask.utils import parse_bytes, parse_timedelta
 
 from .errors import ConfigError, OptionError
 
@@ -59,6 +59,19 @@ def size_in_bytes(value: Any) -> int | None:
         return parse_bytes(value)
     except (ValueError, TypeError, KeyError, AttributeError):  # parse_bytes([1]): AttributeError
         return None
+
+
+def duration_seconds(key: str) -> float:
+    """The Dask config ``key`` in seconds: a ConfigError naming it where it is no positive
+    duration (every timeout of the package is read with this)."""
+    value = dask.config.get(key)
+    try:
+        seconds = parse_timedelta(value)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        seconds = None
+    if seconds is None or not seconds > 0:
+        raise ConfigError(f"{key}={value!r}: use a positive duration, like '600s'")
+    return float(seconds)
 
 
 def _fractional(value: Any) -> bool:

@@ -13,9 +13,11 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import dask
 import numpy as np
 import pandas as pd
 import psutil
+import pytest
 from distributed import Client, Event, WorkerPlugin, wait
 from object_servers import Gate
 from util import (
@@ -28,6 +30,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
+from dask_gpudirect import known_workers
 
 
 class DieWhenLoading(WorkerPlugin):
@@ -143,6 +146,80 @@ def test_a_worker_that_dies_while_it_plans_a_read_leaves_its_files_to_the_others
         readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
         assert readers and victim not in readers
         client.wait_for_workers(2, timeout=300)  # the nanny's restart, before the cluster closes
+
+
+def _read(how: str, path, client: Client):
+    if how == "parquet":
+        return dg.read_parquet(path.with_suffix(".parquet"), client=client)
+    return dg.read_binary(path.with_suffix(".npy"), client=client)
+
+
+def _write(path) -> np.ndarray:
+    expected = np.arange(2_000, dtype=np.int64)
+    np.save(path.with_suffix(".npy"), expected)
+    pd.DataFrame({"x": expected}).to_parquet(path.with_suffix(".parquet"))
+    return expected
+
+
+def _values(data) -> np.ndarray:
+    out = data.compute()
+    return out if isinstance(out, np.ndarray) else out["x"].to_numpy()
+
+
+@pytest.mark.parametrize("how", ["parquet", "binary"])
+def test_a_stopped_worker_fails_the_first_read_of_a_cluster_within_the_timeout(how, tmp_path):
+    """The first read of a cluster sets the package's plugins up on the workers and asks each
+    how it sees the paths: a worker stopped (SIGSTOP) before it held the read for as long as
+    it stayed stopped. It is a ClusterError naming the worker and gpudirect.planning.timeout,
+    and the cluster reads once the worker goes on."""
+    expected = _write(tmp_path / "a")
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        victim = sorted(client.nthreads())[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        with dask.config.set({"gpudirect.planning.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                running = pool.submit(_read, how, tmp_path / "a", client)
+                with pytest.raises(
+                    dg.ClusterError, match=r"3 s \(gpudirect.planning.timeout\)"
+                ) as e:
+                    running.result(timeout=HANG_GUARD)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        assert victim in str(e.value) and "survey" in str(e.value)
+        np.testing.assert_array_equal(_values(_read(how, tmp_path / "a", client)), expected)
+
+
+def test_a_stopped_worker_fails_the_planning_of_a_read_within_the_timeout(tmp_path):
+    """After a first read, a read of other files asks the scheduler alone for the survey (the
+    workers see the client's files) and each worker to plan some of the files (two files: one
+    each): a stopped worker is a ClusterError naming it, not a wait for as long as it stays
+    stopped."""
+    _write(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    expected = pd.DataFrame({"x": np.arange(2_000)})
+    for i in range(2):
+        expected.iloc[i * 1_000 : (i + 1) * 1_000].to_parquet(tmp_path / "b" / f"{i}.parquet")
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        for _ in range(2):  # the first registers the plugins; the second is remembered
+            _read("parquet", tmp_path / "a", client)
+        assert known_workers.recall(client) is not None
+        victim = sorted(client.nthreads())[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+
+        def read():
+            return dg.read_parquet(tmp_path / "b", client=client)
+
+        with dask.config.set({"gpudirect.planning.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                running = pool.submit(read)
+                with pytest.raises(dg.ClusterError, match="gpudirect.planning.timeout") as e:
+                    running.result(timeout=HANG_GUARD)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        assert victim in str(e.value) and "plan its files" in str(e.value)
+        assert_same_frame(read().compute(), expected)
 
 
 async def _add_plugin(dask_worker, plugin: WorkerPlugin | None = None) -> None:

@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import dask.config
-from dask.utils import parse_timedelta
 
-from ..config import size_in_bytes
+from ..config import duration_seconds, size_in_bytes
 from ..errors import ConfigError
 
 
@@ -44,14 +43,7 @@ def disk_limit() -> int | None:
 
 def timeout() -> float:
     """``gpudirect.shuffle.timeout`` in seconds: the longest wait on a peer."""
-    value = _value("timeout")
-    try:
-        seconds = parse_timedelta(value)
-    except (ValueError, TypeError, KeyError, AttributeError):
-        seconds = None
-    if seconds is None or not seconds > 0:
-        raise _bad("timeout", value, "a positive duration, like '600s'")
-    return seconds
+    return duration_seconds("gpudirect.shuffle.timeout")
 
 
 def progress() -> bool:
