@@ -1143,6 +1143,25 @@ def test_bad_shuffle_array_options(tcp, make, seed, match):
     assert ledger_report.records(tcp).empty
 
 
+@pytest.mark.parametrize("records", [13, 7], ids=["longer", "shorter"])
+def test_shuffle_array_chunk_unlike_the_arrays_chunks(tcp, records):
+    """A chunk whose length is not the one the array's chunks say (a ``map_blocks`` that drops
+    or repeats records without ``chunks=``) fails the shuffle, naming the chunk: the table of
+    counts follows the chunks the array says, so a longer chunk lost its extra records in
+    silence and a shorter one failed with an IndexError. The cluster still shuffles."""
+
+    def lie(block):
+        return np.arange(10, 10 + records) if block[0] == 10 else block
+
+    x = da.arange(40, chunks=10).map_blocks(lie, dtype=np.int64, meta=np.empty(0, np.int64))
+    with pytest.raises(
+        dg.ShuffleError, match=rf"input chunk 1 has shape \({records},\) where the array's chunks"
+    ):
+        dg.shuffle_array(x, seed=1, client=tcp)
+    y = dg.shuffle_array(da.arange(40, chunks=10), seed=1, client=tcp)
+    np.testing.assert_array_equal(np.sort(compute(tcp, y)), np.arange(40))
+
+
 def test_not_a_dask_collection(tcp):
     """A pandas frame or a NumPy array by mistake: an InputError that says what is needed."""
     with pytest.raises(dg.InputError, match="needs a Dask DataFrame, not DataFrame"):

@@ -236,6 +236,17 @@ class PermutationSplit:
     meta: Any
 
     def split(self, indices: list[int], parts: list) -> tuple[Any, np.ndarray]:
+        for i, part in zip(indices, parts, strict=True):
+            # the table's counts follow the chunks the array says: a chunk of other records
+            # would lose its extra ones in silence, or take rows it does not have
+            says = (int(self.sizes[i]), *self.meta.shape[1:])
+            if tuple(part.shape) != says:
+                raise ValueError(
+                    f"input chunk {i} has shape {tuple(part.shape)} where the array's chunks "
+                    f"say {says}: "
+                    "a map_blocks that changes the records needs chunks= (or "
+                    "arr.compute_chunk_sizes())"
+                )
         counts = contingency_rows(self.seed, self.sizes, indices)
         shuffled = self._permutations(np.array([len(p) for p in parts]), 0, indices)
         return self.join(parts)[shuffled[_grouped_by_output(counts, self.target)]], counts
