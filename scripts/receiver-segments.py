@@ -17,7 +17,7 @@ from functools import partial
 import numpy as np
 from cupy_split import slot_segments
 
-from dask_gpudirect.shuffle.split import assembly_segments
+from dask_gpudirect.shuffle.split import assembly_segments, cells_of
 from dask_gpudirect.targets.host import positions
 
 
@@ -60,7 +60,8 @@ def main() -> None:
         for interleaved in (True, False):
             pieces = pieces_of(partitions, interleaved)
             outputs = range(partitions // 2)
-            new, sizes = assembly_segments(pieces, outputs)
+            sparse = [(chunk, first, cells_of(counts)) for chunk, first, counts in pieces]
+            new, sizes = assembly_segments(sparse, outputs)
             for name, xp in (("NumPy", np), ("CuPy", cupy)):
                 starts, lengths, old_sizes = slot_segments(pieces, outputs, xp)
                 old = positions(cupy.asnumpy(starts), cupy.asnumpy(lengths))
@@ -69,7 +70,7 @@ def main() -> None:
                 assert same, f"{partitions} partitions: slot table ({name}) differs"
             shape = f"{partitions:>5} partitions, {'interleaved' if interleaved else 'contiguous '}"
             calls = {
-                "columns (NumPy)": partial(assembly_segments, pieces, outputs),
+                "cells (NumPy)": partial(assembly_segments, sparse, outputs),
                 "slots (NumPy)": partial(slot_segments, pieces, outputs, np),
                 "slots (CuPy)": partial(on_gpu, pieces, outputs),
             }

@@ -831,21 +831,18 @@ def test_dropping_the_result_frees_it(client):
     assert_released(client, _shuffle_keys_held)
 
 
-@pytest.mark.parametrize("sparse", [True, False], ids=["non-empty", "whole-table"])
 @pytest.mark.parametrize("few", [True, False], ids=["few", "many"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "contiguous"])
-def test_assembly_segments_list_each_output_in_input_order(monkeypatch, interleaved, few, sparse):
+def test_assembly_segments_list_each_output_in_input_order(monkeypatch, interleaved, few):
     """Pieces joined end to end (each grouped by output, then input) are listed output by
     output, each output's rows in input order, whether the senders' inputs interleave (one
-    worker holds the even partitions) or not; empty segments and empty outputs included;
-    whether the segments are joined (a small table) or not (more than ``JOINED_SEGMENTS``),
-    and whether the table is listed whole or by its non-empty cells (``SPARSE_SEGMENTS``)."""
+    worker holds the even partitions) or not; empty cells and empty outputs included;
+    whether the segments are joined (a small table) or not (more than ``JOINED_SEGMENTS``)."""
     from dask_gpudirect.shuffle import split
-    from dask_gpudirect.shuffle.split import assembly_segments
+    from dask_gpudirect.shuffle.split import assembly_segments, cells_of
 
     if not few:
         monkeypatch.setattr(split, "JOINED_SEGMENTS", 0)
-    monkeypatch.setattr(split, "SPARSE_SEGMENTS", 0 if sparse else 10**9)
     outputs = range(10, 16)
     pieces = received_pieces(outputs, inputs=12, interleaved=interleaved, seed=3)
     # (output, input) of each row as the receiver joins them: piece after piece, in order
@@ -853,7 +850,8 @@ def test_assembly_segments_list_each_output_in_input_order(monkeypatch, interlea
     for chunk, _, counts in pieces:
         joined += [(outputs[j], i) for j in range(len(outputs)) for k, i in enumerate(chunk)
                    for _ in range(int(counts[k, j]))]  # fmt: skip
-    segments, sizes = assembly_segments(pieces, outputs)
+    cells = [(chunk, first, cells_of(counts)) for chunk, first, counts in pieces]
+    segments, sizes = assembly_segments(cells, outputs)
     order = segments.positions("host")
     listed = [joined[p] for p in order]
     assert listed == sorted(joined)  # by output, then input (a stable order within each)
@@ -863,6 +861,36 @@ def test_assembly_segments_list_each_output_in_input_order(monkeypatch, interlea
     if few:  # no empty segment, none that continues the one before it
         assert segments.lengths.all()
         assert (segments.starts[1:] != (segments.starts + segments.lengths)[:-1]).all()
+
+
+def test_the_counts_of_many_partitions_take_memory_by_the_rows():
+    """What a worker keeps to cut a chunk of many small inputs into many outputs and to put
+    them back together (the split's counts, the pieces' share of them, the receiver's
+    segments) grows with the rows, not with the inputs times the outputs: 2,048 inputs of 8
+    rows into 8,192 outputs made a table of 128 MiB for 16 K rows."""
+    import tracemalloc
+
+    from dask_gpudirect.shuffle.split import assembly_segments, cells_for, output_rows
+    from dask_gpudirect.targets import host
+
+    inputs, rows, n = 2048, 8, 8192
+    where = np.random.default_rng(5).integers(0, n, inputs * rows)
+    tracemalloc.start()
+    try:
+        order, cells = host.group_order(where, [rows] * inputs, n)
+        offsets = np.concatenate([[0], np.cumsum(output_rows(cells, n))])
+        chunk = tuple(range(inputs))
+        got = []
+        for outputs in (range(0, n // 2), range(n // 2, n)):  # two receivers' groups
+            piece = (chunk, outputs.start, cells_for(cells, outputs))
+            segments, sizes = assembly_segments([piece], outputs)
+            got.append(segments.positions("host") + offsets[outputs.start])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # every row once, by output, then input: the split's order
+    assert np.array_equal(order[np.concatenate(got)], np.argsort(where, kind="stable"))
+    assert peak < 256 * len(where) + 64 * n, peak
 
 
 def test_segment_slices_are_cut_where_pieces_end():
@@ -893,10 +921,10 @@ def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interlea
     splitter = split.HashSplit(["k"], 6, "host", pdf.iloc[:0], index)
     pieces, frames = [], []
     for chunk in senders:
-        ordered, counts = splitter.split(list(chunk), [pdf.iloc[inputs[i]] for i in chunk])
-        starts = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+        ordered, cells = splitter.split(list(chunk), [pdf.iloc[inputs[i]] for i in chunk])
+        starts = np.concatenate([[0], np.cumsum(split.output_rows(cells, 6))])
         frames.append(ordered.iloc[starts[outputs.start] : starts[outputs.stop]])
-        pieces.append((chunk, outputs.start, counts[:, outputs.start : outputs.stop]))
+        pieces.append((chunk, outputs.start, split.cells_for(cells, outputs)))
     segments, sizes = split.assembly_segments(pieces, outputs)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     built = {}

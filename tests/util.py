@@ -166,7 +166,7 @@ def received_pieces(outputs: range, inputs: int, interleaved: bool, seed: int) -
     """What a receiver of ``outputs`` gets from two senders of ``inputs`` partitions between
     them (the even and the odd ones, or each a half), each sending two chunks: pieces
     ``(chunk's inputs, first output, counts)`` in input order, with random counts and an output
-    that no row of a chunk goes to (as ``assembly_segments`` takes them)."""
+    that no row of a chunk goes to (``assembly_segments`` takes each table's ``cells_of``)."""
     rng = np.random.default_rng(seed)
     half = inputs // 2
     senders = [tuple(range(w, inputs, 2)) if interleaved else tuple(range(half * w, half * (w + 1)))

@@ -167,9 +167,9 @@ def exchange_on_rapidsmpf(
     try:
         mine = np.zeros(npartitions, dtype=bool)
         mine[list(shuffler.local_partitions())] = True
-        for _, ordered, counts, offsets in service.split_chunks(exchange, inputs, run, clock):
+        for _, ordered, _, offsets in service.split_chunks(exchange, inputs, run, clock):
             with clock("pack and insert"):
-                rows = counts.sum(axis=0)
+                rows = np.diff(offsets)
                 table = device.to_table(ordered, exchange.splitter.index)
                 splits = offsets[1:-1].tolist()
                 room = ranks.buffers.reserve_device_memory_and_spill(  # spills to make room

@@ -5,12 +5,12 @@ stay on the GPU, pandas and NumPy on the host. A worker splits its inputs a chun
 many consecutive inputs as fit in ``gpudirect.shuffle.chunk-size``), not one input at a time:
 ``split`` joins the chunk and orders its rows by output partition, and within one output by
 input, so the rows bound for one worker are a single slice: one message of a few large buffers
-per destination and chunk, whatever the partition count. ``counts[k, j]`` (rows of the chunk's
-``k``-th input for output ``j``) travels with it, so the owner can put each output's rows back in
-input order (:func:`assembly_segments`) and the same shuffle gives the same partitions. With
-``keep_order=False`` a target with a faster cut in no set order (the GPU's) uses it and counts
-the chunk's rows as its first input's: one row of counts, so a receiver's table of segments has
-a slot per chunk and output, not per input and output (half a million at 1024 partitions).
+per destination and chunk, whatever the partition count. The chunk's :data:`Cells` (rows of
+its ``k``-th input for output ``j``, for each pair that has any) travel with it, so the owner can
+put each output's rows back in input order (:func:`assembly_segments`) and the same shuffle gives
+the same partitions. With ``keep_order=False`` a target with a faster cut in no set order (the
+GPU's) uses it and counts the chunk's rows as its first input's: a cell per output, not per
+input and output.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from ..targets import TargetName
 class Splitter(Protocol):
     """What the shuffle needs of a way to cut rows: every worker of a shuffle gets the same one.
 
-    ``split`` orders a chunk's rows by output (and within one output by input) and counts them,
-    a row of counts per input, or one row for the whole chunk where no input order is kept;
+    ``split`` orders a chunk's rows by output (and within one output by input) and counts them
+    (:data:`Cells`: by output and input, or by output alone, as the chunk's first input's,
+    where no input order is kept);
     ``rows`` slices that order; ``owned`` copies a slice into memory of its own (a slice
     holds its whole chunk); ``join`` concatenates pieces; ``outputs`` builds consecutive
     outputs out of the received pieces, given the segments of them (:class:`Segments`) that
@@ -114,10 +115,10 @@ class HashSplit:
             )
             if cut is not None:  # no input order to keep: the chunk counts as one input
                 ordered, sizes = cut
-                return ordered, sizes[np.newaxis, :]
+                return ordered, cells_of(sizes[np.newaxis, :])
         lengths = [len(p) for p in parts]
-        order, counts = module.group_order(self.destinations(joined), lengths, self.npartitions)
-        return module.take_rows(joined, order, self.index), counts
+        order, cells = module.group_order(self.destinations(joined), lengths, self.npartitions)
+        return module.take_rows(joined, order, self.index), cells
 
     def hashed(self, joined: Any) -> Any | None:
         """The values the unordered cut hashes in place of ``joined``'s ``on`` columns: numbers
@@ -249,7 +250,8 @@ class PermutationSplit:
                 )
         counts = contingency_rows(self.seed, self.sizes, indices)
         shuffled = self._permutations(np.array([len(p) for p in parts]), 0, indices)
-        return self.join(parts)[shuffled[_grouped_by_output(counts, self.target)]], counts
+        grouped = shuffled[_grouped_by_output(counts, self.target)]
+        return self.join(parts)[grouped], cells_of(counts)
 
     def rows(self, chunk: Any, start: int, stop: int) -> Any:
         return chunk[start:stop]
@@ -337,41 +339,43 @@ class Segments:
 
 
 def assembly_segments(
-    pieces: list[tuple[tuple[int, ...], int, np.ndarray]], outputs: range
+    pieces: list[tuple[tuple[int, ...], int, Cells]], outputs: range
 ) -> tuple[Segments, np.ndarray]:
     """How the received pieces, joined end to end, become the outputs: the segments of them
     that list each output's rows in input order, one output after another, and the rows of
     each of ``outputs``.
 
-    Piece ``(inputs, first, counts)`` holds, for each of ``outputs`` in turn (senders cut their
-    pieces at the receiver's groups, so ``first`` is ``outputs.start``), ``counts[k, j]`` rows
-    of input ``inputs[k]``; every input is in one piece. Segment ``(j, input)`` is a run of one
-    input's rows for one output: laid out as a table of outputs by inputs, each piece's
-    segments are a block of columns, and putting the columns in input order orders them all,
-    in a few NumPy passes over the table (no kernel to compile, as CuPy's took 1.6-1.9 s on a
-    fresh machine). Where each piece's inputs all come after those of the piece before it
-    (each sender's inputs consecutive partitions), a piece's rows for one output are one run
-    already: one segment per piece and output. Where they interleave, a thousand partitions
-    make half a million segments, and a table many times larger than the rows (thousands of
-    partitions) is listed by its non-empty cells alone (:func:`_nonempty_segments`); a table
-    of at most :data:`JOINED_SEGMENTS` has its empty segments dropped and those that continue
-    one another joined, which lets a receiver of few large pieces copy slices of them
+    Piece ``(inputs, first, cells)`` holds, output after output (senders cut their pieces at
+    the receiver's groups, so ``first`` is ``outputs.start``), the rows its :data:`Cells`
+    count, a cell's output counted from ``first`` and its input being ``inputs[k]``; every
+    input is in one piece. Each cell is a segment, a run of one input's rows for one output;
+    put in output and input order (one stable sort of the pieces' runs, each in that order
+    already), they list the outputs. The work follows the non-empty cells, at most one a row,
+    not the outputs times the inputs (8.4 M at 4,096 interleaved partitions). Where each
+    piece's inputs all come after those of the piece before it (each sender's inputs
+    consecutive partitions), a piece's rows for one output are one run already: one segment
+    per piece and output. At most :data:`JOINED_SEGMENTS` segments are joined where they
+    continue one another, which lets a receiver of few large pieces copy slices of them
     (:data:`FEW_SEGMENTS`)."""
-    if any(first != outputs.start or c.shape[1] != len(outputs) for _, first, c in pieces):
-        raise ValueError(f"pieces must each hold rows for all of outputs {outputs}")
+    if any(first != outputs.start or (c[0] >= len(outputs)).any() for _, first, c in pieces):
+        raise ValueError(f"pieces must each hold rows for outputs {outputs} alone")
     if all(max(a) < min(b) for (a, _, _), (b, _, _) in itertools.pairwise(pieces)):
-        pieces = [((inputs[0],), first, counts.sum(axis=0, keepdims=True))
-                  for inputs, first, counts in pieces]  # fmt: skip
-    cells = sum(counts.size for _, _, counts in pieces)
-    if cells > SPARSE_SEGMENTS * sum(int(counts.sum()) for _, _, counts in pieces):
-        start, length, sizes = _nonempty_segments(pieces, len(outputs))
-    else:
-        start, length, sizes = _all_segments(pieces)
-    if len(start) > JOINED_SEGMENTS:
-        return Segments(start, length), sizes
-    kept = np.flatnonzero(length)
-    start, length = start[kept], length[kept]
-    if not len(start):
+        pieces = [((inputs[0],), first, _by_output(cells)) for inputs, first, cells in pieces]
+    m = max((max(inputs) for inputs, _, _ in pieces), default=0) + 1
+    keys, starts, lengths = [], [], []
+    offset = 0  # where the piece's rows start in the joined pieces
+    for piece_inputs, _, (j, k, rows) in pieces:
+        keys.append(j * m + np.asarray(piece_inputs, dtype=np.int64)[k])  # (output, input)
+        ends = np.cumsum(rows)
+        starts.append(ends - rows + offset)
+        lengths.append(rows)
+        offset += int(ends[-1]) if len(ends) else 0
+    key, length = np.concatenate(keys), np.concatenate(lengths)
+    sizes = np.bincount(key // m, weights=length, minlength=len(outputs)).astype(np.int64)
+    # a piece's cells are in (output, input) order already: the stable sort merges the runs
+    order = np.argsort(key, kind="stable")
+    start, length = np.concatenate(starts)[order], length[order]
+    if len(start) > JOINED_SEGMENTS or not len(start):
         return Segments(start, length), sizes
     new = np.ones(len(start), dtype=bool)
     np.not_equal(start[1:], start[:-1] + length[:-1], out=new[1:])
@@ -379,55 +383,44 @@ def assembly_segments(
     return Segments(start[firsts], np.add.reduceat(length, firsts)), sizes
 
 
-def _all_segments(pieces: list[tuple[tuple[int, ...], int, np.ndarray]]) -> tuple:
-    """(starts, lengths, rows of each output) of every segment, empty ones too, in order: a
-    table of outputs by inputs, its columns put in input order."""
-    inputs = np.concatenate([np.asarray(i, dtype=np.int64) for i, _, _ in pieces])
-    lengths, starts = [], []
-    offset = 0  # where the piece's rows start in the joined pieces
-    for _, _, counts in pieces:
-        rows = counts.T  # the piece's rows: output after output, each input after input
-        ends = np.cumsum(rows, dtype=np.int64).reshape(rows.shape)
-        ends += offset - rows  # now where each segment starts
-        starts.append(ends)
-        lengths.append(rows)
-        offset += int(counts.sum())
-    by_input = np.argsort(inputs, kind="stable")
-    length = np.concatenate(lengths, axis=1).take(by_input, axis=1)
-    start = np.concatenate(starts, axis=1).take(by_input, axis=1)
-    return start.ravel(), length.ravel(), length.sum(axis=1)
+#: A table of how many rows of each input of a chunk go to each output, by its non-empty
+#: cells: ``cells[:, s]`` is ``(output j, input k, rows)``, the ``k``-th input of the chunk,
+#: in output order and within one output in input order (the order of the split rows). It
+#: grows with the rows (at most a cell a row), not with the inputs times the outputs (4,096 x
+#: 8,192 int64 cells are 256 MiB).
+Cells = np.ndarray
 
 
-def _nonempty_segments(pieces: list[tuple[tuple[int, ...], int, np.ndarray]], n: int) -> tuple:
-    """What :func:`_all_segments` gives, without the empty segments, in work that follows them
-    alone: where the table is mostly empty (many interleaved inputs, each with few rows for
-    each output), as its 8.4 M cells at 4,096 partitions, ordering it cost more than the rest
-    of the stage."""
-    outs, inputs, starts, lengths = [], [], [], []
-    offset = 0
-    for piece_inputs, _, counts in pieces:
-        j, k = np.nonzero(counts.T)  # output after output, each input after input
-        rows = counts.T[j, k]
-        ends = np.cumsum(rows)
-        starts.append(ends - rows + offset)
-        lengths.append(rows)
-        outs.append(j)
-        inputs.append(np.asarray(piece_inputs, dtype=np.int64)[k])
-        offset += int(ends[-1]) if len(ends) else 0
-    j, i = np.concatenate(outs), np.concatenate(inputs)
-    order = np.argsort(j * (int(i.max(initial=0)) + 1) + i)  # each (output, input) once
-    length = np.concatenate(lengths)
-    sizes = np.bincount(j, weights=length, minlength=n).astype(np.int64)
-    return np.concatenate(starts)[order], length[order], sizes
+def cells_of(counts: np.ndarray) -> Cells:
+    """The :data:`Cells` of a whole table, ``counts[k, j]`` rows of input ``k`` for output ``j``."""
+    j, k = np.nonzero(counts.T)
+    return np.stack([j, k, counts.T[j, k]]).astype(np.int64, copy=False)
 
 
-#: How many times more segments than rows make :func:`assembly_segments` list only the
-#: non-empty ones (at 2,048 partitions on two workers, 2 M rows: the whole table was faster).
-SPARSE_SEGMENTS = 4
+def output_rows(cells: Cells, n: int) -> np.ndarray:
+    """The rows of each of ``n`` outputs that ``cells`` count."""
+    return np.bincount(cells[0], weights=cells[2], minlength=n).astype(np.int64)
 
-#: Segments up to which :func:`assembly_segments` drops the empty ones and joins those that
-#: continue one another: where there are more, the many inputs interleave, few join, and the
-#: two passes cost about as much as the rest (5 of 10-14 ms at 1024 partitions on the CPU).
+
+def cells_for(cells: Cells, outputs: range) -> Cells:
+    """The cells of ``outputs`` (a run of outputs), each output counted from ``outputs.start``:
+    a piece's, in memory of its own."""
+    a, b = np.searchsorted(cells[0], [outputs.start, outputs.stop])
+    piece = cells[:, a:b].copy()
+    piece[0] -= outputs.start
+    return piece
+
+
+def _by_output(cells: Cells) -> Cells:
+    """``cells`` summed over the inputs: each output's rows, as the first input's."""
+    firsts = np.flatnonzero(np.diff(cells[0], prepend=-1))
+    rows = np.add.reduceat(cells[2], firsts) if len(firsts) else cells[2, :0]
+    return np.stack([cells[0, firsts], np.zeros_like(firsts), rows])
+
+
+#: Segments up to which :func:`assembly_segments` joins those that continue one another: where
+#: there are more, the many inputs interleave, few join, and the pass costs about as much as
+#: the rest (5 of 10-14 ms at 1024 partitions on the CPU).
 JOINED_SEGMENTS = 1 << 12
 
 

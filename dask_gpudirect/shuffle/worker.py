@@ -53,7 +53,7 @@ from ..targets import TargetName
 from . import settings
 from .buffer import SpillBuffer
 from .rapidsmpf_engine import members as rapidsmpf_members
-from .split import Splitter, assembly_segments, union_categories
+from .split import Cells, Splitter, assembly_segments, cells_for, output_rows, union_categories
 
 T = TypeVar("T")
 
@@ -71,8 +71,8 @@ CHUNK_SHARE = 16
 #: Bytes on the wire from one worker are at most this share of the target's memory.
 IN_FLIGHT_SHARE = 8
 
-#: What a message carries per group of the receiver's outputs: ``(group, first, counts, rows)``.
-Piece = tuple[int, int, np.ndarray, Any]
+#: What a message carries per group of the receiver's outputs: ``(group, first, cells, rows)``.
+Piece = tuple[int, int, Cells, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,8 +125,8 @@ class ShuffleRun:
         self.id = shuffle_id
         self.buffer = buffer
         # group -> first input of a received chunk -> (its inputs, first output j of the piece,
-        # counts[k, j - first])
-        self.received: dict[int, dict[int, tuple[tuple[int, ...], int, np.ndarray]]] = (
+        # its cells, outputs counted from first)
+        self.received: dict[int, dict[int, tuple[tuple[int, ...], int, Cells]]] = (
             collections.defaultdict(dict)
         )
         self.finished: set[str] = set()
@@ -145,9 +145,10 @@ class ShuffleRun:
         self.timeout = settings.timeout()
 
     async def put(self, inputs: tuple[int, ...], pieces: list[Piece]) -> None:
-        """Keep the rows of a chunk of ``inputs``: each piece ``(group, first, counts, rows)``
-        holds, for outputs ``first, first + 1, ...`` of one of our groups,
-        ``counts[k, j - first]`` rows of ``inputs[k]`` for output ``j``, grouped by output.
+        """Keep the rows of a chunk of ``inputs``: each piece ``(group, first, cells, rows)``
+        holds, for outputs ``first, first + 1, ...`` of one of our groups, the rows its
+        :data:`~.split.Cells` count (output ``first + j`` of cell ``(j, k, rows)``, of
+        ``inputs[k]``), grouped by output.
         Kept in the service's store thread, not on the loop (spilling copies and writes their
         bytes); the caller (a sender waiting for our answer) hears back once they are kept, so
         a peer that says it has finished has nothing left on its way."""
@@ -163,8 +164,8 @@ class ShuffleRun:
 
     def _keep(self, inputs: tuple[int, ...], pieces: list[Piece]) -> None:
         self.buffer.update({f"{group}-{inputs[0]}": rows for group, _, _, rows in pieces})
-        for group, first, counts, _ in pieces:
-            self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(counts))
+        for group, first, cells, _ in pieces:
+            self.received[group][inputs[0]] = (tuple(inputs), first, np.asarray(cells))
 
     def outputs(
         self, exchange: Exchange, groups: list[range], clock: Phases, empty: Any = None
@@ -239,7 +240,7 @@ class ShuffleRun:
         worker = self.service.worker
         inputs, pieces = message
         start = time.perf_counter()
-        groups, firsts, counts, rows = zip(*pieces, strict=True)
+        groups, firsts, cells, rows = zip(*pieces, strict=True)
         call = asyncio.ensure_future(
             worker.rpc(dest).gpudirect_shuffle_receive(
                 shuffle_id=self.id,
@@ -247,7 +248,7 @@ class ShuffleRun:
                 inputs=inputs,
                 groups=groups,
                 firsts=firsts,
-                counts=to_serialize(list(counts)),
+                cells=to_serialize(list(cells)),
                 rows=to_serialize(list(rows)),
             )
         )
@@ -380,10 +381,10 @@ class ShuffleService:
         inputs: tuple[int, ...],
         groups: list[int],
         firsts: list[int],
-        counts: list[np.ndarray],
+        cells: list[Cells],
         rows: list,
     ) -> None:
-        pieces = list(zip(groups, firsts, counts, rows, strict=True))
+        pieces = list(zip(groups, firsts, cells, rows, strict=True))
         await self.run(shuffle_id, target).put(inputs, pieces)
 
     def peer_finished(
@@ -632,13 +633,13 @@ class ShuffleService:
         # what an output of no rows holds: like this worker's first chunk (its categories, as
         # the task shuffle's empty outputs hold the data's), not holding the chunk
         empty = None
-        for indices, ordered, counts, offsets in self.split_chunks(exchange, inputs, run, clock):
+        for indices, ordered, cells, offsets in self.split_chunks(exchange, inputs, run, clock):
             if empty is None:
                 empty = splitter.owned(splitter.rows(ordered, 0, 0))
             with clock("send"):  # waits while max-in-flight bytes are on the wire
                 for dest, runs in groups.items():
                     pieces = [
-                        (g, js.start, counts[:, js.start : js.stop], rows)
+                        (g, js.start, cells_for(cells, js), rows)
                         for g, js in enumerate(runs)
                         if (rows := _rows(splitter, ordered, offsets, js)) is not None
                     ]
@@ -653,6 +654,7 @@ class ShuffleService:
                         pieces = [(*p[:3], splitter.owned(p[3])) for p in pieces]
                     self._keep_own(exchange, run, (indices, pieces))
             ordered, pieces = None, []  # let the joined copy go before the next split
+            del cells
         with clock("wait for peers"):
             self.on_loop(run.finish, exchange)
         built = 0
@@ -703,8 +705,8 @@ class ShuffleService:
         inputs: dict[int, tuple[Key, int]],
         run: ShuffleRun,
         clock: Phases,
-    ) -> Iterator[tuple[tuple[int, ...], Any, np.ndarray, np.ndarray]]:
-        """This worker's inputs a chunk at a time, split: ``(indices, ordered, counts,
+    ) -> Iterator[tuple[tuple[int, ...], Any, Cells, np.ndarray]]:
+        """This worker's inputs a chunk at a time, split: ``(indices, ordered, cells,
         offsets)``, the rows of output ``j`` being ``ordered[offsets[j]:offsets[j + 1]]``.
         Each chunk's inputs are let go once split, so the worker may spill them; placed inputs
         are waited for, a chunk at a time, as this worker computes them."""
@@ -719,11 +721,10 @@ class ShuffleService:
                 for i, part in zip(indices, parts, strict=True):
                     if categories := exchange.splitter.categories_of(part):
                         run.categories[i] = categories
-                ordered, counts = exchange.splitter.split(list(indices), parts)
-                indices = indices[: len(counts)]  # one row: the chunk counted as its first input
-                offsets = np.concatenate([[0], np.cumsum(counts.sum(axis=0))])
+                ordered, cells = exchange.splitter.split(list(indices), parts)
+                offsets = np.concatenate([[0], np.cumsum(output_rows(cells, len(exchange.keys)))])
                 parts = []
-            yield indices, ordered, counts, offsets
+            yield indices, ordered, cells, offsets
 
     def take_inputs(self, keys: list[Key]) -> list:
         """Inputs from this worker's data, read on the loop as Distributed reads them (in one

@@ -526,15 +526,16 @@ def permutations(lengths: np.ndarray, seeds: np.ndarray) -> cupy.ndarray:
 
 def group_order(where: cudf.Series, lengths: list[int], n: int) -> tuple[cupy.ndarray, np.ndarray]:
     """The row order that groups equal values of ``where`` (0..n-1, a cuDF Series), stably, and
-    ``counts[k, j]``: how many rows of the ``k``-th run of ``lengths`` rows hold ``j``.
+    how many rows of the ``k``-th run of ``lengths`` rows hold ``j``, as :func:`host.group_order
+    <dask_gpudirect.targets.host.group_order>` gives them.
 
     libcudf's calls only, whose kernels ship compiled: CuPy's compile on their first call in a
     process (NVRTC), which cost a fresh machine's first shuffle 6 s of a 7-8 s run
     (``scripts/cold-split.py``). The sort is stable radix, a pass per byte of the key: the
     narrowest type that holds ``n - 1`` (one pass below 256 outputs, where int64 takes eight).
     Along that order ``key = value * inputs + input`` rises, so one search for every key gives
-    where each ``(output, input)`` run starts, and the counts come back to the host
-    (``len(lengths) * n`` numbers)."""
+    where each ``(output, input)`` run starts; those that hold rows come back to the host as
+    rows ``(j, k, rows)`` (the shuffle's ``Cells``)."""
     inputs = len(lengths)
     values = where._column.to_pylibcudf()
     if n <= 1 << 16:
@@ -549,8 +550,9 @@ def group_order(where: cudf.Series, lengths: list[int], n: int) -> tuple[cupy.nd
     ordered = plc.copying.gather(plc.Table([key]), order, plc.copying.OutOfBoundsPolicy.DONT_CHECK)
     needles = plc.Table([_rows(inputs * n + 1)])
     starts = _cupy(plc.search.lower_bound(ordered, needles, ascending, nulls)).get()
-    counts = np.diff(starts.astype(np.int64)).reshape(n, inputs).T
-    return _cupy(order), np.ascontiguousarray(counts)
+    counts = np.diff(starts.astype(np.int64))  # of (j, k) at j * inputs + k
+    cells = np.flatnonzero(counts)
+    return _cupy(order), np.stack([cells // inputs, cells % inputs, counts[cells]])
 
 
 #: ``gpudirect.shuffle.chunk-size: auto`` here: bytes of inputs a shuffle stage splits at once.

@@ -252,15 +252,28 @@ hash_partition = None
 
 
 def group_order(where: Any, lengths: list[int], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The row order that groups equal values of ``where`` (0..n-1), stably, and ``counts[k, j]``:
-    how many rows of the ``k``-th run of ``lengths`` rows hold ``j``."""
+    """The row order that groups equal values of ``where`` (0..n-1), stably, and how many rows
+    of the ``k``-th run of ``lengths`` rows hold ``j``, for each ``(j, k)`` that has any: rows
+    ``(j, k, rows)``, in the order's (the shuffle's ``Cells``). Work and memory follow the
+    rows: a table of every ``(j, k)`` is counted only where it has at most a cell a row (it
+    took 256 MiB at 4,096 inputs and 8,192 outputs); past that, ``key = value * inputs +
+    input`` rises along the order, and its runs are the counts (a gather more: 4 M rows in 8
+    outputs took 96 ms against the table's 73)."""
+    inputs = len(lengths)
     values = np.asarray(where, dtype=np.int64)
-    source = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    counts = np.bincount(source * n + values, minlength=len(lengths) * n)
     # NumPy's stable sort of 16-bit integers is a radix sort: linear in the rows, where a
     # merge sort of int64 is n log n and most of a split's time.
-    keys = values.astype(np.uint16) if n <= 1 << 16 else values
-    return np.argsort(keys, kind="stable"), counts.reshape(len(lengths), n)
+    order = np.argsort(values.astype(np.uint16) if n <= 1 << 16 else values, kind="stable")
+    source = np.repeat(np.arange(inputs, dtype=np.int64), lengths)
+    if inputs * n <= len(values):  # counted input by input: the rows' order, 2 x faster
+        table = np.bincount(source * n + values, minlength=inputs * n).reshape(inputs, n)
+        counts = np.ascontiguousarray(table.T).ravel()  # by output, then input
+        j, k = np.divmod(cells := np.flatnonzero(counts), inputs)
+        return order, np.stack([j, k, counts[cells]])
+    key = (values * inputs + source)[order]
+    starts = np.flatnonzero(np.diff(key, prepend=-1))
+    j, k = np.divmod(key[starts], inputs)
+    return order, np.stack([j, k, np.diff(starts, append=len(key))])
 
 
 #: ``gpudirect.shuffle.chunk-size: auto`` here: bytes of inputs a shuffle stage splits at once

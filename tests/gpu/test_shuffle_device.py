@@ -311,15 +311,15 @@ def test_unordered_cut_puts_rows_where_dasks_shuffle_does(client, on, npartition
     import cudf
     from dask.dataframe.dask_expr._shuffle import AssignPartitioningIndex
 
-    from dask_gpudirect.shuffle.split import HashSplit
+    from dask_gpudirect.shuffle.split import HashSplit, output_rows
 
     frame = cudf.from_pandas(_keyed_frame(20_000, seed=11))
     on = on if isinstance(on, list) else [on]
     meta = frame.head(0)
     splitter = HashSplit(on, npartitions, "device", meta, keep_order=False)
-    ordered, counts = splitter.split([0], [frame])
-    assert counts.shape == (1, npartitions) and counts.sum() == len(frame)
-    bounds = np.concatenate([[0], np.cumsum(counts[0])])
+    ordered, cells = splitter.split([0], [frame])
+    assert not cells[1].any() and cells[2].sum() == len(frame)  # all the first input's
+    bounds = np.concatenate([[0], np.cumsum(output_rows(cells, npartitions))])
     as_is = 0
     for j in range(npartitions):
         part = ordered.iloc[bounds[j] : bounds[j + 1]]
