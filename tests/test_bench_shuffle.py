@@ -243,7 +243,6 @@ def test_bench_shuffle_refuses_bad_partition_counts(value):
         (["--gib", "0"], "use a positive number of GiB"),
         (["--rmm-pool-size", "10XB"], "use a positive size"),
         (["--rmm-pool-size", "1GB"], "the host target has no RMM pool"),
-        (["--no-keep-order"], "the host target keeps the rows' order either way"),
         (["--json", "{afile}/x.json"], "cannot write there"),
         (["--markdown", "/proc/x.md"], "cannot write there"),
     ],

@@ -640,11 +640,6 @@ def shuffle(
         raise click.UsageError("--ignore-index: an array's records have no index to drop")
     if not keep_order and data == "array":
         raise click.UsageError("--no-keep-order: an array's shuffle is a random permutation")
-    if not keep_order and target == "host":
-        raise click.UsageError(
-            "--no-keep-order: the host target keeps the rows' order either way (a run would "
-            "be labelled as what it is not)"
-        )
     if ucx_transports != "auto" and (protocol != "ucxx" or target != "device"):
         raise click.UsageError("--ucx-transports nvlink needs --protocol ucxx on the device target")
     opts: dict[str, Any] = {
