@@ -997,6 +997,45 @@ def test_shuffle_array_rows_of_the_table_are_drawn_alone():
             np.testing.assert_array_equal(got, full[rows].reshape(len(rows), n))
 
 
+def test_shuffle_array_split_groups_records_by_output_then_input():
+    """A split's records, its inputs laid end to end and each cut into its outputs in order,
+    are taken output after output and, within one, input after input (each input's run kept
+    in its order): the order every worker of a seed's shuffle agrees on. Tables mostly empty
+    (many chunks of few records, listed by their non-empty cells), full, with empty rows and
+    columns, and with more outputs than 16-bit numbers hold."""
+    from dask_gpudirect.shuffle.split import _grouped_by_output
+
+    def listed(counts):  # every cell, output-major
+        cuts = np.concatenate([[0], np.cumsum(counts)])  # row-major: input k's output j
+        runs = [
+            np.arange(cuts[k * counts.shape[1] + j], cuts[k * counts.shape[1] + j + 1])
+            for j in range(counts.shape[1])
+            for k in range(counts.shape[0])
+        ]
+        return np.concatenate([np.empty(0, dtype=np.int64), *runs])
+
+    rng = np.random.default_rng(0)
+    tables = [rng.integers(0, 4, (k, n)) * (rng.random((k, n)) < rng.random()) for k, n in
+              rng.integers(0, 40, (200, 2))]  # fmt: skip
+    wide = np.zeros((3, 70_000), dtype=np.int64)
+    wide[0, 69_999], wide[1, 65_537], wide[2, 5], wide[2, 65_541] = 2, 3, 1, 4
+    for counts in [*tables, wide, np.zeros((0, 5), dtype=np.int64)]:
+        got = _grouped_by_output(counts, "host")
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, listed(counts))
+
+
+def test_shuffle_array_seed_gives_the_same_order_as_before(tcp):
+    """A seed's order is pinned: an epoch's shuffle replayed from its seed (a resumed training
+    run) gets the records in the order it got them before, here with many chunks of two."""
+    got = compute(tcp, dg.shuffle_array(da.arange(40, chunks=2), seed=1, client=tcp))
+    np.testing.assert_array_equal(
+        got,
+        [39, 8, 12, 4, 7, 36, 16, 35, 15, 32, 28, 1, 34, 38, 3, 24, 9, 19, 21, 30,
+         0, 33, 2, 27, 25, 23, 31, 17, 18, 26, 22, 20, 10, 37, 14, 6, 13, 5, 11, 29],
+    )  # fmt: skip
+
+
 def test_shuffle_array_refuses_a_billion_records(client):
     with pytest.raises(dg.InputError, match="cannot shuffle 1,000,000,001 records"):
         dg.shuffle_array(da.zeros(10**9 + 1, dtype=bool, chunks=10**8), seed=1, client=client)

@@ -297,11 +297,20 @@ class PermutationSplit:
 def _grouped_by_output(counts: np.ndarray, target: TargetName) -> Any:
     """Row positions (on ``target``) that take inputs laid end to end, each already cut into its
     outputs in order (``counts[k, j]`` rows of input ``k`` for output ``j``), to rows grouped by
-    output and, within one, by input."""
-    input_starts = np.cumsum(counts.sum(axis=1)) - counts.sum(axis=1)
-    within = np.cumsum(counts, axis=1) - counts
-    starts = (input_starts[:, None] + within).T.ravel()  # segment (j, k), j-major
-    return targets.module(target).positions(starts, counts.T.ravel())
+    output and, within one, by input.
+
+    Only the table's non-empty cells are listed: taken row after row they are the inputs' runs
+    in the order they lie, and a stable sort by output puts them output after output, input
+    after input. Every cell listed, the table's ``k x n`` (a worker's inputs by every output:
+    8 M cells at 4,000 chunks of 2 records on two workers) cost a transposed copy and a scan of
+    each (0.25 s of a 0.38 s split), for a few thousand rows."""
+    k, j = np.nonzero(counts)  # row-major: input after input, each output after output
+    lengths = counts[k, j]
+    starts = np.cumsum(lengths) - lengths  # the runs lie end to end in that order
+    # NumPy's stable sort of 16-bit integers is a radix sort (see ``group_order``)
+    keys = j.astype(np.uint16) if counts.shape[1] <= 1 << 16 else j
+    by_output = np.argsort(keys, kind="stable")
+    return targets.module(target).positions(starts[by_output], lengths[by_output])
 
 
 #: Segments up to which :meth:`HashSplit.outputs` copies slices of the pieces rather than
