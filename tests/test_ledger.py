@@ -149,11 +149,9 @@ def test_a_shuffle_between_workers_of_one_process_copies_nothing():
 def test_report_leaves_out_a_worker_that_does_not_answer(tmp_path):
     """A stopped worker (SIGSTOP) held dg.report for as long as it stayed stopped: now the
     others' rows come back after distributed.comm.timeouts.connect, with a warning naming it."""
-    import signal
-
     import dask
     from distributed import Client
-    from util import start_cluster
+    from util import start_cluster, stopped
 
     np.save(tmp_path / "a.npy", np.arange(4_000, dtype="<i8").reshape(1_000, 4))
     with start_cluster("tcp", threads=1) as lc, Client(lc, set_as_default=False) as client:
@@ -161,18 +159,14 @@ def test_report_leaves_out_a_worker_that_does_not_answer(tmp_path):
         compute(
             client, dg.read_binary(os.fspath(tmp_path / "a.npy"), blocksize=8_000, client=client)
         )
-        pids = client.run(os.getpid)
-        stopped, answering = sorted(pids)
-        assert set(dg.report(client)["worker"]) == {stopped, answering}
-        os.kill(pids[stopped], signal.SIGSTOP)
-        try:
-            with (
-                dask.config.set({"distributed.comm.timeouts.connect": "2s"}),
-                pytest.warns(RuntimeWarning, match=f"{stopped} gave no answer within 2 s"),
-            ):
-                got = dg.report(client)
-        finally:
-            os.kill(pids[stopped], signal.SIGCONT)
+        silent, answering = sorted(client.nthreads())
+        assert set(dg.report(client)["worker"]) == {silent, answering}
+        with (
+            stopped(client, silent),
+            dask.config.set({"distributed.comm.timeouts.connect": "2s"}),
+            pytest.warns(RuntimeWarning, match=f"{silent} gave no answer within 2 s"),
+        ):
+            got = dg.report(client)
         assert set(got["worker"]) == {answering}
 
 

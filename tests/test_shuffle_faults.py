@@ -46,9 +46,11 @@ from util import (
     clear_ledgers,
     compute,
     delay_receive,
+    error_while_stopped,
     owner_of_rows,
     partitions,
     start_cluster,
+    stopped,
     wait_for_file,
     worker_config,
 )
@@ -545,7 +547,6 @@ def test_stopped_peer_fails_the_shuffle_within_the_timeout(cluster):
     the shuffle within gpudirect.shuffle.timeout and the abort grace, naming it; once it goes
     on (SIGCONT), the cluster is clean and the same shuffle runs."""
     victim, _ = sorted(cluster.nthreads())
-    pid = cluster.run(os.getpid, workers=[victim])[victim]
     pdf = frame(2000, keys=97, seed=9)
     df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
     wait(df)
@@ -562,12 +563,9 @@ def test_stopped_peer_fails_the_shuffle_within_the_timeout(cluster):
             while not cluster.run(shuffle_state, workers=[victim])[victim]["runs"]:
                 assert not running.done(), running.exception()
                 assert time.monotonic() < deadline, "the shuffle never started on the victim"
-            os.kill(pid, signal.SIGSTOP)
-            try:
+            with stopped(cluster, victim):
                 with pytest.raises(dg.ShuffleError, match="no output was returned") as info:
                     running.result(timeout=HANG_GUARD)
-            finally:
-                os.kill(pid, signal.SIGCONT)
     assert victim in str(info.value)
     cluster.run(restore_receive)
     wait_until_clean(cluster, timeout=HANG_GUARD)
@@ -601,25 +599,16 @@ def test_a_stopped_worker_fails_the_first_shuffle_of_a_cluster_within_the_timeou
         assert_hash_partitions(partitions(client, out), pdf, "k", 4)
 
 
-def _fails_while_stopped(client, df, victim: str) -> dg.ShuffleError:
-    """The ShuffleError ``dg.shuffle(df, "k")`` must end in while ``victim`` is stopped
-    (SIGSTOP), with a 3 s shuffle timeout; the worker goes on (SIGCONT) after."""
-    pid = client.run(os.getpid, workers=[victim])[victim]
+def _fails_while_stopped(client, df, victim: str) -> BaseException:
+    """The ShuffleError ``dg.shuffle(df, "k")`` must end in while ``victim`` is stopped, with a
+    3 s shuffle timeout."""
 
     def shuffle():
         with client.as_current():
             return dg.shuffle(df, "k", client=client)
 
-    with dask.config.set({"gpudirect.shuffle.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            running = pool.submit(shuffle)
-            # over tcp the timeout's words; over UCXX the endpoint may close first
-            with pytest.raises(dg.ShuffleError, match="did not answer") as info:
-                running.result(timeout=HANG_GUARD)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-    return info.value
+    with dask.config.set({"gpudirect.shuffle.timeout": "3s"}):
+        return error_while_stopped(client, victim, shuffle, dg.ShuffleError, "did not answer")
 
 
 def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
@@ -628,7 +617,6 @@ def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
     wait): the worker still running ends its stage and keeps nothing; the stopped one, once it
     goes on, too; and the cluster shuffles again."""
     victim, survivor = sorted(cluster.nthreads())
-    pid = cluster.run(os.getpid, workers=[victim])[victim]
     pdf = frame(2000, keys=97, seed=13)
     df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
     wait(df)
@@ -649,13 +637,10 @@ def test_a_client_that_leaves_mid_shuffle_ends_it_on_the_workers(cluster):
             while not all(s["runs"] for s in cluster.run(shuffle_state).values()):
                 assert not running.done(), running.exception()
                 assert time.monotonic() < deadline, "the shuffle never started on both workers"
-            os.kill(pid, signal.SIGSTOP)
-            try:
+            with stopped(cluster, victim):
                 leaving.close()
                 state = wait_until_clean_on(cluster, survivor, timeout=HANG_GUARD / 10)
                 assert not state["runs"]
-            finally:
-                os.kill(pid, signal.SIGCONT)
             error = running.result(timeout=HANG_GUARD)
     # the stages' cancelled error (an AttributeError of the closed client's hid it)
     assert isinstance(error, (dg.ShuffleError, CancelledError)), repr(error)

@@ -24,6 +24,7 @@ from util import (
     HANG_GUARD,
     assert_same_frame,
     clear_ledgers,
+    error_while_stopped,
     expected_parquet,
     shards_of,
     start_cluster,
@@ -175,18 +176,15 @@ def test_a_stopped_worker_fails_the_first_read_of_a_cluster_within_the_timeout(h
     expected = _write(tmp_path / "a")
     with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
         victim = sorted(client.nthreads())[0]
-        pid = client.run(os.getpid, workers=[victim])[victim]
-        with dask.config.set({"gpudirect.planning.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                running = pool.submit(_read, how, tmp_path / "a", client)
-                with pytest.raises(
-                    dg.ClusterError, match=r"3 s \(gpudirect.planning.timeout\)"
-                ) as e:
-                    running.result(timeout=HANG_GUARD)
-            finally:
-                os.kill(pid, signal.SIGCONT)
-        assert victim in str(e.value) and "survey" in str(e.value)
+        with dask.config.set({"gpudirect.planning.timeout": "3s"}):
+            error = error_while_stopped(
+                client,
+                victim,
+                lambda: _read(how, tmp_path / "a", client),
+                dg.ClusterError,
+                r"3 s \(gpudirect.planning.timeout\)",
+            )
+        assert victim in str(error) and "survey" in str(error)
         np.testing.assert_array_equal(_values(_read(how, tmp_path / "a", client)), expected)
 
 
@@ -205,20 +203,15 @@ def test_a_stopped_worker_fails_the_planning_of_a_read_within_the_timeout(tmp_pa
             _read("parquet", tmp_path / "a", client)
         assert known_workers.recall(client) is not None
         victim = sorted(client.nthreads())[0]
-        pid = client.run(os.getpid, workers=[victim])[victim]
 
         def read():
             return dg.read_parquet(tmp_path / "b", client=client)
 
-        with dask.config.set({"gpudirect.planning.timeout": "3s"}), ThreadPoolExecutor(1) as pool:
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                running = pool.submit(read)
-                with pytest.raises(dg.ClusterError, match="gpudirect.planning.timeout") as e:
-                    running.result(timeout=HANG_GUARD)
-            finally:
-                os.kill(pid, signal.SIGCONT)
-        assert victim in str(e.value) and "plan its files" in str(e.value)
+        with dask.config.set({"gpudirect.planning.timeout": "3s"}):
+            error = error_while_stopped(
+                client, victim, read, dg.ClusterError, "gpudirect.planning.timeout"
+            )
+        assert victim in str(error) and "plan its files" in str(error)
         assert_same_frame(read().compute(), expected)
 
 

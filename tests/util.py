@@ -11,9 +11,11 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import cloudpickle
 import dask
@@ -421,6 +423,28 @@ def wait_for_file(path, what: str) -> None:
     while not os.path.exists(path):
         assert time.monotonic() < deadline, f"{what} never happened"
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def stopped(client, worker: str):
+    """``worker``'s process stopped (SIGSTOP: alive to the kernel and the scheduler, answering
+    nothing) for the block, and going on (SIGCONT) after it, however the block ends."""
+    pid = client.run(os.getpid, workers=[worker])[worker]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def error_while_stopped(client, worker: str, call, error: type, match: str) -> BaseException:
+    """The ``error`` (its message matching ``match``) that ``call()``, run in a thread, ends in
+    while ``worker`` is stopped: not a wait for as long as the worker stays stopped."""
+    with ThreadPoolExecutor(1) as pool, stopped(client, worker):  # goes on before the join
+        running = pool.submit(call)
+        with pytest.raises(error, match=match) as info:
+            running.result(timeout=HANG_GUARD)
+    return info.value
 
 
 def later(path) -> None:
