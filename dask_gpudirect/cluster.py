@@ -89,11 +89,13 @@ if dask_cuda is not None:
 SETUP_TIMEOUT = "gpudirect.planning.timeout"
 
 
-def silent(workers: list[str], timeout: float, doing: str) -> ClusterError:
-    """The error of a read whose ``workers`` gave no answer in ``timeout`` seconds."""
+def silent(workers: list[str] | None, timeout: float, doing: str) -> ClusterError:
+    """The error of a read whose ``workers`` (None: one that none names) gave no answer in
+    ``timeout`` seconds."""
+    who = f"worker(s) {', '.join(workers)}" if workers else "a worker"
     return ClusterError(
-        f"worker(s) {', '.join(workers)} did not answer in {timeout:g} s ({SETUP_TIMEOUT}) "
-        f"while {doing}: stopped or overloaded; read again once it answers, or raise the key"
+        f"{who} did not answer in {timeout:g} s ({SETUP_TIMEOUT}) while {doing}: stopped or "
+        "overloaded; read again once it answers, or raise the key"
     )
 
 
@@ -292,11 +294,8 @@ def _register_for_read(
     try:
         _register_missing(client, held, missing, timeout=timeout)
     except TimeoutError:
-        raise ClusterError(
-            f"a worker did not answer in {timeout:g} s ({SETUP_TIMEOUT}) while the package's "
-            "plugins were set up on the workers for a read: stopped or overloaded; read again "
-            "once it answers, or raise the key"
-        ) from None
+        doing = "the package's plugins were set up on the workers for a read"
+        raise silent(None, timeout, doing) from None
 
 
 def answered(results: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
