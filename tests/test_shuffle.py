@@ -615,10 +615,9 @@ def test_shuffle_array_counts_are_a_random_permutations(sizes, tolerance):
     and two cells of one row vary against each other as a permutation makes them. Both ways
     the table's tree draws a node: a random order of few records, or a hypergeometric split
     of many between its halves."""
-    from dask_gpudirect.shuffle.split import contingency_rows
 
     def contingency(seed, sizes):
-        return contingency_rows(seed, sizes, range(len(sizes)))
+        return _drawn_table(seed, sizes, range(len(sizes)))
 
     tables = np.array([contingency(seed, sizes) for seed in range(4000)])
     assert (tables.sum(axis=1) == sizes).all() and (tables.sum(axis=2) == sizes).all()
@@ -893,6 +892,31 @@ def test_the_counts_of_many_partitions_take_memory_by_the_rows():
     assert peak < 256 * len(where) + 64 * n, peak
 
 
+def test_a_shuffle_array_split_of_many_chunks_takes_memory_by_the_records():
+    """A worker's split of its half of 10,000 chunks of 2 records draws its rows of the table
+    by their non-empty cells: memory follows the records, where a dense row of every output a
+    chunk took 400 MB (8 bytes x 5,000 x 10,000; 3 GiB at 20,000 chunks). Every record once,
+    each output's cells adding up to its size."""
+    import tracemalloc
+
+    from dask_gpudirect.shuffle.split import PermutationSplit, output_rows
+
+    chunks = 10_000
+    sizes = np.full(chunks, 2, dtype=np.int64)
+    split = PermutationSplit(seed=3, sizes=sizes, target="host", meta=np.empty(0, np.int64))
+    mine = list(range(0, chunks, 2))
+    parts = [np.arange(2 * i, 2 * i + 2) for i in mine]
+    tracemalloc.start()
+    try:
+        records, cells = split.split(mine, parts)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sorted(records.tolist()) == sorted(np.concatenate(parts).tolist())
+    assert output_rows(cells, chunks).sum() == len(records) and (cells[2] > 0).all()
+    assert peak < 16 * 2**20, peak
+
+
 def test_segment_slices_are_cut_where_pieces_end():
     """A segment that runs on from one piece into the next (rows of one output, the end of
     one sender's piece and the start of the next one's) becomes a slice of each."""
@@ -980,20 +1004,32 @@ def _doubled_frame(part: pd.DataFrame) -> pd.DataFrame:
     return part[["v"]] * 2
 
 
+def _drawn_table(seed, sizes, rows) -> np.ndarray:
+    """The rows ``rows`` of a seed's table that ``contingency_cells`` draws, as a dense table;
+    its cells checked to be listed as the split takes them: non-empty, row after row, each
+    output after output."""
+    from dask_gpudirect.shuffle.split import contingency_cells
+
+    k, j, records = contingency_cells(seed, sizes, rows)
+    assert (records > 0).all()
+    assert (np.diff(k * len(sizes) + j) > 0).all()
+    table = np.zeros((len(rows), len(sizes)), dtype=np.int64)
+    table[k, j] = records
+    return table
+
+
 def test_shuffle_array_rows_of_the_table_are_drawn_alone():
     """A worker draws only its chunks' rows of the table, and gets those the whole table has,
     whichever others it draws with them (the same seed, wherever the chunks live). Small
     chunks: the tree's nodes drawn as a random order of their records; large ones: split down
     by hypergeometric draws to each chunk."""
-    from dask_gpudirect.shuffle import split
-
     rng = np.random.default_rng(0)
     for sizes in (rng.integers(0, 50, 300), rng.integers(10**5, 2 * 10**5, 40)):
         n = len(sizes)
-        full = split.contingency_rows(7, sizes, range(n))
+        full = _drawn_table(7, sizes, range(n))
         assert (full.sum(axis=0) == sizes).all() and (full.sum(axis=1) == sizes).all()
         for rows in ([5], [n - 1, 0, 17, 17], list(range(0, n, 7)), []):
-            got = split.contingency_rows(7, sizes, rows)
+            got = _drawn_table(7, sizes, rows)
             np.testing.assert_array_equal(got, full[rows].reshape(len(rows), n))
 
 
@@ -1003,7 +1039,7 @@ def test_shuffle_array_split_groups_records_by_output_then_input():
     in its order): the order every worker of a seed's shuffle agrees on. Tables mostly empty
     (many chunks of few records, listed by their non-empty cells), full, with empty rows and
     columns, and with more outputs than 16-bit numbers hold."""
-    from dask_gpudirect.shuffle.split import _grouped_by_output
+    from dask_gpudirect.shuffle.split import _grouped_by_output, cells_of
 
     def listed(counts):  # every cell, output-major
         cuts = np.concatenate([[0], np.cumsum(counts)])  # row-major: input k's output j
@@ -1020,9 +1056,11 @@ def test_shuffle_array_split_groups_records_by_output_then_input():
     wide = np.zeros((3, 70_000), dtype=np.int64)
     wide[0, 69_999], wide[1, 65_537], wide[2, 5], wide[2, 65_541] = 2, 3, 1, 4
     for counts in [*tables, wide, np.zeros((0, 5), dtype=np.int64)]:
-        got = _grouped_by_output(counts, "host")
+        k, j = np.nonzero(counts)  # row-major, as contingency_cells lists them
+        got, cells = _grouped_by_output(np.stack([k, j, counts[k, j]]), counts.shape[1], "host")
         assert got.dtype == np.int64
         np.testing.assert_array_equal(got, listed(counts))
+        np.testing.assert_array_equal(cells, cells_of(counts))
 
 
 def test_shuffle_array_seed_gives_the_same_order_as_before(tcp):

@@ -221,7 +221,7 @@ class PermutationSplit:
     ``counts[i, j]`` records of input chunk ``i`` go to output chunk ``j``: a random
     contingency table with the chunk sizes (``sizes``) as margins (what a uniformly random
     permutation of all records induces), of which each worker draws only the rows of the
-    chunks it splits (:func:`contingency_rows`: no table on the client, none shipped). Each
+    chunks it splits (:func:`contingency_cells`: no table on the client, none shipped). Each
     input chunk is permuted before it is cut, and each output chunk after its pieces are joined
     (in input order), so every order of the records is equally likely; each chunk's order and
     each row of the table are drawn from the seed and the chunk numbers alone, so the same seed
@@ -248,10 +248,10 @@ class PermutationSplit:
                     "a map_blocks that changes the records needs chunks= (or "
                     "arr.compute_chunk_sizes())"
                 )
-        counts = contingency_rows(self.seed, self.sizes, indices)
+        drawn = contingency_cells(self.seed, self.sizes, indices)
         shuffled = self._permutations(np.array([len(p) for p in parts]), 0, indices)
-        grouped = shuffled[_grouped_by_output(counts, self.target)]
-        return self.join(parts)[grouped], cells_of(counts)
+        grouped, cells = _grouped_by_output(drawn, len(self.sizes), self.target)
+        return self.join(parts)[shuffled[grouped]], cells
 
     def rows(self, chunk: Any, start: int, stop: int) -> Any:
         return chunk[start:stop]
@@ -294,23 +294,20 @@ class PermutationSplit:
         return targets.module(self.target).permutations(lengths, seeds_array)
 
 
-def _grouped_by_output(counts: np.ndarray, target: TargetName) -> Any:
+def _grouped_by_output(drawn: np.ndarray, n: int, target: TargetName) -> tuple[Any, Cells]:
     """Row positions (on ``target``) that take inputs laid end to end, each already cut into its
-    outputs in order (``counts[k, j]`` rows of input ``k`` for output ``j``), to rows grouped by
-    output and, within one, by input.
-
-    Only the table's non-empty cells are listed: taken row after row they are the inputs' runs
-    in the order they lie, and a stable sort by output puts them output after output, input
-    after input. Every cell listed, the table's ``k x n`` (a worker's inputs by every output:
-    8 M cells at 4,000 chunks of 2 records on two workers) cost a transposed copy and a scan of
-    each (0.25 s of a 0.38 s split), for a few thousand rows."""
-    k, j = np.nonzero(counts)  # row-major: input after input, each output after output
-    lengths = counts[k, j]
+    ``n`` outputs in order, to rows grouped by output and, within one, by input; and the cells
+    in that order (:data:`Cells`). ``drawn`` lists the non-empty cells ``(input k, output j,
+    rows)`` input after input, each output after output: the inputs' runs in the order they
+    lie, which a stable sort by output puts output after output, input after input. (Listing
+    every cell of a worker's inputs x every output, 8 M at 4,000 chunks of 2 records on two
+    workers, cost a transposed copy and a scan of each: 0.25 s of a 0.38 s split.)"""
+    k, j, lengths = drawn
     starts = np.cumsum(lengths) - lengths  # the runs lie end to end in that order
     # NumPy's stable sort of 16-bit integers is a radix sort (see ``group_order``)
-    keys = j.astype(np.uint16) if counts.shape[1] <= 1 << 16 else j
-    by_output = np.argsort(keys, kind="stable")
-    return targets.module(target).positions(starts[by_output], lengths[by_output])
+    by_output = np.argsort(j.astype(np.uint16) if n <= 1 << 16 else j, kind="stable")
+    positions = targets.module(target).positions(starts[by_output], lengths[by_output])
+    return positions, np.stack([j, k, lengths])[:, by_output]
 
 
 #: Segments up to which :meth:`HashSplit.outputs` copies slices of the pieces rather than
@@ -436,7 +433,7 @@ JOINED_SEGMENTS = 1 << 12
 #: NumPy's multivariate hypergeometric draw (``marginals``) takes fewer items than this.
 MAX_RECORDS = 10**9
 
-#: A node of :func:`contingency_rows`' tree of at most this many records, and at most
+#: A node of :func:`contingency_cells`' tree of at most this many records, and at most
 #: :data:`PERMUTE_BELOW` times its non-empty outputs times the levels below it, is drawn as a
 #: random order of its records (about 20 ns a record) rather than split on down (about 0.7 us
 #: an output a node: NumPy's hypergeometric draws); labels of this many records take 128 MiB.
@@ -444,9 +441,11 @@ PERMUTED_RECORDS = 1 << 24
 PERMUTE_BELOW = 16
 
 
-def contingency_rows(seed: int, sizes: Any, rows: Any) -> np.ndarray:
+def contingency_cells(seed: int, sizes: Any, rows: Any) -> np.ndarray:
     """Rows ``rows`` (input chunks, in that order) of the table of how many records of each
-    input chunk go to each output chunk (the same sizes both ways), drawn without the others.
+    input chunk go to each output chunk (the same sizes both ways), drawn without the others,
+    by their non-empty cells: ``(k, j, records)`` for the ``k``-th of ``rows`` and output
+    ``j``, input after input and within one output after output.
 
     A fixed binary tree over the chunk numbers: each node holds how many of its chunks'
     records go to each output, split between its two halves by one multivariate
@@ -455,22 +454,24 @@ def contingency_rows(seed: int, sizes: Any, rows: Any) -> np.ndarray:
     a uniform permutation's table. A node's draw comes from the seed and the node alone, so
     any worker that descends to a leaf gets the same row; one that needs ``k`` rows visits
     about ``2 k + log2(chunks)`` nodes, each costing its non-empty outputs (at most its
-    records), rather than the whole ``chunks x chunks`` table."""
+    records), rather than the whole ``chunks x chunks`` table. Memory follows the cells drawn:
+    a dense row of every output per chunk took 8 bytes x rows x chunks (64 MB a worker at
+    4,000 chunks of 2 records on two workers, 10 GB at 50,000)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     n = len(sizes)
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     wanted = np.unique(rows)
-    out = np.zeros((len(wanted), n), dtype=np.int64)
+    found = [np.empty((3, 0), dtype=np.int64)]  # (index in wanted, output, records)
     prefix = np.concatenate([[0], np.cumsum(sizes)])
-    if not n or not len(wanted):
-        return out[np.searchsorted(wanted, rows)]
-    outputs = np.flatnonzero(sizes)
-    # (first chunk, past the last, the node's non-empty outputs, their counts, wanted[a:b])
-    stack = [(0, n, outputs, sizes[outputs], 0, len(wanted))]
+    # (first chunk, past the last, the node's non-empty outputs, their counts, wanted[a:b]);
+    # the left half is taken first, so the cells are found wanted chunk after wanted chunk
+    stack = [(0, n, np.flatnonzero(sizes), sizes[sizes > 0], 0, len(wanted))] if n else []
     while stack:
         lo, hi, which, counts, a, b = stack.pop()
+        if a == b:
+            continue
         if hi - lo == 1:
-            out[a, which] = counts
+            found.append(np.stack([np.full(len(which), a), which, counts]))
             continue
         total = int(prefix[hi] - prefix[lo])
         levels = (hi - lo - 1).bit_length()
@@ -482,8 +483,9 @@ def contingency_rows(seed: int, sizes: Any, rows: Any) -> np.ndarray:
             mine = wanted[a:b]
             lengths = sizes[mine]
             places = targets.module("host").positions(prefix[mine] - prefix[lo], lengths)
-            cells = np.repeat(np.arange(b - a, dtype=np.int64) * n, lengths) + labels[places]
-            out[a:b] = np.bincount(cells, minlength=(b - a) * n).reshape(b - a, n)
+            cells = np.repeat(np.arange(a, b, dtype=np.int64) * n, lengths) + labels[places]
+            keys, records = np.unique(cells, return_counts=True)
+            found.append(np.stack([keys // n, keys % n, records]))
             continue
         mid = (lo + hi) // 2
         left_total = int(prefix[mid] - prefix[lo])
@@ -496,10 +498,14 @@ def contingency_rows(seed: int, sizes: Any, rows: Any) -> np.ndarray:
             left = rng.multivariate_hypergeometric(counts, left_total)
         right = counts - left
         m = a + int(np.searchsorted(wanted[a:b], mid))
-        if m < b:
-            kept = right > 0
-            stack.append((mid, hi, which[kept], right[kept], m, b))
-        if a < m:
-            kept = left > 0
-            stack.append((lo, mid, which[kept], left[kept], a, m))
-    return out[np.searchsorted(wanted, rows)]
+        stack.append((mid, hi, which[right > 0], right[right > 0], m, b))
+        stack.append((lo, mid, which[left > 0], left[left > 0], a, m))
+    drawn = np.concatenate(found, axis=1)
+    # each of ``rows`` takes its chunk's run of cells (a chunk may be asked for twice)
+    per_chunk = np.bincount(drawn[0], minlength=len(wanted))
+    chunk = np.searchsorted(wanted, rows)
+    taken = targets.module("host").positions(
+        (np.cumsum(per_chunk) - per_chunk)[chunk], per_chunk[chunk]
+    )
+    k = np.repeat(np.arange(len(rows), dtype=np.int64), per_chunk[chunk])
+    return np.stack([k, *drawn[1:, taken]])
