@@ -84,7 +84,7 @@ def outputs_by(few: int, n: int, meta, received: tuple) -> list:
     frames, segments, bounds = received
     kept, split.FEW_SEGMENTS = split.FEW_SEGMENTS, few
     try:
-        return splitter(n, meta).outputs(frames, segments, bounds, range(n))
+        return splitter(n, meta).outputs(frames, segments, bounds, range(n), {})
     finally:
         split.FEW_SEGMENTS = kept
 

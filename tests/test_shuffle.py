@@ -954,7 +954,7 @@ def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interlea
     built = {}
     for few in (0, 10**6):
         monkeypatch.setattr(split, "FEW_SEGMENTS", few)
-        built[few] = splitter.outputs(frames, segments, bounds, outputs)
+        built[few] = splitter.outputs(frames, segments, bounds, outputs, {})
     where = owner_of_rows(pdf, "k", 6)
     for j, by_gather, by_slices in zip(outputs, built[0], built[10**6], strict=True):
         expected = pdf[where == j] if index else pdf[where == j].reset_index(drop=True)

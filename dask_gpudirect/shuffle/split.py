@@ -41,9 +41,10 @@ class Splitter(Protocol):
     holds its whole chunk); ``join`` concatenates pieces; ``outputs`` builds consecutive
     outputs out of the received pieces, given the segments of them (:class:`Segments`) that
     list their rows one output after another, output ``k`` being rows ``bounds[k]`` to
-    ``bounds[k + 1]`` of that list; ``meta`` is an output with no rows. ``categories_of``
-    gives an input's categories (by column, as pandas Indexes; none where no column is
-    categorical) and ``with_categories`` sets an output's to their union over all inputs.
+    ``bounds[k + 1]`` of that list, its categorical columns' categories set to
+    ``categories``; ``meta`` is an output with no rows. ``categories_of`` gives an input's
+    categories (by column, as pandas Indexes; none where no column is categorical) and
+    ``with_categories`` sets a frame's to their union over all inputs.
     """
 
     #: What a progress bar calls the call and its inputs.
@@ -59,7 +60,12 @@ class Splitter(Protocol):
     def owned(self, rows: Any) -> Any: ...
     def join(self, pieces: list) -> Any: ...
     def outputs(
-        self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range
+        self,
+        pieces: list,
+        segments: Segments,
+        bounds: np.ndarray,
+        outputs: range,
+        categories: dict[Any, pd.Index],
     ) -> list: ...
     def categories_of(self, part: Any) -> dict[Any, pd.Index]: ...
     def with_categories(self, part: Any, categories: dict[Any, pd.Index]) -> Any: ...
@@ -153,18 +159,27 @@ class HashSplit:
     def join(self, pieces: list) -> Any:
         return targets.module(self.target).concat_frames(pieces, self.meta, self.index)
 
-    def outputs(self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range) -> list:
-        """Every row in output order, then the target cuts that into outputs (a gather per
-        output costs cuDF about 1.6 ms: its bounds check alone waits on the GPU). Few segments
-        (pieces from a few large inputs) are copied out of the pieces in one concatenate; many
-        (thousands of small inputs) are gathered in one pass from the pieces joined."""
+    def outputs(
+        self,
+        pieces: list,
+        segments: Segments,
+        bounds: np.ndarray,
+        outputs: range,
+        categories: dict[Any, pd.Index],
+    ) -> list:
+        """Every row in output order, its categories set once, then the target cuts that into
+        outputs (a gather per output costs cuDF about 1.6 ms: its bounds check alone waits on
+        the GPU; the categories set an output at a time cost a copy of them to the host and a
+        recoding each). Few segments (pieces from a few large inputs) are copied out of the
+        pieces in one concatenate; many (thousands of small inputs) are gathered in one pass
+        from the pieces joined."""
         module = targets.module(self.target)
         if len(segments.starts) <= FEW_SEGMENTS:
             ordered = module.concat_slices(pieces, segments.slices(pieces), self.meta, self.index)
         else:
             positions = segments.positions(self.target)
             ordered = module.take_rows(self.join(pieces), positions, self.index)
-        return module.cut_frame(ordered, bounds, self.index)
+        return module.cut_frame(self.with_categories(ordered, categories), bounds, self.index)
 
     def categories_of(self, part: Any) -> dict[Any, pd.Index]:
         """The categories of ``part``'s unordered categorical columns (an ordered column's
@@ -173,7 +188,8 @@ class HashSplit:
         return {c: module.categories_of(part[c]) for c in self._unordered_categoricals}
 
     def with_categories(self, part: Any, categories: dict[Any, pd.Index]) -> Any:
-        """``part`` with ``categories`` as its columns' (the codes follow the values)."""
+        """``part`` with ``categories`` as its columns' (the codes follow the values): a copy
+        where they differ, never ``part`` changed in place."""
         module = targets.module(self.target)
         changed = [
             c for c, cs in categories.items() if not module.categories_of(part[c]).equals(cs)
@@ -275,7 +291,14 @@ class PermutationSplit:
         kept = {} if dtype.isnative and dtype.fields is None else {"dtype": dtype}
         return np.concatenate(pieces, **kept)
 
-    def outputs(self, pieces: list, segments: Segments, bounds: np.ndarray, outputs: range) -> list:
+    def outputs(
+        self,
+        pieces: list,
+        segments: Segments,
+        bounds: np.ndarray,
+        outputs: range,
+        categories: dict[Any, pd.Index],
+    ) -> list:
         """Each output's records permuted on their own, all in one gather; the outputs are
         slices of it (views, as :meth:`HashSplit.outputs`' are)."""
         order = segments.positions(self.target)

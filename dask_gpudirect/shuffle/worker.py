@@ -193,8 +193,7 @@ class ShuffleRun:
                 segments, sizes = assembly_segments(pieces_of, outputs)
                 bounds = np.concatenate([[0], np.cumsum(sizes)])
             with clock("combine"):
-                built = splitter.outputs(pieces, segments, bounds, outputs)
-                built = [splitter.with_categories(part, categories) for part in built]
+                built = splitter.outputs(pieces, segments, bounds, outputs, categories)
             yield dict(zip(outputs, built, strict=True))
             pieces, built = [], []  # let this group's rows go before the next one's
 
