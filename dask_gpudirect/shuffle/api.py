@@ -355,14 +355,22 @@ def _partitions(
     frame = df.optimize()
     expr = frame.expr
     if isinstance(expr, FromGraph):
-        layer = expr.operand("layer")
-        futures = [layer.get(key) for key in expr.operand("keys")]
+        futures = _held(expr)
         if all(isinstance(f, Future) and f.client is client for f in futures):
             return futures, None
-    parts = frame.to_delayed(optimize_graph=False)
-    found = [placed_read(part.dask[part.key]) for part in parts]
+    graph = frame.__dask_graph__()
+    found = [placed_read(graph[key]) for key in frame.__dask_keys__()]
     placed = [p for p in found if p is not None]
-    return client.compute(parts), (placed if len(placed) == len(parts) else None)
+    # the frame persisted as one collection, not a Delayed a partition computed: each Delayed
+    # became an expression of its own (16,384 partitions: 7.7 s against 1.0 on the 2-core CPU)
+    futures = _held(client.persist(frame).expr)
+    return futures, (placed if len(placed) == len(found) else None)
+
+
+def _held(expr: FromGraph) -> list:
+    """What a persisted collection's expression holds for each of its keys, in order."""
+    layer = expr.operand("layer")
+    return [layer.get(key) for key in expr.operand("keys")]
 
 
 def _chunks(client: Client, arr: da.Array) -> list[Future]:
