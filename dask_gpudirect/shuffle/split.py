@@ -391,19 +391,16 @@ def assembly_segments(
     if all(max(a) < min(b) for (a, _, _), (b, _, _) in itertools.pairwise(pieces)):
         pieces = [((inputs[0],), first, _by_output(cells)) for inputs, first, cells in pieces]
     m = max((max(inputs) for inputs, _, _ in pieces), default=0) + 1
-    keys, starts, lengths = [], [], []
-    offset = 0  # where the piece's rows start in the joined pieces
+    keys, sizes = [], np.zeros(len(outputs), dtype=np.int64)
     for piece_inputs, _, (j, k, rows) in pieces:
         keys.append(j * m + np.asarray(piece_inputs, dtype=np.int64)[k])  # (output, input)
-        ends = np.cumsum(rows)
-        starts.append(ends - rows + offset)
-        lengths.append(rows)
-        offset += int(ends[-1]) if len(ends) else 0
-    key, length = np.concatenate(keys), np.concatenate(lengths)
-    sizes = np.bincount(key // m, weights=length, minlength=len(outputs)).astype(np.int64)
+        sizes += np.bincount(j, weights=rows, minlength=len(outputs)).astype(np.int64)
+    # the pieces' cells are runs of their rows laid end to end, as the pieces are joined
+    length = np.concatenate([cells[2] for _, _, cells in pieces])
+    start = np.cumsum(length) - length
     # a piece's cells are in (output, input) order already: the stable sort merges the runs
-    order = np.argsort(key, kind="stable")
-    start, length = np.concatenate(starts)[order], length[order]
+    order = np.argsort(np.concatenate(keys), kind="stable")
+    start, length = start[order], length[order]
     if len(start) > JOINED_SEGMENTS or not len(start):
         return Segments(start, length), sizes
     new = np.ones(len(start), dtype=bool)
