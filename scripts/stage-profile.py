@@ -2,7 +2,8 @@
 
 Issue 14: on one GPU shared by two workers the stage of 8 GiB took 0.21 s at 8 partitions and
 0.55 s at 1024 (the splitting, building and keeping each grew by 0.05-0.12 s). The bench's
-input (``bench shuffle``'s frame, its partitions dealt to the workers in turn) is shuffled twice
+input (``bench shuffle``'s frame, its partitions dealt to the workers in turn or, with
+``--placement blocks``, in blocks of consecutive ones) is shuffled twice
 warm; the third run's stage is profiled (cProfile, wall clock) in each worker's stage thread,
 and the ``--top`` functions by their own time and by time below them are printed a partition
 count at a time. Time the thread waited on its event loop shows as ``on_loop``. On the lent
@@ -58,6 +59,7 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=8)
     parser.add_argument("--partitions", default="8,1024")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--placement", default="dealt", choices=["dealt", "blocks"])
     parser.add_argument("--rmm-pool-size", default="30GB")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--out", required=True)
@@ -68,7 +70,14 @@ def main() -> None:
         for partitions in [int(p) for p in args.partitions.split(",")]:
             cluster, client = start_cluster(args.target, args.workers, 1, protocol, pool)
             try:
-                data = _Input(client, args.target, args.gib, partitions, args.workers)
+                data = _Input(
+                    client,
+                    args.target,
+                    args.gib,
+                    partitions,
+                    args.workers,
+                    placement=args.placement,
+                )
                 data.make()
                 client.run(_profile_stages)
                 for _ in range(3):

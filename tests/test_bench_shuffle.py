@@ -438,3 +438,22 @@ def test_an_interrupted_bench_exits_130(tmp_path):
         finish(result, "host", lambda r: None, (str(out), None, lambda r: "", None))
     assert info.value.code == 130
     assert json.loads(out.read_text())["interrupted"] is True
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_bench_shuffle_places_partitions_dealt_or_in_blocks(tmp_path):
+    """``--placement``: the input partitions dealt to the workers in turn (the default, as
+    Distributed's queuing spreads tasks) or in blocks of consecutive ones, a block a worker
+    (where an output's rows from one worker join into one run); the JSON and the report say
+    which, and the shuffle's outputs are checked either way."""
+    from dask_gpudirect.bench.shuffle import holder
+
+    assert [holder(i, 6, 2, "dealt") for i in range(6)] == [0, 1, 0, 1, 0, 1]
+    assert [holder(i, 6, 2, "blocks") for i in range(6)] == [0, 0, 0, 1, 1, 1]
+    assert [holder(i, 7, 3, "blocks") for i in range(7)] == [0, 0, 0, 1, 1, 2, 2]
+    args = ["--gib", str(1 / 1024), "--partitions", "6", "--methods", "gpudirect", "--repeat", "1"]
+    result, markdown, _ = _bench([*args, "--placement", "blocks"], tmp_path)
+    assert result["options"]["placement"] == result["data"]["placement"] == "blocks"
+    assert sorted(result["data"]["partitions_per_worker"].values()) == [3, 3]
+    assert "6 partitions placed in blocks of consecutive ones on the workers" in markdown
+    assert all(r["status"] == "ok" for r in result["records"]), result["records"]

@@ -156,6 +156,13 @@ def _clear_ledger(dask_worker: Worker) -> None:
 # --- measuring ----------------------------------------------------------------------------------
 
 
+def holder(i: int, partitions: int, workers: int, placement: str) -> int:
+    """The worker (of ``workers``, by number) that makes partition ``i``: dealt in turn (as
+    Distributed's queuing spreads a frame's tasks: each output's rows then alternate between
+    the workers' inputs), or in blocks of consecutive partitions (one run a worker)."""
+    return i % workers if placement == "dealt" else i * workers // partitions
+
+
 class _Input:
     """The input, made on the workers and made again after a restart: a frame of
     ``ROW_BYTES``-byte rows, or (``data="array"``) an array of ``record_bytes``-byte records."""
@@ -169,8 +176,10 @@ class _Input:
         workers: int,
         data: str = "frame",
         record_bytes: int | None = None,
+        placement: str = "dealt",
     ):
         self.client, self.target, self.workers, self.data = client, target, workers, data
+        self.placement = placement
         row_bytes = record_bytes if data == "array" and record_bytes else ROW_BYTES
         self.width = row_bytes // 8  # int64 values a record (the array's)
         self.rows = max(partitions, int(gib * GIB) // row_bytes)
@@ -203,7 +212,7 @@ class _Input:
                     if self.data == "frame"
                     else (_records, n, first, self.width, self.target)
                 ),
-                workers=[workers[i % len(workers)]],
+                workers=[workers[holder(i, self.partitions, len(workers), self.placement)]],
                 allow_other_workers=False,
                 pure=False,
                 key=key,
@@ -240,6 +249,7 @@ class _Input:
             "partitions": self.partitions,
             "columns": columns,
             "partitions_per_worker": placed,
+            "placement": self.placement,
         }
 
     def _collection(self, name: str, keys: list, futures: list, sizes: list[int]) -> Any:
@@ -465,6 +475,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
             workers,
             opts["data"],
             opts["record_bytes"],
+            opts["placement"],
         )
         for method in methods:
             if deadline is not None and deadline - time.monotonic() < MIN_BUDGET_S:
@@ -554,6 +565,14 @@ def _one_method(
     help="--data frame: dg.shuffle's keep_order; --no-keep-order lets GPU workers cut rows in "
     "no set order within an output (Dask's shuffles run as they always do)",
 )
+@click.option(
+    "--placement",
+    default="dealt",
+    show_default=True,
+    type=click.Choice(["dealt", "blocks"]),
+    help="where the input partitions are made: dealt to the workers in turn (as Distributed's "
+    "queuing spreads tasks), or in blocks of consecutive partitions, one a worker",
+)
 @cluster_options
 @click.option(
     "--ucx-transports",
@@ -605,6 +624,7 @@ def shuffle(
     record_bytes: int,
     ignore_index: bool,
     keep_order: bool,
+    placement: str,
     workers: int | None,
     threads_per_worker: int,
     protocol: str | None,
@@ -648,6 +668,7 @@ def shuffle(
         "record_bytes": record_bytes if data == "array" else None,
         "ignore_index": ignore_index,
         "keep_order": keep_order,
+        "placement": placement,
         "workers": workers,
         "threads_per_worker": threads_per_worker,
         "protocol": protocol,

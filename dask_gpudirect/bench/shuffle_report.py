@@ -288,6 +288,10 @@ def _setup_line(result: dict) -> str:
     return line
 
 
+#: How the report says where ``bench shuffle --placement`` made the partitions.
+PLACEMENTS = {"dealt": "round-robin", "blocks": "in blocks of consecutive ones"}
+
+
 def _data_line(result: dict) -> str:
     d = result.get("data")
     if not d:
@@ -296,7 +300,8 @@ def _data_line(result: dict) -> str:
     rows = "records" if data == "array" else "rows"
     return (
         f"{d['kind']} {data} of {d['bytes'] / 1e9:.3f} GB, {d['rows']} {rows} "
-        f"({d['columns']}), {d['partitions']} partitions placed round-robin on the workers"
+        f"({d['columns']}), {d['partitions']} partitions placed "
+        f"{PLACEMENTS[d.get('placement', 'dealt')]} on the workers"
         f"{_options_note(result)}"
     )
 
