@@ -457,3 +457,7 @@ def test_bench_shuffle_places_partitions_dealt_or_in_blocks(tmp_path):
     assert sorted(result["data"]["partitions_per_worker"].values()) == [3, 3]
     assert "6 partitions placed in blocks of consecutive ones on the workers" in markdown
     assert all(r["status"] == "ok" for r in result["records"]), result["records"]
+    args[args.index("6")] = "4,6"  # a sweep's report says it too
+    result, markdown, _ = _bench([*args, "--placement", "blocks"], tmp_path)
+    assert [s["data"]["placement"] for s in result["sweep"]] == ["blocks", "blocks"]
+    assert "4, 6 partitions, placed in blocks of consecutive ones on the workers" in markdown

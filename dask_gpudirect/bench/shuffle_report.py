@@ -292,6 +292,10 @@ def _setup_line(result: dict) -> str:
 PLACEMENTS = {"dealt": "round-robin", "blocks": "in blocks of consecutive ones"}
 
 
+def _placement(result: dict) -> str:
+    return PLACEMENTS[(result.get("options") or {}).get("placement", "dealt")]
+
+
 def _data_line(result: dict) -> str:
     d = result.get("data")
     if not d:
@@ -300,8 +304,8 @@ def _data_line(result: dict) -> str:
     rows = "records" if data == "array" else "rows"
     return (
         f"{d['kind']} {data} of {d['bytes'] / 1e9:.3f} GB, {d['rows']} {rows} "
-        f"({d['columns']}), {d['partitions']} partitions placed "
-        f"{PLACEMENTS[d.get('placement', 'dealt')]} on the workers"
+        f"({d['columns']}), {d['partitions']} partitions placed {_placement(result)} on the "
+        "workers"
         f"{_options_note(result)}"
     )
 
@@ -356,8 +360,8 @@ def _sweep_markdown(result: dict) -> str:
         f"- device: {_device_line(result)}",
         f"- cluster: {_setup_line(result)}",
         f"- command: `{result['command']}`",
-        f"- data: the same {data / 1e9:.3f} GB {data_of(result)} cut into {counts} partitions"
-        f"{_options_note(result)}"
+        f"- data: the same {data / 1e9:.3f} GB {data_of(result)} cut into {counts} partitions, "
+        f"placed {_placement(result)} on the workers{_options_note(result)}"
         if data
         else f"- data: not made ({counts} partitions asked for)",
         "",
