@@ -29,10 +29,11 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import dask.config
-from dask.utils import parse_bytes, parse_timedelta
+from dask.utils import parse_timedelta
 
 from . import access
-from .errors import InputError, flag
+from .config import duration_seconds, size_in_bytes
+from .errors import ConfigError, InputError, flag
 from .stamps import CHANGED
 
 if TYPE_CHECKING:
@@ -251,16 +252,62 @@ class Settings:
 
     @classmethod
     def current(cls) -> Settings:
-        def get(key: str) -> Any:  # by Dask's names: DASK_GPUDIRECT__REMOTE__RANGE_SIZE
-            return dask.config.get(f"gpudirect.remote.{key}")  # sets "range_size"
-
+        """This process's settings, each checked as it is read: a ConfigError naming the key,
+        the value and what it takes where one cannot be used (not int()'s or Dask's parsers'
+        error, nor a negative count of retries taken as "retry forever")."""
         return cls(
-            connections=int(get("connections")),
-            range_size=parse_bytes(get("range-size")),
-            retries=int(get("retries")),
-            backoff=float(parse_timedelta(get("backoff"))),
-            timeout=float(parse_timedelta(get("timeout"))),
+            connections=_whole("connections", 1),
+            range_size=_size("range-size"),
+            retries=_whole("retries", 0),
+            backoff=_backoff(),
+            timeout=duration_seconds(f"{_SETTINGS}.timeout"),
         )
+
+
+#: The prefix of the keys :class:`Settings` reads.
+_SETTINGS = "gpudirect.remote"
+
+
+def _setting(key: str) -> Any:
+    """``gpudirect.remote.<key>`` (by Dask's names: DASK_GPUDIRECT__REMOTE__RANGE_SIZE sets
+    "range_size", which Dask finds as "range-size")."""
+    return dask.config.get(f"{_SETTINGS}.{key}")
+
+
+def _whole(key: str, minimum: int) -> int:
+    """``gpudirect.remote.<key>``: a whole number of at least ``minimum`` ("16" from a yaml
+    string too; not a bool, not 1.5)."""
+    value = _setting(key)
+    try:
+        number = None if isinstance(value, bool | float) else int(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < minimum:
+        raise ConfigError(f"{_SETTINGS}.{key}={value!r}: use a whole number of at least {minimum}")
+    return number
+
+
+def _size(key: str) -> int:
+    """``gpudirect.remote.<key>`` in bytes: a positive size."""
+    value = _setting(key)
+    nbytes = size_in_bytes(value)
+    if nbytes is None or nbytes <= 0:
+        raise ConfigError(f"{_SETTINGS}.{key}={value!r}: use a positive size, like '8MiB'")
+    return nbytes
+
+
+def _backoff() -> float:
+    """``gpudirect.remote.backoff`` in seconds: a duration of at least 0."""
+    value = _setting("backoff")
+    try:
+        seconds = parse_timedelta(value)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        seconds = None
+    if seconds is None or not seconds >= 0:
+        raise ConfigError(
+            f"{_SETTINGS}.backoff={value!r}: use a duration of at least 0, like '200ms'"
+        )
+    return float(seconds)
 
 
 def filesystem(store: Store) -> pafs.S3FileSystem:
@@ -275,9 +322,11 @@ def s3_path(url: str) -> str:
     return url.split("://", 1)[1]
 
 
-def error(url: str, exc: BaseException, store: Store) -> InputError:
-    """An error of a request for ``url`` as an :class:`InputError` that says the cause."""
-    if isinstance(exc, InputError):
+def error(url: str, exc: BaseException, store: Store) -> InputError | ConfigError:
+    """An error of a request for ``url`` as an :class:`InputError` that says the cause; a
+    ``gpudirect.remote.*`` setting that cannot be used (:class:`Settings`) as its own
+    ConfigError, which names the key, not the URL."""
+    if isinstance(exc, InputError | ConfigError):
         return exc
     text = store.scrub(str(exc))
     if isinstance(exc, urllib.error.HTTPError):
@@ -312,7 +361,7 @@ _S3_CAUSES = (
 )
 
 
-def _missing(url: str, store: Store) -> InputError:
+def _missing(url: str, store: Store) -> InputError | ConfigError:
     """A missing object's error: whether its bucket is missing too."""
     import pyarrow.fs as pafs
 

@@ -550,3 +550,36 @@ def test_remote_settings_from_environment_variables():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1000"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "wanted"),
+    [
+        ("connections", 0, "a whole number of at least 1"),
+        ("connections", "abc", "a whole number of at least 1"),
+        ("range-size", "abc", "a positive size"),
+        ("range-size", -5, "a positive size"),
+        ("retries", -1, "a whole number of at least 0"),  # retried forever: a hang
+        ("retries", 1.5, "a whole number of at least 0"),
+        ("backoff", "x", "a duration of at least 0"),
+        ("backoff", -1, "a duration of at least 0"),
+        ("timeout", -1, "a positive duration"),  # Dask's parser: "could not convert '1-1'"
+        ("timeout", "abc", "a positive duration"),
+    ],
+)
+def test_a_bad_remote_setting_is_named(tcp, http_url, key, value, wanted):
+    """A ``gpudirect.remote.*`` value that cannot be used is a ConfigError naming the key,
+    the value and what it takes, in the caller's process (the client's config) or from the
+    worker that reads it (a worker's own): not int()'s or Dask's parser's error, a read that
+    retries forever, or a read of no bytes reported as a truncated file."""
+    base, _, _ = http_url
+    url = f"{base}/raw.bin"
+    pattern = rf"gpudirect.remote.{key}=.*: use {wanted}"
+    with dask.config.set({f"gpudirect.remote.{key}": value}):
+        with pytest.raises(dg.ConfigError, match=pattern):
+            dg.read_binary(url, dtype="<i4", client=tcp)
+    arr = dg.read_binary(url, dtype="<i4", client=tcp)
+    with worker_config(tcp, {f"gpudirect.remote.{key}": value}):
+        with pytest.raises(dg.ConfigError, match=pattern):
+            compute(tcp, arr)
+    np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
