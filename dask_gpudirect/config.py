@@ -46,6 +46,22 @@ def resolve_options(overrides: dict[str, Any]) -> dict[str, Any]:
     return {name: _checked(name, value, name in overrides) for name, value in options.items()}
 
 
+def configured(name: str) -> Any:
+    """The plugin option ``name`` as this process's Dask config gives it, checked as
+    :func:`resolve_options` checks it: for what reads the key without a plugin (a worker's
+    ledger, made by a shuffle that sets up no reader plugin)."""
+    return _checked(name, dask.config.get(PLUGIN_OPTIONS[name]), False)
+
+
+def boolean(key: str) -> bool:
+    """The Dask config ``key``: a ConfigError naming it where it is no bool (a string "no"
+    or "false", as ``DASK_GPUDIRECT__...=no`` gives, would read as true)."""
+    value = dask.config.get(key)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r}: use true or false")
+    return value
+
+
 def size_in_bytes(value: Any) -> int | None:
     """``value`` in bytes (a number, or a size like ``"4MiB"``); None where it is no size (an
     unknown unit, a boolean): what every size setting and option is read with."""

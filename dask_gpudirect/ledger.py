@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import dask.config
+from .config import configured
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -160,6 +160,7 @@ def of(worker: Worker) -> Ledger:
     shuffle, and kept when a plugin is registered again (so its counts never reset)."""
     extension = worker.extensions.get(EXTENSION)
     if extension is None:
-        max_records = int(dask.config.get("gpudirect.ledger.max-records"))
+        # checked as the plugin checks it: a shuffle makes the ledger with no plugin set up
+        max_records = configured("max_records")
         extension = worker.extensions[EXTENSION] = Ledger(worker.address, max_records)
     return extension

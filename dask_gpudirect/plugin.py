@@ -9,11 +9,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import dask.config
 from distributed import Worker, WorkerPlugin, get_worker
 
 from . import access, ledger, metrics, targets
-from .config import resolve_options
+from .config import boolean, resolve_options
 from .cuda import gpu_count
 from .errors import ClusterError
 
@@ -50,6 +49,7 @@ class GPUDirectPlugin(WorkerPlugin):
         # a bad gpudirect.allowed-roots or reader option fails the worker's start, not a read
         access.roots()
         self.options = resolve_options(self.overrides)
+        freeze = boolean("gpudirect.worker.freeze-gc")
         self.address = worker.address
         self.gpus = gpu_count()
         self.ledger = ledger.of(worker)  # the worker's, so registering again keeps its counts
@@ -61,7 +61,7 @@ class GPUDirectPlugin(WorkerPlugin):
             self.target("device")  # configures kvikio now, so a bad option fails at setup
             _register_cudf_with_dask()
         metrics.export(worker, self.ledger)  # /metrics counters, totals in heartbeats
-        if dask.config.get("gpudirect.worker.freeze-gc"):
+        if freeze:
             _freeze_imports(worker)
         # set up: the readers a read task finds while this plugin is registered again (the
         # worker drops it, tears it down, then holds the new one before setting it up)

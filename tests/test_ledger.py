@@ -179,3 +179,26 @@ def test_columns_hold_what_the_records_hold():
     assert list(columns) == list(FIELDS)
     rows = zip(*columns.values(), strict=True)
     assert [dict(zip(columns, row, strict=True)) for row in rows] == book.records()
+
+
+@pytest.mark.parametrize("value", [-1, "lots", 2.5])
+def test_a_bad_ledger_size_in_the_workers_config_is_named_by_a_shuffle(value):
+    """``gpudirect.ledger.max-records`` in the workers' config: a shuffle, which sets up no
+    reader plugin (whose setup checks the key), made each worker's ledger from it unchecked:
+    ``ValueError: maxlen must be non-negative`` or int()'s error, naming no key, and 2.5 cut
+    to 2 records, where ``GPUDirectPlugin`` refuses all three."""
+    import dask
+    import dask.dataframe as dd
+    import pandas as pd
+    from distributed import Client
+    from util import start_cluster
+
+    df = dd.from_pandas(pd.DataFrame({"k": range(20)}), npartitions=2)
+    with dask.config.set({"gpudirect.ledger.max-records": value}):  # the workers inherit it
+        with start_cluster("tcp", n_workers=1, threads=1) as cluster:
+            with Client(cluster, set_as_default=False) as client:
+                with pytest.raises(
+                    dg.ConfigError,
+                    match=r"gpudirect.ledger.max-records=.*: use a whole number of at least 0",
+                ):
+                    dg.shuffle(df, "k", client=client)

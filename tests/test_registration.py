@@ -504,6 +504,20 @@ def test_the_plugin_freezes_what_the_worker_imported(freeze, holding, frozen):
     assert all((count > 10_000) == frozen for count in counts.values()), counts
 
 
+@pytest.mark.parametrize("value", ["no", "false", 1])
+def test_a_freeze_gc_that_is_no_boolean_is_named(value):
+    """``DASK_GPUDIRECT__WORKER__FREEZE_GC=no`` (Dask reads "no" as a string) or
+    ``dask.config.set`` of "false": the string was taken as true and the worker's objects
+    frozen; a ConfigError, where the plugin is set up, as ``gpudirect.shuffle.progress``
+    refuses its strings."""
+    config = {"gpudirect.worker.freeze-gc": value}
+    with dask.config.set(config), start_cluster("tcp", n_workers=1, threads=1) as cluster:
+        with Client(cluster, set_as_default=False) as client:
+            with pytest.raises(dg.ConfigError, match=r"gpudirect.worker.freeze-gc=.*: use true or"):
+                client.register_plugin(dg.GPUDirectPlugin())
+            assert all(count == 0 for count in client.run(_frozen).values())
+
+
 def test_workers_in_the_users_own_process_freeze_nothing():
     """``LocalCluster(processes=False)`` runs its workers in this process: its objects are the
     user's, and the plugin leaves their collection alone."""
