@@ -63,6 +63,7 @@ def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> i
     """Bytes per shard and partition: given, or the config's; ``"auto"`` is a share of the
     smallest worker's memory for the target (on an H200, about 1.1 GB, as dask_cudf's
     partitions; 256 MiB on the host target, as Dask's)."""
+    named = "blocksize" if value is not None else key  # a bad config value names its key
     value = dask.config.get(key) if value is None else value
     if value == "auto":
         if target == "host":
@@ -70,9 +71,9 @@ def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> i
         return min(info["memory"][target] for info in workers.values()) // AUTO_SHARE
     nbytes = size_in_bytes(value)
     if nbytes is None:
-        raise InputError(None, f"bad blocksize {value!r}: use bytes or a size like '256MiB'")
+        raise InputError(None, f"bad {named} {value!r}: use bytes or a size like '256MiB'")
     if nbytes <= 0:
-        raise InputError(None, f"bad blocksize {value!r}: must be positive")
+        raise InputError(None, f"bad {named} {value!r}: must be positive")
     return nbytes
 
 

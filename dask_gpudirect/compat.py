@@ -185,6 +185,8 @@ def extensions_of(value: str | tuple[str, ...] | list[str] | None) -> tuple[str,
         return None
     if isinstance(value, str):
         value = (value,)
+    if not isinstance(value, tuple | list):  # True, 5: no suffixes (iterating them fails)
+        raise InputError(None, f"parquet_file_extension={value!r}: give suffixes like '.parquet'")
     suffixes = tuple(str(v) for v in value)
     if not suffixes or not all(suffixes):
         raise InputError(None, f"parquet_file_extension={value!r}: give suffixes like '.parquet'")

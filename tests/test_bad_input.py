@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 
+import dask
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -468,6 +469,20 @@ def test_bad_blocksize(tcp, tmp_path, good, blocksize):
     np.arange(10.0).tofile(raw)
     with pytest.raises(dg.InputError, match=re.escape(f"bad blocksize {blocksize!r}")):
         dg.read_binary(raw, dtype="f8", blocksize=blocksize, client=tcp)
+
+
+def test_a_bad_blocksize_in_the_config_names_its_key(tcp, tmp_path, good):
+    """A blocksize from ``gpudirect.parquet.blocksize`` or ``gpudirect.binary.blocksize``
+    (the call gave none): the error names that key, which the user set, not an argument."""
+    raw = tmp_path / "r.raw"
+    np.arange(10.0).tofile(raw)
+    for key, read in [
+        ("gpudirect.parquet.blocksize", lambda: dg.read_parquet(good, client=tcp)),
+        ("gpudirect.binary.blocksize", lambda: dg.read_binary(raw, dtype="f8", client=tcp)),
+    ]:
+        with dask.config.set({key: "lots"}):
+            with pytest.raises(dg.InputError, match=re.escape(f"bad {key} 'lots'")):
+                read()
 
 
 def test_bad_target(tcp, good):

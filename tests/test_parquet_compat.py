@@ -170,6 +170,9 @@ def test_a_folder_without_parquet_files_says_so(tcp, tmp_path):
     assert os.fspath(tmp_path) in str(info.value)
     with pytest.raises(dg.InputError, match="parquet_file_extension"):
         dg.read_parquet(tmp_path, parquet_file_extension=("",), client=tcp)
+    for value in [True, 5]:  # no suffixes: named, not a TypeError from iterating them
+        with pytest.raises(dg.InputError, match=f"parquet_file_extension={value!r}"):
+            dg.read_parquet(tmp_path, parquet_file_extension=value, client=tcp)
 
 
 def test_home_and_file_urls(tcp, tmp_path, monkeypatch):
