@@ -57,10 +57,12 @@ class GPUDirectPlugin(WorkerPlugin):
         self._targets: dict[str, targets.Target] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._exported = False  # a setup that fails below publishes nothing to take back
         if self.gpus:
             self.target("device")  # configures kvikio now, so a bad option fails at setup
             _register_cudf_with_dask()
         metrics.export(worker, self.ledger)  # /metrics counters, totals in heartbeats
+        self._exported = True
         if freeze:
             _freeze_imports(worker)
         # set up: the readers a read task finds while this plugin is registered again (the
@@ -73,7 +75,8 @@ class GPUDirectPlugin(WorkerPlugin):
     def teardown(self, worker: Worker) -> None:
         if not hasattr(self, "_targets"):  # setup failed (a bad option) before making them
             return
-        metrics.unexport(worker, self.ledger)
+        if self._exported:  # else another plugin's export (the shuffle's) would be taken
+            metrics.unexport(worker, self.ledger)
         with self._lock:  # a read that takes a target from now on gets one of its own
             closing, self._targets, self._closed = list(self._targets.values()), {}, True
         for target in closing:

@@ -225,3 +225,41 @@ def test_workers_of_one_process_given_the_plugin_at_start_stop_publishing_when_t
         workers = set(client.nthreads())
         assert workers <= set(metrics.collector().ledgers)
     assert not workers & set(metrics.collector().ledgers)
+
+
+def pretend_a_gpu(dask_worker, on: bool) -> None:
+    """The reader plugin's setup sees a GPU (on): making its device target then fails here
+    (no CUDA packages), as a GPU worker's does on a bad kvikio option."""
+    import dask_gpudirect.plugin as plugin
+    from dask_gpudirect.cuda import gpu_count
+
+    plugin.gpu_count = (lambda: 1) if on else gpu_count
+
+
+def test_removing_a_reader_plugin_that_failed_its_setup_leaves_the_shuffle_s_counts():
+    """A reader plugin whose setup failed at its device target never published the ledger:
+    removing it (or registering a good one over it) took the shuffle's export away, so the
+    shuffle's counts left /metrics and the heartbeats while its plugin stayed."""
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
+        df = dd.from_pandas(pd.DataFrame({"k": np.arange(4_000) % 37, "v": 1.0}), npartitions=4)
+        dg.shuffle(df, "k", npartitions=4, client=client)  # the shuffle's plugin publishes
+        client.run(pretend_a_gpu, on=True)
+        with pytest.raises(ImportError, match="'device' target"):
+            client.register_plugin(dg.GPUDirectPlugin())
+        client.run(pretend_a_gpu, on=False)
+        client.unregister_worker_plugin("gpudirect")  # the failed one, torn down
+        clear_ledgers(client)
+        before = scrape(client)["dask_gpudirect_bytes"]
+        dg.shuffle(df, "k", npartitions=4, client=client)
+        records = ledger_report.records(client)
+        after = scrape(client)["dask_gpudirect_bytes"]
+        grown = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+        assert grown and grown == pytest.approx(
+            {k: v for k, v in recorded(records)["dask_gpudirect_bytes"].items() if v}
+        )
+        client.run(heartbeat)
+        beats = [w["metrics"].get("gpudirect") for w in workers_info(client).values()]
+        assert all(beat is not None for beat in beats)
