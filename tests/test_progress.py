@@ -50,6 +50,24 @@ def test_shuffle_progress_plain_lines(tcp, capsys):
     assert_hash_partitions(partitions(tcp, out), pdf, "k", 5)
 
 
+def fails_on_the_first(part: pd.DataFrame) -> pd.DataFrame:
+    """The input partition that holds row 0 fails."""
+    if 0 in part.index:
+        raise ValueError("bad input partition")
+    return part
+
+
+def test_a_failed_input_is_not_counted_as_computed(tcp, capsys):
+    """One of 3 inputs failed: the bar says 2 of 3 were computed, not 3/3 (100%)."""
+    pdf = frame(600)
+    df = dd.from_pandas(pdf, npartitions=3).map_partitions(fails_on_the_first, meta=pdf)
+    with pytest.raises(ValueError, match="bad input partition"):
+        dg.shuffle(df, "k", progress=True, client=tcp)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dg.")]
+    assert len(lines) == 1 and lines[0].endswith("(stopped)"), lines
+    assert lines[0].startswith("dg.shuffle: input partitions: 2/3 (66%)"), lines
+
+
 def test_shuffle_progress_live_bar(tcp, capsys, monkeypatch):
     monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich: stderr is a terminal
     monkeypatch.setenv("TTY_INTERACTIVE", "1")
