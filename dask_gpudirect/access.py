@@ -91,8 +91,11 @@ class _Limits:
     given: tuple[str, ...]
 
     def admit(self, path: str) -> bool:
-        path = os.path.abspath(path)
-        return _within(path, self.real + self.given) and _within(os.path.realpath(path), self.real)
+        # the real path of the name as given, its ".." kept: the kernel follows a link before
+        # the ".." after it ("/data/link/.." is the link's target's parent, not "/data")
+        path = os.path.join(os.getcwd(), path)
+        named = os.path.normpath(path)
+        return _within(named, self.real + self.given) and _within(os.path.realpath(path), self.real)
 
 
 @contextlib.contextmanager
@@ -118,7 +121,8 @@ def _limits() -> _Limits | None:
 
 def admits(path: str | os.PathLike) -> bool:
     """Whether the roots admit ``path`` by name: as written (``..`` folded) and with symlinks
-    resolved, both inside. Only for listing; reads check the descriptor (:func:`opened`)."""
+    resolved (a ``..`` after the link it follows, as the kernel takes it), both inside. Only
+    for listing; reads check the descriptor (:func:`opened`)."""
     limits = _limits()
     return limits is None or limits.admit(os.fspath(path))
 

@@ -14,6 +14,7 @@ them up.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import glob
 import os
@@ -170,7 +171,8 @@ def view(entry: str, listing: Listing = FLAT) -> View:
     found = None if pattern else _stat(entry)  # one stat for a file named, not three
     try:
         if pattern:  # "**" any depth of folders, as Dask's (fsspec's) globs
-            kind, candidates = GLOB, glob.glob(entry, recursive=True)
+            limited = access.roots() is not None
+            kind, candidates = GLOB, _glob(entry) if limited else glob.glob(entry, recursive=True)
         elif found is not None and stat.S_ISDIR(found.st_mode):
             kind, candidates = DIRECTORY, data_files(entry, listing)
         elif found is not None or os.path.lexists(entry):  # a dangling link is a FILE too
@@ -199,6 +201,71 @@ def view(entry: str, listing: Listing = FLAT) -> View:
     if kind == FILE and not files and not refused:
         return View(MISSING)
     return View(kind, tuple(files), tuple(refused))
+
+
+def _glob(pattern: str) -> list[str]:
+    """``glob.glob(pattern, recursive=True)`` where allowed roots are set: a folder is listed
+    only where the roots admit it by name and real path, so a folder link inside a root that
+    leads out (``/data/*/x*`` through ``/data/link -> /elsewhere``) lists nothing outside:
+    ``glob.glob`` followed it, the names it found there came back refused (saying what exists
+    outside), and ``**`` through a link to ``/`` walked the whole file system."""
+    return list(_iglob(pattern, folders_only=False))
+
+
+def _iglob(pattern: str, folders_only: bool) -> Iterable[str]:
+    """As ``glob._iglob`` (hidden names matched only by a pattern starting with ``.``)."""
+    folder, name = os.path.split(pattern)
+    if not glob.has_magic(pattern):
+        if os.path.isdir(pattern) if folders_only else os.path.lexists(pattern):
+            yield pattern
+        return
+    folders = _iglob(folder, folders_only=True) if glob.has_magic(folder) else [folder]
+    for base in folders:
+        if name == "**":
+            names: Iterable[str] = ["", *_below(base, folders_only)]
+        elif glob.has_magic(name):
+            hidden = name.startswith(".")
+            listed = _listed(base, folders_only)
+            names = [
+                n
+                for n, _ in listed
+                if (hidden or not n.startswith(".")) and fnmatch.fnmatchcase(n, name)
+            ]
+        else:  # not even looked up in a folder outside
+            found = access.admits(base) and os.path.lexists(os.path.join(base, name))
+            names = [name] if found else []
+        for match in names:
+            yield os.path.join(base, match)
+
+
+def _below(folder: str, folders_only: bool) -> Iterable[str]:
+    """The names under ``folder`` at any depth, relative to it, hidden ones skipped (``**``)."""
+    for name, is_dir in _listed(folder, folders_only):
+        if not name.startswith("."):
+            yield name
+            if is_dir:
+                for deeper in _below(os.path.join(folder, name), folders_only):
+                    yield os.path.join(name, deeper)
+
+
+def _listed(folder: str, folders_only: bool) -> list[tuple[str, bool]]:
+    """``folder``'s entries (name, whether a folder, links followed), none where the roots do
+    not admit the folder or it cannot be listed."""
+    if not access.admits(folder):
+        return []
+    entries = []
+    try:
+        with os.scandir(folder) as listing:
+            for entry in listing:
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    continue
+                if is_dir or not folders_only:
+                    entries.append((entry.name, is_dir))
+    except OSError:
+        return []
+    return entries
 
 
 def _opened(path: str) -> tuple[str, int, int, int]:

@@ -10,6 +10,7 @@ inside and outside while workers read through it never yields a byte from outsid
 from __future__ import annotations
 
 import dataclasses
+import glob
 import os
 import subprocess
 import threading
@@ -22,7 +23,7 @@ from distributed import Client, LocalCluster, wait
 from util import compute, dask_command, shards_of, spawn, start_cluster, workers_info
 
 import dask_gpudirect as dg
-from dask_gpudirect import access
+from dask_gpudirect import access, discovery
 from dask_gpudirect.errors import ConfigError
 from dask_gpudirect.loading import load_chunk
 
@@ -89,6 +90,37 @@ def test_outside_the_roots_gets_one_answer(client, roots, given):
     assert str(outside) not in str(info.value) or str(outside) in os.path.abspath(path)
 
 
+@pytest.mark.parametrize("name", ["out.npy", "nothing.npy", "**/*.npy"])
+def test_a_glob_lists_no_folder_outside_the_roots(client, roots, name):
+    """A pattern's folders are listed only inside the roots: through ``outdir`` (a folder link
+    inside that leads out), ``glob.glob`` listed the folder outside and the refusal named what
+    it found there, so ``out*/out.npy`` against ``out*/nothing.npy`` said what exists outside."""
+    data, _ = roots
+    pattern = data / "out*" / name
+    with pytest.raises(dg.InputError) as info:
+        dg.read_binary(pattern, client=client)
+    assert str(info.value) == f"{pattern}: no files match this pattern on any worker"
+
+
+def test_a_glob_inside_the_roots_matches_as_glob_glob(tmp_path):
+    """Where roots are set, patterns are expanded by a glob that checks each folder it lists:
+    inside the roots it finds what ``glob.glob(recursive=True)`` finds."""
+    for folder in ["x/y/z", "x/.h/q", "x/year=1/m=2", "w"]:
+        (tmp_path / folder).mkdir(parents=True)
+    for name in ["x/a.bin", "x/.b.bin", "x/y/c.bin", "x/y/z/d.bin", "x/.h/q/e.bin", "top.bin"]:
+        (tmp_path / name).touch()
+    for name in ["x/year=1/m=2/p.parquet", "w/[1].bin", "w/1.bin"]:
+        (tmp_path / name).touch()
+    os.symlink(tmp_path / "x" / "y", tmp_path / "w" / "ylink")  # a folder link inside
+    os.symlink(tmp_path / "nowhere", tmp_path / "w" / "dangling.bin")
+    patterns = ["*", "**", "**/*.bin", "x/**", "x/*/*.bin", "x/.*/**", "x/**/.*", "w/[0-9].bin"]
+    patterns += ["w/*/*", "*/y/*.bin", "x/*/../*.bin", "**/m=*/*.parquet", "x/?/*", "nothing/*"]
+    with dask.config.set({"gpudirect.allowed-roots": [os.fspath(tmp_path)]}):
+        for pattern in patterns:
+            path = os.path.join(tmp_path, pattern)
+            assert sorted(discovery._glob(path)) == sorted(glob.glob(path, recursive=True))
+
+
 def test_a_read_outside_the_roots_is_refused_by_the_worker(client, roots):
     """The worker checks what it opened: a shard planned elsewhere is not trusted."""
     data, outside = roots
@@ -100,6 +132,39 @@ def test_a_read_outside_the_roots_is_refused_by_the_worker(client, roots):
     assert str(info.value) == refused(data / "link" / "out.npy")  # the target is not named
     # the cluster keeps working
     np.testing.assert_array_equal(client.compute(planned).result(), np.arange(100))
+
+
+def test_a_dotdot_after_a_folder_link_leads_where_the_kernel_takes_it(client, roots):
+    """``data/outdir/..`` is the parent of the link's target, not ``data``: was admitted by
+    its folded name, so the workers opened a FIFO there (a writer blocked on it went on) and
+    listed a folder there (its files' names came back refused)."""
+    data, outside = roots
+    pipe = outside / "pipe"
+    os.mkfifo(pipe)
+    opened = threading.Event()
+
+    def write():
+        os.close(os.open(pipe, os.O_WRONLY))  # blocks until a reader opens the FIFO
+        opened.set()
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        given = data / "outdir" / ".." / "outside" / "pipe"  # by name: data/outside/pipe
+        with pytest.raises(dg.InputError) as info:
+            dg.read_binary(given, client=client)
+        assert str(info.value) == refused(given)
+        assert not opened.wait(1), "a worker opened a FIFO outside the roots"
+    finally:
+        if not opened.is_set():
+            os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))  # lets the writer go
+        writer.join()
+        os.remove(pipe)
+    folder = data / "outdir" / ".." / "outside"
+    for read in (dg.read_binary, dg.read_parquet):
+        with pytest.raises(dg.InputError) as info:
+            read(folder, client=client)
+        assert str(info.value) == refused(folder)
 
 
 def test_a_symlink_flipped_during_reads_never_leads_outside(client, roots):
