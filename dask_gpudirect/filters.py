@@ -141,6 +141,12 @@ def to_expression(filters: Filters | None, schema: Any = None) -> Any:
         null = ds.field(column).is_null(nan_is_null=True)
         if op in ("is", "is not"):  # pyarrow's DNF has no null test
             return null if op == "is" else ~null
+        if column in floats and op == "in" and any(map(_zero, present)):
+            # a row group of zeros has the statistics -0.0 and 0.0, which pyarrow takes for
+            # the one value -0.0, that its is_in finds in no set of 0.0 (apache/arrow#46183):
+            # it pruned the group. With both zeros in the set it is kept (pandas' isin and
+            # pyarrow's == take them for one value)
+            present = [*present, -0.0, 0.0]
         if column in integers and _has_float(present):
             # whole numbers as they compare with the float (below 2**53: as pandas does)
             op, present = _as_integers(op, present)
@@ -174,6 +180,11 @@ def _has_float(value: Any) -> bool:
     """Whether ``value`` (or one of a list of values) is a float: Python's or NumPy's."""
     values = value if isinstance(value, (list, tuple, set, frozenset)) else [value]
     return any(isinstance(v, (float, np.floating)) for v in values)
+
+
+def _zero(value: Any) -> bool:
+    """Whether ``value`` is a number equal to zero (a bool is none)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0
 
 
 def _unsure_as_int(value: Any) -> bool:
@@ -251,11 +262,11 @@ def apply(frame: Any, filters: Filters | None, halves: tuple[str, ...] = ()) -> 
                 term = _isin(series, value, half=column in halves)
                 term = ~term if op == "not in" else term
             elif op in ("is", "is not"):
-                term = series.isna() if op == "is" else series.notna()
+                term = _missing(series) if op == "is" else ~_missing(series)
             else:
                 term = _compared(series, op, value, column)
             if op in KEEP_NULLS:
-                term = term | series.isna()
+                term = term | _missing(series)
             mask = term if mask is None else mask & term
         keep = mask if keep is None else keep | mask
     return frame[keep]
@@ -323,7 +334,7 @@ def _isin(series: Any, values: Any, half: bool = False) -> Any:
         wanted = type(series)(exact, dtype=series.dtype) if exact else []
     found = series.isin(wanted).fillna(False).astype(bool)
     if any(v is None for v in values):
-        return found | series.isna()
+        return found | _missing(series)
     return found & series.notna()
 
 
@@ -343,9 +354,27 @@ def _as_decoded(series: Any, value: Any) -> Any:
                 "target='host' takes any",
             ) from None
     aware = isinstance(value, datetime.datetime) and value.tzinfo is not None
-    if aware and getattr(series.dtype, "kind", None) == "M" and not hasattr(series.dtype, "tz"):
+    if aware and getattr(series.dtype, "kind", None) == "M" and not _zoned(series.dtype):
         return pd.Timestamp(value).tz_convert("UTC").tz_localize(None)
     return value
+
+
+def _zoned(dtype: Any) -> bool:
+    """Whether ``dtype`` holds times in a zone: pandas' (or cuDF's) zone-aware type, or a
+    pyarrow-backed one (``dtype_backend="pyarrow"``), whose zone is its Arrow type's."""
+    if isinstance(dtype, pd.ArrowDtype):
+        return getattr(dtype.pyarrow_dtype, "tz", None) is not None
+    return hasattr(dtype, "tz")
+
+
+def _missing(series: Any) -> Any:
+    """The nulls of ``series``, and a float column's NaNs, as Dask's null test
+    (``nan_is_null``) takes them: pandas' pyarrow-backed floats hold a NaN apart from null."""
+    missing = series.isna()
+    dtype = series.dtype
+    if isinstance(dtype, pd.ArrowDtype) and dtype.kind == "f":
+        missing = missing | (series != series).fillna(False).astype(bool)
+    return missing
 
 
 def _of_cudf(obj: Any) -> bool:

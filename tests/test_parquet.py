@@ -277,6 +277,73 @@ def test_nans_pass_not_equal_in_every_row_group(client, tmp_path, filters):
     assert sorted(got["id"]) == [1, 5, 6, 7, 9]
 
 
+@pytest.mark.parametrize(
+    ("filters", "ids"),
+    [
+        ([("x", "in", [0.0])], [0, 1, 2, 4, 5]),
+        ([("x", "in", [0.0, 1.0])], [0, 1, 2, 3, 4, 5]),
+        ([("x", "in", [0])], [0, 1, 2, 4, 5]),
+    ],
+)
+def test_in_zero_keeps_a_row_group_of_zeros(tcp, tmp_path, filters, ids):
+    """``in`` with a zero keeps a row group of zeros, whose statistics are -0.0 and 0.0 (the
+    Parquet writer's rule), the rows ``("x", "==", 0.0)`` keeps: pyarrow took the statistics
+    for -0.0 alone, found it in no set of 0.0 and pruned the group (apache/arrow#46183), so
+    the 0.0s were dropped and the -0.0s of the other group kept."""
+    x = [0.0, 0.0, 0.0, 1.0, -0.0, -0.0]
+    path = write(
+        tmp_path / "zeros.parquet", pa.table({"id": np.arange(6), "x": x}), row_group_size=3
+    )
+    got = read(tcp, path, filters=filters, blocksize=1)
+    assert sorted(got["id"]) == ids
+    assert sorted(read(tcp, path, filters=[("x", "==", 0.0)])["id"]) == [0, 1, 2, 4, 5]
+
+
+@pytest.mark.parametrize("dtype_backend", [None, "pyarrow"])
+def test_filters_on_zoned_times_with_each_dtype_backend(tcp, tmp_path, dtype_backend):
+    """A zone-aware value compares with a column stored with a time zone as the same instant
+    whatever the dtype backend: with pyarrow-backed columns the value was made naive (UTC),
+    for a column it took for naive, so ``==`` kept no row, ``!=`` every one, and ``<``,
+    ``in`` and ``not in`` failed the read."""
+    zone = pa.timestamp("ms", tz="UTC")
+    t = [pd.Timestamp("2024-01-01", tz="UTC"), pd.Timestamp("2024-01-02", tz="UTC"), None]
+    path = write(tmp_path / "t.parquet", pa.table({"id": [0, 1, 2], "t": pa.array(t, zone)}))
+    first = t[0]
+    kwargs = {"dtype_backend": dtype_backend} if dtype_backend else {}
+    for filters, ids in (
+        ([("t", "==", first)], [0]),
+        ([("t", "!=", first)], [1, 2]),
+        ([("t", ">", first)], [1]),
+        ([("t", "in", [first])], [0]),
+        ([("t", "not in", [first])], [1, 2]),
+    ):
+        got = read(tcp, path, filters=filters, **kwargs)
+        assert sorted(got["id"]) == ids, filters
+        want = dd.read_parquet(path, filters=filters, **kwargs).compute()
+        assert sorted(want["id"]) == ids, filters
+
+
+@pytest.mark.parametrize("dtype_backend", [None, "numpy_nullable", "pyarrow"])
+def test_nans_count_as_nulls_with_each_dtype_backend(tcp, tmp_path, dtype_backend):
+    """A float column's NaNs are nulls to ``is``, ``is not`` and ``in`` with None (Dask's
+    ``nan_is_null``) whatever the dtype backend: pyarrow-backed floats hold a NaN apart from
+    null, and ``is`` dropped it, ``is not`` kept it."""
+    x = pa.array([1.0, float("nan"), None, 2.0])
+    path = write(tmp_path / "x.parquet", pa.table({"id": [0, 1, 2, 3], "x": x}))
+    kwargs = {"dtype_backend": dtype_backend} if dtype_backend else {}
+    for filters, ids in (
+        ([("x", "is", None)], [1, 2]),
+        ([("x", "is not", None)], [0, 3]),
+        ([("x", "in", [None, 2.0])], [1, 2, 3]),
+        ([("x", "not in", [None, 2.0])], [0, 1, 2]),
+    ):
+        got = read(tcp, path, filters=filters, **kwargs)
+        assert sorted(got["id"]) == ids, filters
+    for filters in ([("x", "is", None)], [("x", "is not", None)]):
+        want = dd.read_parquet(path, filters=filters, **kwargs).compute()
+        assert sorted(read(tcp, path, filters=filters, **kwargs)["id"]) == sorted(want["id"])
+
+
 UINT64_FILTERS = [[("u", "<=", 5)], [("u", "in", [1, 7])], [("u", ">", 2**63)], [("u", "<", 5.5)],
                   [("s", "in", ["a"])], [("s", "not in", ["a"])], [("s", "==", "b")]]  # fmt: skip
 
