@@ -279,7 +279,11 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
     category column is ordered by its values, as pyarrow orders a dictionary's (pandas
     orders only an ordered categorical, and by its categories' order)."""
     if op not in ("=", "==", "!=") and str(series.dtype) == "category":
-        series = series.astype(series.cat.categories.dtype)
+        kind = series.cat.categories.dtype
+        if isinstance(series, pd.Series) and kind.kind in "iu" and series.hasnans:
+            # pandas' integers hold no null (NaN): compare them as its nullable integers
+            kind = "Int64" if kind.kind == "i" else "UInt64"
+        series = series.astype(kind)
     series = _widened(series)
     value = _as_decoded(series, value)
     scale = _device_decimal(series)

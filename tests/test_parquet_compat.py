@@ -790,3 +790,19 @@ def test_a_column_named_like_a_struct_field_reads_alone(tcp, tmp_path):
     pd.testing.assert_frame_equal(got.reset_index(drop=True), expected)
     after = dg.read_parquet(path, client=tcp)[["a.b"]]
     pd.testing.assert_frame_equal(compute(tcp, after).reset_index(drop=True), expected)
+
+
+def test_integer_categories_with_nulls_in_some_files_read_as_in_dask(tcp, tmp_path):
+    """pyarrow stores pandas' categorical of integers as plain integers: a file (or row group)
+    holding a null decoded them as float64, and its float64 categories joined no other
+    partition's int64 ones ("dtype of categories must be the same"). Dask makes them categories
+    in pyarrow, in the order their values first appear, of the rows its filters keep."""
+    parts = ([1, 2, None, 3], [4, 2, 5, 4], [None] * 4)
+    for k, values in enumerate(parts):
+        frame = pd.DataFrame({"c": pd.Categorical(values, [1, 2, 3, 4, 5]), "v": np.arange(4.0)})
+        frame.to_parquet(tmp_path / f"part.{k}.parquet", index=False, row_group_size=2)
+    for kwargs in ({}, {"split_row_groups": True}, {"filters": [("c", ">", 2)]}):
+        got = compute(tcp, dg.read_parquet(tmp_path, client=tcp, **kwargs))
+        expected = dd.read_parquet(tmp_path, **kwargs).compute()
+        assert got.c.cat.categories.dtype == "int64", kwargs
+        pd.testing.assert_frame_equal(got, expected, obj=str(kwargs))

@@ -49,6 +49,9 @@ class ParquetPart:
     columns: tuple[str, ...]
     filters: Any = None
     categorical: tuple[str, ...] = ()  # dictionary-encoded in the schema
+    # those of them categorical by pandas' note alone (stored as plain values): Dask makes
+    # their categories of the rows its filters keep (see _dictionary_columns)
+    noted: tuple[str, ...] = ()
     halves: tuple[str, ...] = ()  # float16 in the schema: libcudf decodes them as their bytes
     # Integer and boolean columns that may hold nulls: in this file's row groups when planned,
     # in any planned file's once the plan is unified (ParquetPlan.unified)
@@ -148,6 +151,8 @@ def finish(parts: Sequence[ParquetPart], helpers: ModuleType, frame: Frame | Non
         # host casts an 'in' list to float16 there, and so must the device
         halves = tuple(c for c in part.halves if c not in dict(part.casts))
         frame = dnf.apply(frame, part.filters, halves)
+        if part.filters is not None:
+            frame = helpers.kept_categories(frame, part.noted)
         frame = frame[list(part.columns)]
         if part.range_index is None:
             frame = frame.reset_index(drop=True)
@@ -694,6 +699,11 @@ def plan(
         read_columns=tuple(read_columns),
         columns=tuple(kept),
         categorical=_dictionary_columns(out_schema, conversion),
+        noted=tuple(
+            c
+            for c in _dictionary_columns(out_schema, conversion)
+            if not pa.types.is_dictionary(out_schema.field(c).type)
+        ),
         halves=tuple(f.name for f in out_schema if pa.types.is_float16(f.type)),
         index=key,
         partition_types=types,
@@ -929,6 +939,7 @@ def projected(shard: Shard, columns: Sequence[str], *, reading: bool = False) ->
         columns=out,
         read_columns=read,
         categorical=tuple(c for c in part.categorical if c in out),
+        noted=tuple(c for c in part.noted if c in out),
         halves=tuple(c for c in part.halves if c in read),
         casts=tuple(c for c in part.casts if c[0] in read),
         nulls=tuple(c for c in part.nulls if c in out),

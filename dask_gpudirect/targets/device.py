@@ -291,6 +291,12 @@ def with_partition_column(
     return frame
 
 
+def kept_categories(frame: cudf.DataFrame, columns: tuple[str, ...]) -> cudf.DataFrame:
+    """Nothing to change: libcudf decodes ``columns`` as their values, made categories after
+    the filters (see the host target's)."""
+    return frame
+
+
 def with_nulls(frame: cudf.DataFrame, columns: tuple[str, ...]) -> cudf.DataFrame:
     """cuDF columns hold nulls in any type: nothing to change (see the host target's)."""
     return frame

@@ -35,10 +35,18 @@ if TYPE_CHECKING:
     from ..shards import Shard
 
 
-def _to_pandas(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> pd.DataFrame:
+def _to_pandas(
+    table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS, categorical: tuple[str, ...] = ()
+) -> pd.DataFrame:
     """``table`` as pandas with the types pandas stored (``Int64``...) but not its index: the
     reader sets the index itself, by Dask's rules, on both targets. ``conversion``: the types
-    ``dd.read_parquet`` would give (Dask's own ``types_mapper``, so the two agree)."""
+    ``dd.read_parquet`` would give (Dask's own ``types_mapper``, so the two agree).
+    ``categorical``: the columns that become categories, made so by pyarrow as Dask's read makes
+    them (``to_pandas(categories=...)``, in the order their values first appear): a pandas
+    categorical of integers, which pyarrow stores as plain integers, keeps integer categories
+    where a file holds nulls (cast after the conversion, its float64 values gave float64
+    categories, which no other file's integer ones joined: "dtype of categories must be the
+    same")."""
     stored = table.schema.pandas_metadata
     if stored:
         # an unnamed index's column keeps its field name (``__index_level_0__``), not None;
@@ -55,7 +63,11 @@ def _to_pandas(table: pa.Table, conversion: Conversion = PYARROW_DEFAULTS) -> pd
     mapper = ArrowDatasetEngine._determine_type_mapper(
         dtype_backend=conversion.dtype_backend, convert_string=conversion.pyarrow_strings
     )
-    frame = table.to_pandas(types_mapper=mapper)
+    # (pandas' nullable integers hold nulls as they are, and pyarrow makes no categories of
+    # them: NotImplementedError, where Dask's read fails so)
+    nullable = conversion.dtype_backend is not None
+    categories = [c for c in categorical if c in table.column_names and not nullable]
+    frame = table.to_pandas(types_mapper=mapper, categories=categories or None)
     dictionaries = [f for f in table.schema if pa.types.is_dictionary(f.type)]
     for field in dictionaries if frame.columns.is_unique else ():
         column = frame.get(field.name)
@@ -195,6 +207,19 @@ def with_partition_column(
     per_file = np.array([-1 if v is None else codes[v] for v in values], dtype=np.int32)
     dtype = category_type(categories, integer)
     frame[name] = pd.Categorical.from_codes(np.repeat(per_file, rows), dtype=dtype)
+    return frame
+
+
+def kept_categories(frame: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """``frame``, filtered, with the categories of ``columns`` (categorical by pandas' note
+    alone, made so before the filters) those of its rows, in the order they first appear: as
+    Dask's read makes them, of the rows its filters kept."""
+    for column in columns:
+        series = frame[column]
+        if isinstance(series.dtype, pd.CategoricalDtype):
+            codes = series.cat.codes.to_numpy()
+            kept = series.cat.categories.take(pd.unique(codes[codes >= 0]))
+            frame[column] = series.cat.set_categories(kept)
     return frame
 
 
@@ -372,7 +397,7 @@ class HostTarget(Target):
             # pandas (a row group of 1 GB peaked 30 % above Dask's read): the table owns its own
             del file, packed, buffer
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return _to_pandas(table, shards[0].part.conversion)
+        return _to_pandas(table, shards[0].part.conversion, shards[0].part.categorical)
 
     def as_array(
         self, buffer: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], order: Order
