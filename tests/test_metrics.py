@@ -134,18 +134,24 @@ def test_removing_the_reader_plugin_leaves_the_shuffle_s_counts_published():
         client.register_plugin(dg.GPUDirectPlugin())
         dg.shuffle(df, "k", npartitions=4, client=client)  # the shuffle's plugin too
         client.unregister_worker_plugin("gpudirect")
-        clear_ledgers(client)
-        before = scrape(client)["dask_gpudirect_bytes"]
-        dg.shuffle(df, "k", npartitions=4, client=client)
-        records = ledger_report.records(client)
-        after = scrape(client)["dask_gpudirect_bytes"]
-        grown = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
-        assert grown and grown == pytest.approx(
-            {k: v for k, v in recorded(records)["dask_gpudirect_bytes"].items() if v}
-        )
-        client.run(heartbeat)
-        beats = [w["metrics"]["gpudirect"] for w in workers_info(client).values()]
-        assert all(beat is not None for beat in beats)
+        assert_a_shuffle_is_published(client, df)
+
+
+def assert_a_shuffle_is_published(client: Client, df: dd.DataFrame) -> None:
+    """A shuffle of ``df`` grows /metrics by what the ledgers record, and every worker's
+    heartbeat carries its totals."""
+    clear_ledgers(client)
+    before = scrape(client)["dask_gpudirect_bytes"]
+    dg.shuffle(df, "k", npartitions=4, client=client)
+    records = ledger_report.records(client)
+    after = scrape(client)["dask_gpudirect_bytes"]
+    grown = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
+    assert grown and grown == pytest.approx(
+        {k: v for k, v in recorded(records)["dask_gpudirect_bytes"].items() if v}
+    )
+    client.run(heartbeat)
+    beats = [w["metrics"].get("gpudirect") for w in workers_info(client).values()]
+    assert all(beat is not None for beat in beats)
 
 
 def test_counters_outlive_evicted_and_cleared_records():
@@ -251,15 +257,4 @@ def test_removing_a_reader_plugin_that_failed_its_setup_leaves_the_shuffle_s_cou
             client.register_plugin(dg.GPUDirectPlugin())
         client.run(pretend_a_gpu, on=False)
         client.unregister_worker_plugin("gpudirect")  # the failed one, torn down
-        clear_ledgers(client)
-        before = scrape(client)["dask_gpudirect_bytes"]
-        dg.shuffle(df, "k", npartitions=4, client=client)
-        records = ledger_report.records(client)
-        after = scrape(client)["dask_gpudirect_bytes"]
-        grown = {k: v - before.get(k, 0) for k, v in after.items() if v > before.get(k, 0)}
-        assert grown and grown == pytest.approx(
-            {k: v for k, v in recorded(records)["dask_gpudirect_bytes"].items() if v}
-        )
-        client.run(heartbeat)
-        beats = [w["metrics"].get("gpudirect") for w in workers_info(client).values()]
-        assert all(beat is not None for beat in beats)
+        assert_a_shuffle_is_published(client, df)
