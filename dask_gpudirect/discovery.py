@@ -44,8 +44,10 @@ class Listing:
 
     @staticmethod
     def hidden(name: str) -> bool:
-        """Whether a read skips the file or folder ``name``: hidden files, ``_metadata``,
-        ``_SUCCESS``."""
+        """Whether a read skips the file or folder ``name``: every name starting with ``.``
+        or ``_``, as pyarrow's datasets skip them (hidden files, ``_metadata``, ``_SUCCESS``,
+        ``_temporary/``). Dask's reader skips fewer: only ``_SUCCESS``, ``_metadata`` and
+        ``.crc`` files, so a ``_x.parquet`` that Dask reads is skipped here."""
         return name.startswith((".", "_"))
 
     def takes(self, name: str) -> bool:
@@ -115,7 +117,11 @@ def _local(path: str | bytes | os.PathLike) -> str:
             raise InputError(
                 text, f"a file:// URL of host {parts.netloc!r}: only this machine's are read"
             )
-        text = urllib.parse.unquote(parts.path)
+        # %-escapes are the name's bytes, as Path.as_uri() writes them: one not UTF-8 ("%FF")
+        # is that byte (a surrogate escape, as os.fsdecode), where unquote made it U+FFFD
+        text = os.fsdecode(urllib.parse.unquote_to_bytes(os.fsencode(parts.path)))
+    if "\0" in text:  # each worker's stat raised a ValueError naming no file
+        raise InputError(text, "a path cannot hold a NUL character (\\0): no file is named so")
     text = os.path.join(os.getcwd(), os.path.expanduser(text))
     # "." and doubled slashes go, as abspath's would; ".." stays
     tidy = [part for part in text.split(os.sep) if part not in ("", ".")]

@@ -71,6 +71,20 @@ def test_missing_file(tcp, tmp_path, good):
         dg.read_binary(tmp_path / "missing.npy", client=tcp)
 
 
+@pytest.mark.parametrize(
+    "spelling", ["{}/a\0b.parquet", "{}/a\0*.parquet", "file://{}/a%00b.parquet"]
+)
+def test_a_path_with_a_nul_character(tcp, tmp_path, spelling):
+    """No file name holds a NUL: said by name, where each worker's ``os.stat`` raised a bare
+    ``ValueError: embedded null byte``."""
+    path = spelling.format(tmp_path)
+    with pytest.raises(dg.InputError, match="NUL character") as info:
+        dg.read_parquet(path, client=tcp)
+    assert os.fspath(tmp_path) in str(info.value)
+    with pytest.raises(dg.InputError, match="NUL character"):
+        dg.read_binary([path], dtype="f8", client=tcp)
+
+
 def test_glob_matching_nothing(tcp, tmp_path):
     pattern = os.path.join(tmp_path, "nothing-*.parquet")
     with raises_naming(pattern, "no files match"):

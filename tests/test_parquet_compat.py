@@ -187,6 +187,21 @@ def test_home_and_file_urls(tcp, tmp_path, monkeypatch):
     np.testing.assert_array_equal(arr, np.arange(6.0))
 
 
+def test_a_file_url_of_a_name_not_in_utf8(tcp, tmp_path):
+    """``Path.as_uri()`` writes a name's bytes that are not UTF-8 as ``%E9``: they are those
+    bytes, as a bytes path's are, where they became U+FFFD ("no such file")."""
+    name = os.fsdecode(b"caf\xe9")  # Latin-1, as an old archive's names
+    with open(tmp_path / f"{name}.parquet", "wb") as f:  # pyarrow opens no such name itself
+        pq.write_table(pa.Table.from_pandas(frame(0), preserve_index=False), f)
+    np.save(tmp_path / f"{name}.npy", np.arange(3))
+    url = (tmp_path / f"{name}.parquet").as_uri()
+    assert url.endswith("/caf%E9.parquet")
+    got = compute(tcp, dg.read_parquet(url, client=tcp))
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), frame(0))
+    arr = compute(tcp, dg.read_binary((tmp_path / f"{name}.npy").as_uri(), client=tcp))
+    assert arr.tolist() == [0, 1, 2]
+
+
 @pytest.mark.parametrize("url", ["gs://bucket/data", "az://container/x.parquet"])
 def test_unsupported_urls_are_refused_by_name(tcp, url):
     """s3:// and http(s):// are read (tests/test_remote.py); other schemes are refused."""
