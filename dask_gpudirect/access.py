@@ -92,8 +92,11 @@ class _Limits:
 
     def admit(self, path: str) -> bool:
         # the real path of the name as given, its ".." kept: the kernel follows a link before
-        # the ".." after it ("/data/link/.." is the link's target's parent, not "/data")
-        path = os.path.join(os.getcwd(), path)
+        # the ".." after it ("/data/link/.." is the link's target's parent, not "/data").
+        # The working directory only for a relative name: a process whose directory was
+        # removed (a worker started in a scratch folder) has none, and getcwd() raises
+        if not os.path.isabs(path):
+            path = os.path.join(os.getcwd(), path)
         named = os.path.normpath(path)
         return _within(named, self.real + self.given) and _within(os.path.realpath(path), self.real)
 

@@ -265,8 +265,8 @@ def _listed(folder: str, folders_only: bool) -> list[tuple[str, bool]]:
             for entry in listing:
                 try:
                     is_dir = entry.is_dir()
-                except OSError:
-                    continue
+                except OSError:  # a link that cannot be followed (a loop, a folder it may
+                    is_dir = False  # not search): a name a pattern matches, as glob.glob's
                 if is_dir or not folders_only:
                     entries.append((entry.name, is_dir))
     except OSError:

@@ -113,12 +113,28 @@ def test_a_glob_inside_the_roots_matches_as_glob_glob(tmp_path):
         (tmp_path / name).touch()
     os.symlink(tmp_path / "x" / "y", tmp_path / "w" / "ylink")  # a folder link inside
     os.symlink(tmp_path / "nowhere", tmp_path / "w" / "dangling.bin")
+    os.symlink(tmp_path / "w" / "loop.bin", tmp_path / "w" / "loop.bin")  # is_dir(): ELOOP
     patterns = ["*", "**", "**/*.bin", "x/**", "x/*/*.bin", "x/.*/**", "x/**/.*", "w/[0-9].bin"]
     patterns += ["w/*/*", "*/y/*.bin", "x/*/../*.bin", "**/m=*/*.parquet", "x/?/*", "nothing/*"]
     with dask.config.set({"gpudirect.allowed-roots": [os.fspath(tmp_path)]}):
         for pattern in patterns:
             path = os.path.join(tmp_path, pattern)
             assert sorted(discovery._glob(path)) == sorted(glob.glob(path, recursive=True))
+
+
+def test_a_link_loop_a_glob_matches_is_named_as_without_roots(tmp_path):
+    """A link that cannot be followed (a loop; a folder it may not search) matched by a
+    pattern is a file the read names ("cannot read"), with roots set or not: with roots set
+    the glob dropped it, so the read went on without it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "a.npy", np.arange(3))
+    os.symlink(data / "loop.npy", data / "loop.npy")
+    pattern = os.fspath(data / "*.npy")
+    expected = sorted([os.fspath(data / "a.npy"), os.fspath(data / "loop.npy")])
+    for roots in (None, [os.fspath(data)]):
+        with dask.config.set({"gpudirect.allowed-roots": roots}):
+            assert sorted(f[0] for f in discovery.view(pattern).files) == expected, roots
 
 
 def test_a_read_outside_the_roots_is_refused_by_the_worker(client, roots):
@@ -314,3 +330,26 @@ def test_allowed_roots_from_the_environment_of_dask_worker(tmp_path, roots):
             log.close()
     text = (tmp_path / "workers.log").read_text()
     assert "ConfigError: gpudirect.allowed-roots: 1 in [1, 2] is not an absolute" in text
+
+
+def test_absolute_paths_are_checked_where_the_working_directory_is_gone(tmp_path, monkeypatch):
+    """A worker whose working directory was removed (started in a scratch folder since
+    cleaned up) checks the absolute paths it is given as before: the check of a ``..`` after
+    a link asked ``os.getcwd()`` for every path, absolute ones too, so each listing and read
+    inside the roots raised FileNotFoundError (the survey lost the worker: "the cluster has
+    no workers")."""
+    data = tmp_path / "data"
+    data.mkdir()
+    np.save(data / "in.npy", np.arange(3))
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    path = os.fspath(data / "in.npy")
+    with dask.config.set({"gpudirect.allowed-roots": [os.fspath(data)]}):
+        assert access.admits(path)
+        assert not access.admits(tmp_path / "elsewhere.npy")
+        assert [f[0] for f in discovery.view(path).files] == [path]
+        assert [f[0] for f in discovery.view(os.fspath(data / "*.npy")).files] == [path]
+        with access.opened(path) as opened:
+            assert opened is not None
