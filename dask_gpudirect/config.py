@@ -77,16 +77,18 @@ def size_in_bytes(value: Any) -> int | None:
         return None
 
 
-def duration_seconds(key: str) -> float:
+def duration_seconds(key: str, zero: bool = False) -> float:
     """The Dask config ``key`` in seconds: a ConfigError naming it where it is no positive
-    duration (every timeout of the package is read with this)."""
+    duration (every timeout of the package is read with this), or with ``zero`` no duration of
+    at least 0 (a wait that may be none)."""
     value = dask.config.get(key)
     try:
         seconds = parse_timedelta(value)
     except (ValueError, TypeError, KeyError, AttributeError):
         seconds = None
-    if seconds is None or not seconds > 0:
-        raise ConfigError(f"{key}={value!r}: use a positive duration, like '600s'")
+    if seconds is None or not (seconds >= 0 if zero else seconds > 0):
+        wanted = "a duration of at least 0" if zero else "a positive duration"
+        raise ConfigError(f"{key}={value!r}: use {wanted}, like '600s'")
     return float(seconds)
 
 

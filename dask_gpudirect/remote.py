@@ -29,7 +29,6 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import dask.config
-from dask.utils import parse_timedelta
 
 from . import access
 from .config import duration_seconds, size_in_bytes
@@ -259,7 +258,7 @@ class Settings:
             connections=_whole("connections", 1),
             range_size=_size("range-size"),
             retries=_whole("retries", 0),
-            backoff=_backoff(),
+            backoff=duration_seconds(f"{_SETTINGS}.backoff", zero=True),
             timeout=duration_seconds(f"{_SETTINGS}.timeout"),
         )
 
@@ -294,20 +293,6 @@ def _size(key: str) -> int:
     if nbytes is None or nbytes <= 0:
         raise ConfigError(f"{_SETTINGS}.{key}={value!r}: use a positive size, like '8MiB'")
     return nbytes
-
-
-def _backoff() -> float:
-    """``gpudirect.remote.backoff`` in seconds: a duration of at least 0."""
-    value = _setting("backoff")
-    try:
-        seconds = parse_timedelta(value)
-    except (ValueError, TypeError, KeyError, AttributeError):
-        seconds = None
-    if seconds is None or not seconds >= 0:
-        raise ConfigError(
-            f"{_SETTINGS}.backoff={value!r}: use a duration of at least 0, like '200ms'"
-        )
-    return float(seconds)
 
 
 def filesystem(store: Store) -> pafs.S3FileSystem:

@@ -13,7 +13,7 @@ from typing import Any
 
 import dask.config
 
-from ..config import duration_seconds, size_in_bytes
+from ..config import boolean, duration_seconds, size_in_bytes
 from ..errors import ConfigError
 
 
@@ -49,10 +49,7 @@ def timeout() -> float:
 def progress() -> bool:
     """``gpudirect.shuffle.progress``: a bool (a string such as "false" set in Python would
     read as true)."""
-    value = _value("progress")
-    if not isinstance(value, bool):
-        raise _bad("progress", value, "true or false")
-    return value
+    return boolean("gpudirect.shuffle.progress")
 
 
 def check() -> None:
