@@ -77,6 +77,22 @@ def size_in_bytes(value: Any) -> int | None:
         return None
 
 
+def positive_size(value: Any) -> int | None:
+    """``value`` in bytes where it is a size above zero; None otherwise."""
+    nbytes = size_in_bytes(value)
+    return nbytes if nbytes is not None and nbytes > 0 else None
+
+
+def whole_number(value: Any, minimum: int) -> int | None:
+    """``value`` as a whole number of at least ``minimum`` ("16" from a yaml string too; not a
+    bool, not 1.5); None where it is none."""
+    try:
+        number = None if isinstance(value, bool | float) else int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number is not None and number >= minimum else None
+
+
 def duration_seconds(key: str, zero: bool = False) -> float:
     """The Dask config ``key`` in seconds: a ConfigError naming it where it is no positive
     duration (every timeout of the package is read with this), or with ``zero`` no duration of
@@ -104,23 +120,18 @@ def _fractional(value: Any) -> bool:
 def _checked(name: str, value: Any, given: bool) -> Any:
     """An option's value made what the readers take, or a ConfigError that names where it came
     from: where the plugin is made (or set up), not in the first read task."""
-    try:
-        if name == "target" and value in (None, "device", "host"):
-            return value
-        if name == "compat_mode":  # YAML reads an unquoted ON or OFF as a boolean
-            mode = (
-                {True: "ON", False: "OFF"}[value] if isinstance(value, bool) else str(value).upper()
-            )
-            if mode in ("AUTO", "ON", "OFF"):
-                return mode
-        if name in ("threads", "max_records") and not isinstance(value, bool | float):
-            number = int(value)
-            if number >= (1 if name == "threads" else 0):
-                return number
-        if name == "task_size" and (size := size_in_bytes(value) or 0) > 0:
-            return size
-    except (ValueError, TypeError):  # int() of what is no number
-        pass
+    if name == "target" and value in (None, "device", "host"):
+        return value
+    if name == "compat_mode":  # YAML reads an unquoted ON or OFF as a boolean
+        mode = {True: "ON", False: "OFF"}[value] if isinstance(value, bool) else str(value).upper()
+        if mode in ("AUTO", "ON", "OFF"):
+            return mode
+    if name in ("threads", "max_records"):
+        number = whole_number(value, 1 if name == "threads" else 0)
+        if number is not None:
+            return number
+    if name == "task_size" and (size := positive_size(value)) is not None:
+        return size
     wanted = {
         "target": "'device', 'host' or None",
         "threads": "a whole number of at least 1",

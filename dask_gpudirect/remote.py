@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 
 from . import access
-from .config import duration_seconds, size_in_bytes
+from .config import duration_seconds, positive_size, whole_number
 from .errors import ConfigError, InputError, flag
 from .stamps import CHANGED
 
@@ -277,11 +277,8 @@ def _whole(key: str, minimum: int) -> int:
     """``gpudirect.remote.<key>``: a whole number of at least ``minimum`` ("16" from a yaml
     string too; not a bool, not 1.5)."""
     value = _setting(key)
-    try:
-        number = None if isinstance(value, bool | float) else int(value)
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < minimum:
+    number = whole_number(value, minimum)
+    if number is None:
         raise ConfigError(f"{_SETTINGS}.{key}={value!r}: use a whole number of at least {minimum}")
     return number
 
@@ -289,8 +286,8 @@ def _whole(key: str, minimum: int) -> int:
 def _size(key: str) -> int:
     """``gpudirect.remote.<key>`` in bytes: a positive size."""
     value = _setting(key)
-    nbytes = size_in_bytes(value)
-    if nbytes is None or nbytes <= 0:
+    nbytes = positive_size(value)
+    if nbytes is None:
         raise ConfigError(f"{_SETTINGS}.{key}={value!r}: use a positive size, like '8MiB'")
     return nbytes
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import dask.config
 
-from ..config import boolean, duration_seconds, size_in_bytes
+from ..config import boolean, duration_seconds, positive_size, size_in_bytes
 from ..errors import ConfigError
 
 
@@ -21,8 +21,8 @@ def size(key: str, cap: int, auto: str | None = None) -> int:
     """``gpudirect.shuffle.<key>`` in bytes (``auto``: the size given here), at most
     ``cap``: a positive size."""
     value = _value(key)
-    nbytes = size_in_bytes(auto if value == "auto" and auto else value)
-    if nbytes is None or nbytes <= 0:
+    nbytes = positive_size(auto if value == "auto" and auto else value)
+    if nbytes is None:
         raise _bad(key, value, "a positive size, like '512MiB'")
     return max(min(nbytes, cap), 1)
 
