@@ -476,6 +476,7 @@ def _http_head(url: str) -> tuple[int, str]:
     server answers no HEAD or one without a Content-Length."""
     try:
         with _retried(urllib.request.Request(url, method="HEAD")) as response:
+            _check_identity(url, response.headers)
             length = response.headers.get("Content-Length")
             if length is not None:
                 return int(length), _version(response.headers)
@@ -499,6 +500,7 @@ def _http_first_byte(url: str) -> tuple[int, str]:
         exc.close()
     if status == 200:
         raise InputError(url, "the server does not serve byte ranges (HTTP 200)")
+    _check_identity(url, headers)
     size = (headers.get("Content-Range") or "").rpartition("/")[2]
     if not size.isdigit():
         raise InputError(
@@ -548,6 +550,7 @@ def _check_range(
     other bytes, unnoticed."""
     if response.status != 206:
         raise InputError(url, f"the server does not serve byte ranges (HTTP {response.status})")
+    _check_identity(url, response.headers)
     now = _version(response.headers)
     if now != version:
         raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
@@ -555,3 +558,17 @@ def _check_range(
     first = (served or "").removeprefix("bytes ").partition("-")[0]
     if served is not None and first != str(start):
         raise InputError(url, f"the server answered {served!r} to a request for {asked}")
+
+
+def _check_identity(url: str, headers: email.message.Message) -> None:
+    """That ``headers`` send the object's own bytes: one stored with a ``Content-Encoding``
+    (gzip-compressed, as S3 serves an object uploaded with that header whatever the request
+    asks) has its size and byte ranges counted in the encoded bytes, which read as the
+    object's would be other values, unnoticed."""
+    encoding = headers.get("Content-Encoding", "")
+    if encoding.strip().lower() not in ("", "identity"):
+        raise InputError(
+            url,
+            f"the server sends the object encoded (Content-Encoding: {encoding}): its byte "
+            "ranges are not the file's bytes; store it without a Content-Encoding",
+        )

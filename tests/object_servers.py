@@ -115,8 +115,15 @@ def s3(local_data):
 
 class _FaultyRangeHandler(RangeHandler):
     """The benchmark's ranged server, able to fail: 503s, connections cut mid-body, HEAD
-    requests refused (405), and ranges served otherwise than asked, as the reply's
-    Content-Range says: at most ``cap`` bytes, or from the multiple of ``align`` below."""
+    requests refused (405), ranges served otherwise than asked, as the reply's
+    Content-Range says: at most ``cap`` bytes, or from the multiple of ``align`` below, and
+    files served as stored with a ``Content-Encoding`` (as S3 serves an object uploaded
+    gzip-compressed with that header, whatever the request's Accept-Encoding)."""
+
+    def end_headers(self):
+        if self.server.encoding:
+            self.send_header("Content-Encoding", self.server.encoding)
+        super().end_headers()
 
     def do_HEAD(self):
         if self.server.no_head:
@@ -177,6 +184,7 @@ def http_url(tmp_path_factory, local_data):
         server.gate = None  # a Gate that holds every range request
         server.no_head = False  # whether HEAD requests are refused
         server.cap = server.align = 0  # bytes a range reply holds at most; where ranges start
+        server.encoding = None  # the Content-Encoding every reply names
         yield base_url(server), root, server
 
 

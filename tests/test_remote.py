@@ -6,6 +6,7 @@ HTTP server that serves byte ranges. Results equal pyarrow's and NumPy's reads o
 from __future__ import annotations
 
 import functools
+import gzip
 import os
 import socket
 import threading
@@ -472,6 +473,21 @@ def test_http_reply_of_other_bytes_than_asked_is_an_error(tcp, http_url):
         server.align = 0
     whole = dg.read_binary(url, dtype="<i4", client=tcp)  # not the shards still being read
     np.testing.assert_array_equal(compute(tcp, whole), np.arange(1000, dtype="<i4"))
+
+
+def test_http_object_served_encoded_is_an_error(tcp, http_url):
+    """An object served with a Content-Encoding (stored gzip-compressed, as S3 serves one
+    uploaded with that header): its ranges are of the compressed bytes, which were read as
+    the file's, wrong values and no error."""
+    base, root, server = http_url
+    (root / "encoded.bin").write_bytes(gzip.compress(np.arange(1000, dtype="<i4").tobytes()))
+    server.encoding = "gzip"
+    try:
+        with pytest.raises(InputError, match=r"encoded \(Content-Encoding: gzip\)") as excinfo:
+            compute(tcp, dg.read_binary(f"{base}/encoded.bin", dtype="u1", client=tcp))
+    finally:
+        server.encoding = None
+    assert f"{base}/encoded.bin" in _message(excinfo)
 
 
 def test_http_url_of_an_ipv6_host(tcp, tmp_path):
