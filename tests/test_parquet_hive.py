@@ -118,6 +118,24 @@ def test_keys_of_every_folder_in_a_files_path_as_dask_takes_them(tcp, tmp_path, 
     same_as_dask(got, entry, filters=[("region", "==", "us")])
 
 
+def test_a_path_through_dot_dot_has_the_keys_of_the_folder_it_leads_to(tcp, tmp_path, monkeypatch):
+    """``y=2023/../y=2024`` (``../y=2024`` from inside ``y=2023``) is the folder ``y=2024``: its
+    files' key is 2024, as Dask gives it, not that of the folder the ``..`` leaves (which also
+    decided the filters: ``y == 2023`` kept the rows of ``y=2024``)."""
+    for year in YEARS:
+        (tmp_path / f"year={year}").mkdir()
+        pq.write_table(pa.table({"x": [year]}), tmp_path / f"year={year}" / "part.parquet")
+    monkeypatch.chdir(tmp_path / "year=2023")
+    for entry in ("../year=2024", str(tmp_path / "year=2023" / ".." / "year=2024")):
+        got = compute(tcp, dg.read_parquet(entry, client=tcp))
+        assert got["year"].tolist() == [2024]
+        same_as_dask(got, entry)
+        ruled_out = dg.read_parquet(entry, filters=[("year", "==", 2023)], client=tcp)
+        assert len(compute(tcp, ruled_out)) == 0
+    one = compute(tcp, dg.read_parquet("../year=2024/part.parquet", client=tcp))
+    assert one["year"].tolist() == [2024]
+
+
 @pytest.mark.parametrize(
     "filters",
     [
@@ -177,6 +195,25 @@ def test_string_keys_and_keys_that_differ(tcp, tmp_path):
         dg.read_parquet(tmp_path, client=tcp)
 
 
+def test_the_same_keys_in_another_order_in_some_folders(tcp, tmp_path):
+    """``a=1/b=x/`` and ``b=y/a=2/`` lie in folders of the same keys: Dask and pyarrow take
+    each by its name, in the first file's order (they were refused as keys that differ)."""
+    for folder, x in (("a=1/b=x", 1), ("b=y/a=2", 2), ("a=3/sub/b=z", 3)):
+        (tmp_path / folder).mkdir(parents=True)
+        pq.write_table(pa.table({"x": [x]}), tmp_path / folder / "part.parquet")
+    got = compute(tcp, dg.read_parquet(tmp_path, client=tcp))
+    assert list(got.columns) == ["x", "a", "b"]
+    assert got.sort_values("x").astype(object).values.tolist() == [
+        [1, 1, "x"],
+        [2, 2, "y"],
+        [3, 3, "z"],
+    ]
+    want = dd.read_parquet(tmp_path).compute()
+    assert (got.dtypes["a"], got.dtypes["b"]) == (want.dtypes["a"], want.dtypes["b"])
+    kept = dg.read_parquet(tmp_path, filters=[("b", "==", "y")], client=tcp)
+    assert compute(tcp, kept)["a"].tolist() == [2]
+
+
 def test_a_bool_filter_on_integer_keys_is_refused(tcp, tmp_path):
     """pyarrow and Dask refuse ``("kind", "==", True)`` on integer keys; it matched the
     folder ``kind=1``."""
@@ -184,6 +221,19 @@ def test_a_bool_filter_on_integer_keys_is_refused(tcp, tmp_path):
     for filters in ([("kind", "==", True)], [("kind", "in", [True])]):
         with pytest.raises(dg.InputError, match="partition column whose values are integers"):
             dg.read_parquet(tmp_path, filters=filters, client=tcp)
+
+
+def test_other_operands_than_numbers_on_integer_keys_are_refused(tcp, tmp_path):
+    """numpy's ``True`` is no Python bool: ``("kind", "==", np.True_)`` matched ``kind=1``
+    (Dask refuses it); a timestamp failed the planning with a TypeError naming no filter."""
+    kind_folders(tcp, tmp_path, (0, 1))
+    for operand in (np.True_, pd.Timestamp("2024-01-01")):
+        for filters in ([("kind", "==", operand)], [("kind", "<", operand)]):
+            with pytest.raises(dg.InputError, match="partition column whose values are integers"):
+                dg.read_parquet(tmp_path, filters=filters, client=tcp)
+    # numbers of numpy's are numbers
+    kept = dg.read_parquet(tmp_path, filters=[("kind", ">", np.float32(0.5))], client=tcp)
+    assert compute(tcp, kept)["kind"].tolist() == [1, 1]
 
 
 def test_values_of_other_digits_than_ascii_stay_strings(tcp, tmp_path):

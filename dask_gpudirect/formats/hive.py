@@ -12,6 +12,8 @@ Filters on them are decided per file at planning, so folders ruled out are never
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import numbers
 import os
 import posixpath
 import re
@@ -48,14 +50,15 @@ UNPARTITIONED = Partitioning((), {}, {}, {})
 
 def keys_of(path: str) -> list[tuple[str, str]]:
     """The ``key=value`` folders of ``path`` (of an HTTP(S) URL's path: not its query; of an
-    S3 object's key, all of it), outermost first, each key once."""
+    S3 object's key, all of it), outermost first, each key once; of a local path, those of the
+    folder it names as Dask takes it (``y=1/../y=2/`` is ``y=2/``)."""
     if remote.scheme(path) == "s3":  # the key as stored: "#" and "?" are its letters too
         folders = posixpath.dirname(remote.s3_path(path)).split("/")
     elif remote.is_remote(path):  # http(s): each folder's name percent-encoded
         folders = posixpath.dirname(urllib.parse.urlsplit(path).path).split("/")
         folders = [urllib.parse.unquote(f) for f in folders]
-    else:
-        folders = os.path.dirname(path).split(os.sep)
+    else:  # a ".." leaves the folder before it (a path keeps it, for the kernel to follow)
+        folders = os.path.normpath(os.path.dirname(path)).split(os.sep)
     pairs = [f.split("=", 1) for f in folders if "=" in f]
     keys: dict[str, str] = {}
     for k, v in pairs:
@@ -65,7 +68,8 @@ def keys_of(path: str) -> list[tuple[str, str]]:
 
 def partitioning(files: list[str]) -> Partitioning | None:
     """The partitioning of ``files``, or None where no file lies in a ``key=value`` folder.
-    Every file must have the same keys."""
+    Every file must have the same keys, in any order (taken by name, as pyarrow and Dask take
+    them): the columns come in the first file's."""
     found = {path: keys_of(path) for path in files}
     if not any(found.values()):
         return None
@@ -73,7 +77,7 @@ def partitioning(files: list[str]) -> Partitioning | None:
     names = tuple(k for k, _ in found[first])
     for path in files:
         keys = tuple(k for k, _ in found[path])
-        if keys != names:
+        if sorted(keys) != sorted(names):
             raise InputError(
                 path,
                 f"hive partition keys {list(keys)} differ from {list(names)} of {first}: every "
@@ -128,12 +132,7 @@ def _holds(value: Any, op: str, operand: Any) -> bool:
         return True
     operands = list(operand) if op in ("in", "not in") else [operand]
     for o in operands:
-        # a bool is no integer here, as pyarrow and Dask refuse it (True matched the value 1)
-        if (
-            value is not None
-            and o is not None
-            and (isinstance(o, str) != isinstance(value, str) or isinstance(o, bool))
-        ):
+        if value is not None and o is not None and not _comparable(value, o):
             kind = "strings" if isinstance(value, str) else "integers"
             raise InputError(
                 None, f"filter ({op!r}, {operand!r}) on a partition column whose values are {kind}"
@@ -142,3 +141,13 @@ def _holds(value: Any, op: str, operand: Any) -> bool:
         found = value in operands if value is not None else None in operands
         return found if op == "in" else not found
     return value is not None and bool(filters.COMPARE[op](value, operand))
+
+
+def _comparable(value: Any, operand: Any) -> bool:
+    """Whether a filter's ``operand`` compares with a partition value (a str or an int): a
+    str with a str, an int with a number, numpy's too. A bool is no number here, as pyarrow
+    and Dask refuse it (True, numpy's too, matched the value 1); nor is a timestamp (it failed
+    the planning with a TypeError)."""
+    if isinstance(value, str):
+        return isinstance(operand, str)
+    return isinstance(operand, (numbers.Real, decimal.Decimal)) and not isinstance(operand, bool)
