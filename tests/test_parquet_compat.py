@@ -611,6 +611,40 @@ def test_a_range_index_pandas_stored_as_metadata_comes_back(tcp, tmp_path):
     assert plain.index.name is None and list(plain.columns) == ["x", "s"]
 
 
+@pytest.mark.parametrize(
+    ("first", "second", "here", "there"),
+    [
+        ({}, {"index": False}, "none", "column 'k'"),
+        ({"index": False}, {}, "column 'k'", "none"),
+        ({"range": "r"}, {"range": None}, "none", "a RangeIndex named 'r'"),
+        ({"range": "r"}, {"range": "s"}, "a RangeIndex named 's'", "a RangeIndex named 'r'"),
+    ],
+    ids=["indexed-first", "indexed-second", "named-range-first", "two-range-names"],
+)
+def test_files_that_stored_other_indexes_are_refused_unless_index_chooses(
+    tcp, tmp_path, first, second, here, there
+):
+    """Each file is planned by the index pandas stored in it, and meta by the first file's: a
+    file that stored none beside one indexed by ``k`` gave its rows with ``k`` dropped (or as
+    the index under a meta that has it as a column), and a RangeIndex of another name gave
+    partitions of another index name than meta's. Refused, naming both files and both
+    indexes; ``index=`` reads them as one."""
+    for i, how in enumerate([first, second]):
+        frame = pd.DataFrame({"k": [5 + 3 * i, 1 + 3 * i, 2 + 3 * i], "v": np.arange(3.0)})
+        if "range" in how:
+            frame = frame.set_index(pd.RangeIndex(3, name=how["range"]))
+        else:
+            frame = frame.set_index("k") if how.get("index", True) else frame
+        frame.to_parquet(tmp_path / f"part.{i}.parquet", index=how.get("index"))
+    message = rf"part\.1\.parquet: the index .*part\.0\.parquet's \({here} here, {there} there\)"
+    with pytest.raises(dg.InputError, match=message):
+        dg.read_parquet(tmp_path, client=tcp)
+    for index in (False, "k"):
+        got = compute(tcp, dg.read_parquet(tmp_path, index=index, client=tcp))
+        expected = dd.read_parquet(tmp_path, index=index).compute()
+        pd.testing.assert_frame_equal(got, expected, check_index_type=False)
+
+
 @pytest.mark.parametrize("dtype_backend", [None, "numpy_nullable", "pyarrow"])
 @pytest.mark.parametrize("convert_string", [True, False])
 def test_the_types_dask_gives(tcp, tmp_path, convert_string, dtype_backend):
@@ -821,3 +855,27 @@ def test_integer_categories_with_nulls_in_some_files_read_as_in_dask(tcp, tmp_pa
         expected = dd.read_parquet(tmp_path, **kwargs).compute()
         assert got.c.cat.categories.dtype == "int64", kwargs
         pd.testing.assert_frame_equal(got, expected, obj=str(kwargs))
+
+
+@pytest.mark.parametrize("noted", ["first", "second"])
+def test_categories_pandas_noted_in_one_file_only_read_by_the_first_files_note(
+    tcp, tmp_path, noted
+):
+    """pandas' categorical of integers is stored as plain integers with pandas' note: files
+    of which only some carry the note read by the first file's, as meta and Dask read them
+    (the others' partitions were int64 under a category meta, or categories under an int64
+    one, and a concat of them failed with no file named)."""
+    categories = pd.DataFrame({"c": pd.Categorical([1, 2, 1]), "v": np.arange(3.0)})
+    plain = pd.DataFrame({"c": [3, 4, 3], "v": np.arange(3.0)})
+    files = [categories, plain] if noted == "first" else [plain, categories]
+    for i, frame in enumerate(files):
+        frame.to_parquet(tmp_path / f"part.{i}.parquet")
+    for kwargs in ({}, {"filters": [("c", ">", 1)]}, {"blocksize": "1GiB"}):
+        df = dg.read_parquet(tmp_path, client=tcp, **kwargs)
+        expected = dd.read_parquet(tmp_path, **kwargs)
+        assert df.c.dtype == expected.c.dtype
+        parts = tcp.gather(tcp.compute(df.to_delayed()))
+        assert all((p.c.dtype == "category") == (df.c.dtype == "category") for p in parts)
+        got = compute(tcp, df).reset_index(drop=True)  # filtered rows keep their labels
+        want = expected.compute().reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, want, check_categorical=False)

@@ -259,7 +259,16 @@ class ParquetPlan:
         return dataclasses.replace(self, shards=shards, nulls=ordered)
 
     def check_against(self, head: ParquetPlan) -> None:
+        """The same columns as ``head``'s file (types that read as one), and the same index:
+        each file is planned alone, by the index pandas stored in it, and meta is the first
+        file's (a file that stored none beside one that did lost its index column's values)."""
         _check_schema(self.first, self.file_schema, head.first, head.file_schema, promote=True)
+        if (self.index, self.range_name) != (head.index, head.range_name):
+            raise InputError(
+                self.first,
+                f"the index pandas stored differs from {head.first}'s ({_index_of(self)} here, "
+                f"{_index_of(head)} there): choose one with index= (index=False for none)",
+            )
 
     def joined(self, plans: Sequence[ParquetPlan]) -> ParquetPlan:
         """One plan of ``plans`` (this one first), every file's rows given the types of
@@ -268,7 +277,9 @@ class ParquetPlan:
         double, the finest timestamp unit...), and each file stored otherwise casts its rows
         to it after decoding. Where pandas stored other dtypes for a file's columns than for
         the first file's (``Int64`` and ``int64``: one Arrow type), its rows convert by the
-        first file's, as meta does (``ParquetPart.pandas``)."""
+        first file's, as meta does (``ParquetPart.pandas``), and so are the columns pandas noted
+        as categorical in the first file categories in every file's rows, and none other (as
+        Dask reads them by the first file's note)."""
         others: list[pa.Schema] = []
         for plan in plans:
             if not any(plan.file_schema.equals(o) for o in [self.file_schema, *others]):
@@ -280,6 +291,8 @@ class ParquetPlan:
         schema = _promoted(self.schema, types)
         wanted = _pandas_dtypes(schema.metadata)
         first = (schema.metadata or {}).get(b"pandas", b"")
+        categorical = _dictionary_columns(schema, self.conversion)
+        noted = tuple(c for c in categorical if not pa.types.is_dictionary(schema.field(c).type))
         seen: dict[bytes | None, tuple] = {}
         shards = []
         for plan in plans:
@@ -293,6 +306,8 @@ class ParquetPlan:
                 casts = tuple(
                     (c, t) for c in part.read_columns if stored[c] != (t := types.get(c, stored[c]))
                 )
+                if set(part.noted) != set(noted):  # the first file's note, not this file's
+                    part = dataclasses.replace(part, categorical=categorical, noted=noted)
                 if casts or pandas is not None or (others and part.empty is not None):
                     empty = part.empty
                     if empty is not None:
@@ -303,9 +318,16 @@ class ParquetPlan:
                     part = dataclasses.replace(
                         part, casts=casts, empty=empty, nulls=nulls, pandas=pandas
                     )
+                if part is not shard.part:
                     shard = dataclasses.replace(shard, part=part)
                 shards.append(shard)
         return dataclasses.replace(self, shards=shards, schema=schema, file_schema=unified)
+
+
+def _index_of(plan: ParquetPlan) -> str:
+    if plan.index is not None:
+        return f"column {plan.index!r}"
+    return "none" if plan.range_name is None else f"a RangeIndex named {plan.range_name!r}"
 
 
 def _pandas_dtypes(metadata: dict[bytes, bytes] | None) -> tuple:
