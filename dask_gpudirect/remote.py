@@ -423,8 +423,9 @@ def _opened(path: str, store: Store) -> Object:
     try:
         if scheme(path) == "s3":
             handle = filesystem(store).open_input_file(s3_path(path))
-            meta = handle.metadata()  # the HEAD's headers, str -> bytes
-            version = (meta.get("ETag") or meta.get("Last-Modified") or b"").decode()
+            meta = {k: v.decode() for k, v in handle.metadata().items()}  # the HEAD's headers
+            _check_identity(path, meta)
+            version = meta.get("ETag") or meta.get("Last-Modified") or ""
             return Object(path, store, handle.size(), version, handle)
         return Object(path, store, *_http_head(path))
     except Exception as exc:
@@ -560,7 +561,7 @@ def _check_range(
         raise InputError(url, f"the server answered {served!r} to a request for {asked}")
 
 
-def _check_identity(url: str, headers: email.message.Message) -> None:
+def _check_identity(url: str, headers: email.message.Message | Mapping[str, str]) -> None:
     """That ``headers`` send the object's own bytes: one stored with a ``Content-Encoding``
     (gzip-compressed, as S3 serves an object uploaded with that header whatever the request
     asks) has its size and byte ranges counted in the encoded bytes, which read as the

@@ -64,8 +64,14 @@ def view(entry: str, listing: Listing, store: remote.Store) -> View:
         # pattern that may match another ("a1.npy"): the rule of a local path
         if info.type == pafs.FileType.NotFound and glob.has_magic(path):
             return View(GLOB, _globbed(entry, fs, path))
+        if info.type == pafs.FileType.File and entry.endswith("/"):
+            # "p/" names the prefix: where "p" is an object too (S3 holds both), the objects
+            # under it; else that object, as a local "file/" names the file
+            under = pafs.FileSelector(path, allow_not_found=True)
+            if fs.get_file_info(under):
+                return View(DIRECTORY, _listed(fs, path, listing))
         if info.type == pafs.FileType.File:
-            return View(FILE, ((entry, info.size, 0, 0),))
+            return View(FILE, ((entry.rstrip("/"), info.size, 0, 0),))
         if info.type == pafs.FileType.Directory:
             return View(DIRECTORY, _listed(fs, path, listing))
     except (OSError, ValueError) as exc:  # ValueError: pyarrow's ArrowInvalid ("a//b")

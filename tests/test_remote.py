@@ -333,6 +333,19 @@ def test_s3_key_pyarrow_cannot_name(tcp, s3):
         dg.read_parquet(url, client=tcp, storage_options=s3.options)
 
 
+def test_s3_prefix_with_a_slash_that_is_an_object_too(tcp, s3, local_data):
+    """``s3://b/p/`` is the prefix ``p/`` where an object ``p`` stands beside it (S3 holds
+    both), and the object where it alone is (as a local ``file/``): either was taken as the
+    object named ``p/``, which failed the read with pyarrow's "Not a regular file"."""
+    s3.put("dual", b"an object beside its prefix")
+    s3.put("dual/part-0.parquet", (local_data / "pq" / "part-0.parquet").read_bytes())
+    got = dg.read_parquet(f"s3://{BUCKET}/dual/", client=tcp, storage_options=s3.options)
+    assert_same_frame(compute(tcp, got), expected_parquet(parquet_files(local_data)[0]))
+    raw = dg.read_binary(f"s3://{BUCKET}/raw.bin/", dtype="<i4", client=tcp,
+                         storage_options=s3.options)  # fmt: skip
+    np.testing.assert_array_equal(compute(tcp, raw), np.arange(1000, dtype="<i4"))
+
+
 def test_credentials_are_masked_where_they_stand_as_words():
     store = remote.Store(key="k", secret="test")
     said = "listing keys under k in 'test-bucket': Credential=k/2026 secret test"
@@ -488,6 +501,23 @@ def test_http_object_served_encoded_is_an_error(tcp, http_url):
     finally:
         server.encoding = None
     assert f"{base}/encoded.bin" in _message(excinfo)
+
+
+def test_s3_object_stored_encoded_is_an_error(tcp, s3, local_data):
+    """An object uploaded with ``ContentEncoding="gzip"``: S3 serves its stored, compressed
+    bytes, which were read as the file's (wrong values and no error; a Parquet file's or an
+    .npy header's error blamed the file), as over HTTP."""
+    raw = gzip.compress(np.arange(1000, dtype="<i4").tobytes())
+    body = gzip.compress((local_data / "pq" / "part-0.parquet").read_bytes())
+    s3.client.put_object(Bucket=BUCKET, Key="encoded/raw.bin", Body=raw, ContentEncoding="gzip")
+    s3.client.put_object(Bucket=BUCKET, Key="encoded/part-0.parquet", Body=body,
+                         ContentEncoding="gzip")  # fmt: skip
+    raw_url, parquet_url = f"s3://{BUCKET}/encoded/raw.bin", f"s3://{BUCKET}/encoded/part-0.parquet"
+    reads = {raw_url: functools.partial(dg.read_binary, dtype="u1"), parquet_url: dg.read_parquet}
+    for url, read in reads.items():
+        with pytest.raises(InputError, match=r"encoded \(Content-Encoding: gzip\)") as excinfo:
+            compute(tcp, read(url, client=tcp, storage_options=s3.options))
+        assert url in _message(excinfo)
 
 
 def test_http_url_of_an_ipv6_host(tcp, tmp_path):
