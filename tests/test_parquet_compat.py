@@ -571,6 +571,29 @@ def test_the_index_pandas_stored_comes_back(tcp, tmp_path):
         dg.read_parquet(unnamed, index="nope", client=tcp)
 
 
+def test_an_index_named_by_the_empty_string(tcp, tmp_path):
+    """An index pandas stored under the name ``""``, or a column ``""`` chosen with
+    ``index=""``, is the index, as in ``dd.read_parquet`` (it was left out of the read, a
+    KeyError)."""
+    stored, column = tmp_path / "stored", tmp_path / "column"
+    stored.mkdir()
+    column.mkdir()
+    pdf = frame(0, 20).set_index(pd.Index(np.arange(20) ** 2, name=""))
+    pdf.to_parquet(stored / "0.parquet", row_group_size=5)
+    for kwargs in [{}, {"index": ""}, {"columns": ["x"]}, {"filters": [("", ">", 100)]}]:
+        df = dg.read_parquet(stored, split_row_groups=True, client=tcp, **kwargs)
+        theirs = dd.read_parquet(stored, split_row_groups=True, **kwargs)
+        assert df.index.name == "" and list(df.columns) == list(theirs.columns)
+        pd.testing.assert_frame_equal(
+            compute(tcp, df), theirs.compute(scheduler="sync"), check_index_type=False
+        )
+    frame(0, 20).rename(columns={"id": ""}).to_parquet(column / "0.parquet")
+    df = dg.read_parquet(column, index="", client=tcp)
+    got = compute(tcp, df)
+    assert df.index.name == got.index.name == "" and list(got.columns) == ["x", "s"]
+    assert list(got.index) == list(range(20))
+
+
 def test_a_frame_of_an_index_alone_and_one_of_integer_labels(tcp, tmp_path):
     """pandas writes the column labels' type (``column_indexes``): a frame of an index alone
     (its labels an empty integer index) failed as pyarrow cast the index's name to int, and

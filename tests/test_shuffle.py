@@ -223,11 +223,16 @@ def test_on_the_index(client, on, keep_order):
         assert_frame_equal(part, pdf[where == j])
 
 
-@pytest.mark.parametrize("on", [["row", "s"], ["s", "row"], ["k", "k"], ["s", "k", "s"]], ids=str)
+@pytest.mark.parametrize(
+    "on",
+    [["row", "s"], ["s", "row"], ["k", "k"], ["s", "k", "s"], ["row", "row"], ["row", "s", "row"]],
+    ids=str,
+)
 def test_every_row_where_dask_shuffle_puts_it(client, on):
     """Partition ``j`` holds the rows of Dask's own ``df.shuffle(on, npartitions)``'s partition
-    ``j``, wherever ``on`` names the index and however often a column: a frame shuffled by
-    either joins the other partition by partition."""
+    ``j``, wherever ``on`` names the index and however often a column or the index (named
+    twice, Dask hashes it once, after the columns): a frame shuffled by either joins the other
+    partition by partition."""
     pdf = sample_frame(2000, keys=50, seed=4)
     df = dd.from_pandas(pdf, npartitions=4)
     ours = partitions(client, dg.shuffle(df, on, npartitions=5, client=client))

@@ -694,7 +694,7 @@ def plan(
         unknown = [c for c in columns if c not in available]
         if unknown:
             raise InputError(files[0], f"unknown column(s) {unknown}; columns are {available}")
-    kept = columns + ([key] if key else [])
+    kept = columns + ([key] if key is not None else [])
     filters = dnf.normalize(filters, schema.names + folders, files[0])
     read_columns = [c for c in kept if c not in folders]
     read_columns += [c for c in dnf.columns_of(filters) if c not in read_columns + folders]

@@ -136,8 +136,11 @@ class HashSplit:
     def destinations(self, joined: Any) -> Any:
         """Each row's output partition, a Series of ``joined``'s target: Dask's own function,
         given what ``df.shuffle(on)`` gives it: a column named twice selected twice, not four
-        times, and the index hashed where ``on`` names it, as a column in its place."""
+        times, and the index hashed where ``on`` names it, as a column in its place (named
+        more than once, once, after the columns, as Dask's ``_select_columns_or_index``)."""
         on = [c if c in self.meta.columns else INDEX_KEY for c in self.on]
+        if on.count(INDEX_KEY) > 1:
+            on = [c for c in on if c != INDEX_KEY] + [INDEX_KEY]
         assigned = AssignPartitioningIndex.operation(
             _keys_of(joined, on),
             on,
