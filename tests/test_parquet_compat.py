@@ -16,17 +16,19 @@ import pyarrow as pa
 import pyarrow.fs
 import pyarrow.parquet as pq
 import pytest
-from util import compute, partitions
+from util import (
+    OTHER_INDEX_IDS,
+    OTHER_INDEXES,
+    compute,
+    frame,
+    partitions,
+    write_index_named_by_the_empty_string,
+    write_noted_in_one_file,
+    write_other_indexes,
+)
 
 import dask_gpudirect as dg
 from dask_gpudirect.errors import InputError
-
-
-def frame(start: int, n: int = 50) -> pd.DataFrame:
-    """Rows in the types ``dd.read_parquet`` gives them (strings as ``string[pyarrow]``)."""
-    ids = np.arange(start, start + n)
-    text = pd.array([f"v{i}" for i in ids], dtype=pd.StringDtype("pyarrow"))
-    return pd.DataFrame({"id": ids, "x": ids * 0.5, "s": text})
 
 
 def write(path, df: pd.DataFrame) -> str:
@@ -576,10 +578,7 @@ def test_an_index_named_by_the_empty_string(tcp, tmp_path):
     ``index=""``, is the index, as in ``dd.read_parquet`` (it was left out of the read, a
     KeyError)."""
     stored, column = tmp_path / "stored", tmp_path / "column"
-    stored.mkdir()
-    column.mkdir()
-    pdf = frame(0, 20).set_index(pd.Index(np.arange(20) ** 2, name=""))
-    pdf.to_parquet(stored / "0.parquet", row_group_size=5)
+    write_index_named_by_the_empty_string(stored, column)
     for kwargs in [{}, {"index": ""}, {"columns": ["x"]}, {"filters": [("", ">", 100)]}]:
         df = dg.read_parquet(stored, split_row_groups=True, client=tcp, **kwargs)
         theirs = dd.read_parquet(stored, split_row_groups=True, **kwargs)
@@ -587,7 +586,6 @@ def test_an_index_named_by_the_empty_string(tcp, tmp_path):
         pd.testing.assert_frame_equal(
             compute(tcp, df), theirs.compute(scheduler="sync"), check_index_type=False
         )
-    frame(0, 20).rename(columns={"id": ""}).to_parquet(column / "0.parquet")
     df = dg.read_parquet(column, index="", client=tcp)
     got = compute(tcp, df)
     assert df.index.name == got.index.name == "" and list(got.columns) == ["x", "s"]
@@ -634,16 +632,7 @@ def test_a_range_index_pandas_stored_as_metadata_comes_back(tcp, tmp_path):
     assert plain.index.name is None and list(plain.columns) == ["x", "s"]
 
 
-@pytest.mark.parametrize(
-    ("first", "second", "here", "there"),
-    [
-        ({}, {"index": False}, "none", "column 'k'"),
-        ({"index": False}, {}, "column 'k'", "none"),
-        ({"range": "r"}, {"range": None}, "none", "a RangeIndex named 'r'"),
-        ({"range": "r"}, {"range": "s"}, "a RangeIndex named 's'", "a RangeIndex named 'r'"),
-    ],
-    ids=["indexed-first", "indexed-second", "named-range-first", "two-range-names"],
-)
+@pytest.mark.parametrize(("first", "second", "here", "there"), OTHER_INDEXES, ids=OTHER_INDEX_IDS)
 def test_files_that_stored_other_indexes_are_refused_unless_index_chooses(
     tcp, tmp_path, first, second, here, there
 ):
@@ -652,13 +641,7 @@ def test_files_that_stored_other_indexes_are_refused_unless_index_chooses(
     the index under a meta that has it as a column), and a RangeIndex of another name gave
     partitions of another index name than meta's. Refused, naming both files and both
     indexes; ``index=`` reads them as one."""
-    for i, how in enumerate([first, second]):
-        frame = pd.DataFrame({"k": [5 + 3 * i, 1 + 3 * i, 2 + 3 * i], "v": np.arange(3.0)})
-        if "range" in how:
-            frame = frame.set_index(pd.RangeIndex(3, name=how["range"]))
-        else:
-            frame = frame.set_index("k") if how.get("index", True) else frame
-        frame.to_parquet(tmp_path / f"part.{i}.parquet", index=how.get("index"))
+    write_other_indexes(tmp_path, first, second)
     message = rf"part\.1\.parquet: the index .*part\.0\.parquet's \({here} here, {there} there\)"
     with pytest.raises(dg.InputError, match=message):
         dg.read_parquet(tmp_path, client=tcp)
@@ -888,11 +871,7 @@ def test_categories_pandas_noted_in_one_file_only_read_by_the_first_files_note(
     of which only some carry the note read by the first file's, as meta and Dask read them
     (the others' partitions were int64 under a category meta, or categories under an int64
     one, and a concat of them failed with no file named)."""
-    categories = pd.DataFrame({"c": pd.Categorical([1, 2, 1]), "v": np.arange(3.0)})
-    plain = pd.DataFrame({"c": [3, 4, 3], "v": np.arange(3.0)})
-    files = [categories, plain] if noted == "first" else [plain, categories]
-    for i, frame in enumerate(files):
-        frame.to_parquet(tmp_path / f"part.{i}.parquet")
+    write_noted_in_one_file(tmp_path, noted)
     for kwargs in ({}, {"filters": [("c", ">", 1)]}, {"blocksize": "1GiB"}):
         df = dg.read_parquet(tmp_path, client=tcp, **kwargs)
         expected = dd.read_parquet(tmp_path, **kwargs)

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from util import clear_ledgers, compute
+from util import KEYS_IN_OTHER_ORDERS, clear_ledgers, compute, write_one_row_folders
 
 import dask_gpudirect as dg
 from dask_gpudirect import ledger_report
@@ -122,9 +122,7 @@ def test_a_path_through_dot_dot_has_the_keys_of_the_folder_it_leads_to(tcp, tmp_
     """``y=2023/../y=2024`` (``../y=2024`` from inside ``y=2023``) is the folder ``y=2024``: its
     files' key is 2024, as Dask gives it, not that of the folder the ``..`` leaves (which also
     decided the filters: ``y == 2023`` kept the rows of ``y=2024``)."""
-    for year in YEARS:
-        (tmp_path / f"year={year}").mkdir()
-        pq.write_table(pa.table({"x": [year]}), tmp_path / f"year={year}" / "part.parquet")
+    write_one_row_folders(tmp_path, [(f"year={year}", year) for year in YEARS])
     monkeypatch.chdir(tmp_path / "year=2023")
     for entry in ("../year=2024", str(tmp_path / "year=2023" / ".." / "year=2024")):
         got = compute(tcp, dg.read_parquet(entry, client=tcp))
@@ -198,9 +196,7 @@ def test_string_keys_and_keys_that_differ(tcp, tmp_path):
 def test_the_same_keys_in_another_order_in_some_folders(tcp, tmp_path):
     """``a=1/b=x/`` and ``b=y/a=2/`` lie in folders of the same keys: Dask and pyarrow take
     each by its name, in the first file's order (they were refused as keys that differ)."""
-    for folder, x in (("a=1/b=x", 1), ("b=y/a=2", 2), ("a=3/sub/b=z", 3)):
-        (tmp_path / folder).mkdir(parents=True)
-        pq.write_table(pa.table({"x": [x]}), tmp_path / folder / "part.parquet")
+    write_one_row_folders(tmp_path, KEYS_IN_OTHER_ORDERS)
     got = compute(tcp, dg.read_parquet(tmp_path, client=tcp))
     assert list(got.columns) == ["x", "a", "b"]
     assert got.sort_values("x").astype(object).values.tolist() == [

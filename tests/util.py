@@ -494,3 +494,68 @@ def write_evolved_parquet(
     unified = pa.schema([("id", pa.int64()), ("v", read_as)])
     pq.write_table(pa.concat_tables(t.cast(unified) for t in tables), root / "unified.parquet")
     return data, root / "unified.parquet"
+
+
+# --- Parquet files the host tests and the GPU suite read alike -----------------------------------
+
+
+def frame(start: int, n: int = 50) -> pd.DataFrame:
+    """Rows in the types ``dd.read_parquet`` gives them (strings as ``string[pyarrow]``)."""
+    ids = np.arange(start, start + n)
+    text = pd.array([f"v{i}" for i in ids], dtype=pd.StringDtype("pyarrow"))
+    return pd.DataFrame({"id": ids, "x": ids * 0.5, "s": text})
+
+
+def write_index_named_by_the_empty_string(stored, column) -> None:
+    """In ``stored``, one file of 4 row groups whose index pandas stored under the name ``""``
+    (the squares 0..361); in ``column``, one file whose column ``""`` holds 0..19."""
+    os.makedirs(stored, exist_ok=True)
+    os.makedirs(column, exist_ok=True)
+    pdf = frame(0, 20).set_index(pd.Index(np.arange(20) ** 2, name=""))
+    pdf.to_parquet(os.path.join(stored, "0.parquet"), row_group_size=5)
+    frame(0, 20).rename(columns={"id": ""}).to_parquet(os.path.join(column, "0.parquet"))
+
+
+#: Two files' indexes as pandas stores them (``index``: ``to_parquet``'s; ``range``: a
+#: RangeIndex of that name), and how the refusal names the second's and the first's.
+OTHER_INDEXES = [
+    ({}, {"index": False}, "none", "column 'k'"),
+    ({"index": False}, {}, "column 'k'", "none"),
+    ({"range": "r"}, {"range": None}, "none", "a RangeIndex named 'r'"),
+    ({"range": "r"}, {"range": "s"}, "a RangeIndex named 's'", "a RangeIndex named 'r'"),
+]
+OTHER_INDEX_IDS = ["indexed-first", "indexed-second", "named-range-first", "two-range-names"]
+
+
+def write_other_indexes(directory, first: dict, second: dict) -> None:
+    """``part.0.parquet`` and ``part.1.parquet`` in ``directory``, columns ``k`` and ``v``,
+    their indexes stored as ``first`` and ``second`` say (:data:`OTHER_INDEXES`)."""
+    for i, how in enumerate([first, second]):
+        rows = pd.DataFrame({"k": [5 + 3 * i, 1 + 3 * i, 2 + 3 * i], "v": np.arange(3.0)})
+        if "range" in how:
+            rows = rows.set_index(pd.RangeIndex(3, name=how["range"]))
+        else:
+            rows = rows.set_index("k") if how.get("index", True) else rows
+        rows.to_parquet(os.path.join(directory, f"part.{i}.parquet"), index=how.get("index"))
+
+
+def write_noted_in_one_file(directory, noted: str) -> None:
+    """Two files of ``c`` and ``v``: ``c`` a pandas categorical of integers (plain integers
+    and pandas' note) in the ``noted`` one ("first" or "second"), plain integers in the other."""
+    categories = pd.DataFrame({"c": pd.Categorical([1, 2, 1]), "v": np.arange(3.0)})
+    plain = pd.DataFrame({"c": [3, 4, 3], "v": np.arange(3.0)})
+    files = [categories, plain] if noted == "first" else [plain, categories]
+    for i, rows in enumerate(files):
+        rows.to_parquet(os.path.join(directory, f"part.{i}.parquet"))
+
+
+#: Hive folders of the keys ``a`` and ``b`` in either order, one under a folder of no key, and
+#: the ``x`` each holds.
+KEYS_IN_OTHER_ORDERS = (("a=1/b=x", 1), ("b=y/a=2", 2), ("a=3/sub/b=z", 3))
+
+
+def write_one_row_folders(root, folders) -> None:
+    """``root/<folder>/part.parquet`` for each ``(folder, x)`` of ``folders``: one row, ``x``."""
+    for folder, x in folders:
+        os.makedirs(os.path.join(root, folder), exist_ok=True)
+        pq.write_table(pa.table({"x": [x]}), os.path.join(root, folder, "part.parquet"))

@@ -14,6 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from util import (
+    KEYS_IN_OTHER_ORDERS,
+    OTHER_INDEX_IDS,
+    OTHER_INDEXES,
+    write_index_named_by_the_empty_string,
+    write_noted_in_one_file,
+    write_one_row_folders,
+    write_other_indexes,
+)
 
 import dask_gpudirect as dg
 
@@ -259,6 +268,40 @@ def test_parquet_string_and_null_hive_folders_in_one_run_match_the_host(cuda_tcp
     assert sorted(got.region.cat.categories) == sorted(want.region.cat.categories)
 
 
+def test_parquet_hive_keys_through_dot_dot_and_in_another_order_match_the_host(cuda_tcp, tmp_path):
+    """Hive keys as tests/test_parquet_hive.py reads them, on the device: ``year=2023/../
+    year=2024`` has the key of the folder it leads to (2024; ``year == 2023`` keeps nothing),
+    and folders of the keys ``a`` and ``b`` in either order are one partitioning, the columns
+    in the first file's order. The device builds the key columns itself (a run of files from
+    many folders in one libcudf call, with ``1GiB``): the same rows and types as the host."""
+    dots, orders = tmp_path / "dots", tmp_path / "orders"
+    write_one_row_folders(dots, [(f"year={year}", year) for year in (2023, 2024)])
+    write_one_row_folders(orders, KEYS_IN_OTHER_ORDERS)
+    through = str(dots / "year=2023" / ".." / "year=2024")
+    cases = [
+        (through, None, [[2024, 2024]]),
+        (through, [("year", "==", 2023)], []),
+        (str(orders), None, [[1, 1, "x"], [2, 2, "y"], [3, 3, "z"]]),
+        (str(orders), [("b", "==", "y")], [[2, 2, "y"]]),
+    ]
+    for blocksize in (1, "1GiB"):
+        for path, filters, rows in cases:
+            args = dict(filters=filters, blocksize=blocksize, client=cuda_tcp)
+            device = dg.read_parquet(path, target="device", **args)
+            got = compute(cuda_tcp, device).to_pandas().sort_values("x")
+            host = compute(cuda_tcp, dg.read_parquet(path, target="host", **args)).sort_values("x")
+            case = (path, filters, blocksize)
+            assert list(device.columns) == list(got.columns) == list(host.columns), case
+            assert got.astype(object).values.tolist() == rows, case
+            assert host.astype(object).values.tolist() == rows, case
+            types = [str(t) for t in host.dtypes]
+            assert [str(t) for t in got.dtypes] == types, case
+            assert [str(t) for t in device._meta.dtypes] == types, case
+            for key in ("year", "a", "b"):
+                if key in host.columns:
+                    assert list(got[key].cat.categories) == list(host[key].cat.categories), case
+
+
 def test_parquet_integer_categories_pandas_noted_match_the_host(cuda_tcp, tmp_path):
     """A pandas categorical of integers (stored as plain integers, with pandas' note): a
     category column on the device as on the host target, its categories integers."""
@@ -273,6 +316,39 @@ def test_parquet_integer_categories_pandas_noted_match_the_host(cuda_tcp, tmp_pa
     assert str(device._meta.c.dtype) == str(got.c.dtype) == str(host.c.dtype) == "category"
     assert got.c.cat.categories.dtype == host.c.cat.categories.dtype == "int64"
     assert got.c.astype("int64").tolist() == host.c.astype("int64").tolist()
+
+
+@pytest.mark.parametrize("noted", ["first", "second"])
+def test_parquet_categories_pandas_noted_in_one_file_only_match_the_host(cuda_tcp, tmp_path, noted):
+    """A categorical of integers pandas noted in one of two files only reads by the first
+    file's note on the device too (tests/test_parquet_compat.py): categories in every
+    partition where the first file has the note, int64 in every one where it has not, as meta
+    and the host target give them; each file a partition of its own (``blocksize=1``, where a
+    partition went by its own file's note), filtered, and both in one libcudf call."""
+    import pandas as pd
+
+    write_noted_in_one_file(tmp_path, noted)
+    dtype = "category" if noted == "first" else "int64"
+    cases = [
+        ({"blocksize": 1}, 2),
+        ({"blocksize": 1, "filters": [("c", ">", 1)]}, 2),
+        ({"blocksize": "1GiB"}, 1),
+    ]
+    for kwargs, npartitions in cases:
+        args = dict(client=cuda_tcp, **kwargs)
+        device = dg.read_parquet(str(tmp_path), target="device", **args)
+        host = dg.read_parquet(str(tmp_path), target="host", **args)
+        assert device.npartitions == npartitions, kwargs
+        assert str(device._meta.c.dtype) == str(host._meta.c.dtype) == dtype, kwargs
+        parts = cuda_tcp.gather(cuda_tcp.compute(device.to_delayed()))
+        assert [str(p.c.dtype) for p in parts] == [dtype] * npartitions, kwargs
+        got = compute(cuda_tcp, device).to_pandas().reset_index(drop=True)
+        want = compute(cuda_tcp, host).reset_index(drop=True)  # filtered rows keep their labels
+        assert str(got.c.dtype) == str(want.c.dtype) == dtype, kwargs
+        if dtype == "category":
+            assert got.c.cat.categories.dtype == want.c.cat.categories.dtype == "int64", kwargs
+            assert sorted(got.c.cat.categories) == sorted(want.c.cat.categories), kwargs
+        pd.testing.assert_frame_equal(got, want, check_categorical=False, obj=str(kwargs))
 
 
 def test_parquet_selection_of_a_shard_of_too_many_chunks_reads_its_own(cuda_tcp, tmp_path):
@@ -334,6 +410,60 @@ def test_parquet_index_alone_and_integer_labels_match_the_host(cuda_tcp, tmp_pat
         assert list(device.columns) == list(got.columns) == list(host.columns)
         assert got.index.tolist() == host.index.tolist() and got.index.name == host.index.name
         assert got.to_numpy().tolist() == host.to_numpy().tolist()
+
+
+def test_parquet_an_index_named_by_the_empty_string_matches_the_host(cuda_tcp, tmp_path):
+    """An index pandas stored under the name ``""``, or a column ``""`` chosen with
+    ``index=""``, is the index on the device as on the host target (tests/test_parquet_compat.py:
+    it was left out of the read): libcudf reads the column ``""``, and cuDF indexes by it."""
+    stored, column = tmp_path / "stored", tmp_path / "column"
+    write_index_named_by_the_empty_string(stored, column)
+    for kwargs in [{}, {"index": ""}, {"columns": ["x"]}, {"filters": [("", ">", 100)]}]:
+        args = dict(split_row_groups=True, client=cuda_tcp, **kwargs)
+        device = dg.read_parquet(str(stored), target="device", **args)
+        got = compute(cuda_tcp, device).to_pandas()
+        host = compute(cuda_tcp, dg.read_parquet(str(stored), target="host", **args))
+        assert device._meta.index.name == got.index.name == host.index.name == "", kwargs
+        assert list(device.columns) == list(got.columns) == list(host.columns), kwargs
+        assert got.index.tolist() == host.index.tolist(), kwargs
+        assert len(host) == (9 if "filters" in kwargs else 20), kwargs  # 11**2 to 19**2
+        assert got.astype(str).values.tolist() == host.astype(str).values.tolist(), kwargs
+    device = dg.read_parquet(str(column), index="", target="device", client=cuda_tcp)
+    got = compute(cuda_tcp, device).to_pandas()
+    assert device._meta.index.name == got.index.name == ""
+    assert list(device.columns) == list(got.columns) == ["x", "s"]
+    assert got.index.tolist() == list(range(20))
+    assert got.x.tolist() == [i * 0.5 for i in range(20)]
+
+
+@pytest.mark.parametrize(("first", "second", "here", "there"), OTHER_INDEXES, ids=OTHER_INDEX_IDS)
+def test_parquet_files_that_stored_other_indexes_are_refused_unless_index_chooses(
+    cuda_tcp, tmp_path, first, second, here, there
+):
+    """Files whose stored indexes differ (a column beside none, RangeIndexes of other names)
+    are refused on the device target too, naming both files and both indexes (a file's rows
+    lost their index column's values); ``index=`` reads them as one, as the host target does
+    (tests/test_parquet_compat.py)."""
+    import pandas as pd
+
+    write_other_indexes(tmp_path, first, second)
+    message = rf"part\.1\.parquet: the index .*part\.0\.parquet's \({here} here, {there} there\)"
+    with pytest.raises(dg.InputError, match=message):
+        compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="device", client=cuda_tcp))
+    for index in (False, "k"):
+        args = dict(index=index, client=cuda_tcp)
+        device = dg.read_parquet(str(tmp_path), target="device", **args)
+        got = compute(cuda_tcp, device).to_pandas()
+        host = compute(cuda_tcp, dg.read_parquet(str(tmp_path), target="host", **args))
+        name = None if index is False else "k"
+        assert device._meta.index.name == got.index.name == host.index.name == name, index
+        assert list(device.columns) == list(got.columns) == list(host.columns), index
+        # index=False: a partition of both files (the device's "auto") is labelled 0, 1, 2...
+        # end to end, the host's partition of each file from 0
+        drop = index is False
+        pd.testing.assert_frame_equal(
+            got.reset_index(drop=drop), host.reset_index(drop=drop), obj=str(index)
+        )
 
 
 def test_parquet_filters_at_the_edges_of_types_match_the_host(cuda_tcp, tmp_path):

@@ -388,6 +388,40 @@ def test_on_the_index_of_cudf_partitions(client, engine, keep_order, on):
     pd.testing.assert_frame_equal(got, cudf.from_pandas(pdf).to_pandas(), check_dtype=False)
 
 
+@pytest.mark.parametrize(
+    ("engine", "keep_order"),
+    [("distributed", True), ("distributed", False), ("rapidsmpf", False)],
+    ids=["distributed-ordered", "distributed-unordered", "rapidsmpf"],
+)
+@pytest.mark.parametrize("on", [["row", "row"], ["row", "s", "row"]], ids=str)
+def test_the_index_named_twice_in_on_is_hashed_once_after_the_columns(
+    client, engine, keep_order, on
+):
+    """The index named twice in ``on`` on the GPU, as on the host (tests/test_shuffle.py):
+    Dask's ``df.shuffle`` hashes it once, after the columns (``_select_columns_or_index``),
+    and partition ``j`` holds the rows of dask_cudf's own task shuffle's partition ``j``, both
+    engines, labels kept. Keys naming the index never take the unordered cut: each row's
+    output is ``HashSplit.destinations``' on every engine."""
+    if engine == "rapidsmpf":
+        _rapidsmpf()
+    pdf = _keyed_frame(20_000, seed=13)
+    pdf.index = pd.Index(np.arange(len(pdf)) * 3, name="row")
+    ddf = dd.from_pandas(pdf, npartitions=6).to_backend("cudf")
+    out = dg.shuffle(ddf, on, 5, client, engine=engine, keep_order=keep_order)
+    parts = client.gather(client.compute([out.get_partition(j) for j in range(5)]))
+    tasks = ddf.shuffle(on, npartitions=5, shuffle_method="tasks")
+    theirs = client.gather(client.compute(tasks.to_delayed()))
+    hashed = [c for c in on if c != "row"] + ["row"]  # the columns, then the index once
+    assert sum(map(len, parts)) == len(pdf)
+    for j, (mine, dasks) in enumerate(zip(parts, theirs, strict=True)):
+        assert type(mine).__module__.startswith("cudf")
+        assert mine.index.name == "row"
+        assert (owner_of_rows(mine.reset_index(), hashed, 5) == j).all(), (on, j)
+        pd.testing.assert_frame_equal(
+            mine.to_pandas().sort_values("i"), dasks.to_pandas().sort_values("i"), obj=str(j)
+        )
+
+
 @pytest.mark.parametrize("on", ["s", "k", ["n", "s"]], ids=str)
 def test_dasks_shuffle_method_on_cudf_partitions(client, on):
     """``shuffle_method="gpudirect"`` on dask_cudf frames: ``df.shuffle`` gives, partition for
