@@ -29,6 +29,7 @@ from util import (
     start_cluster,
 )
 
+import dask_gpudirect as dg
 from dask_gpudirect import ShuffleError
 from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.shuffle.api import Computed
@@ -242,3 +243,28 @@ def test_a_worker_killed_mid_shuffle_fails_the_compute_naming_it():
         with client.as_current():
             again = compute(client, sums)
         assert_series_equal(again.sort_index(), pdf.groupby("k").v.sum(), rtol=1e-12)
+
+
+def test_the_cluster_of_the_client_that_computes_runs_the_shuffle(tcp_client):
+    """With two clients, ``client.compute(x)``, ``x.compute(scheduler=client)`` and a
+    ``scheduler`` config run the exchange on that client's cluster, not on the current
+    client's (whose outputs this one then lost as dependencies); Dask's local schedulers are
+    refused before any worker runs it."""
+    pdf = sample_frame(600, keys=13, seed=8)
+    df = dd.from_pandas(pdf, npartitions=3)
+    sums = df.groupby("k").v.sum(split_out=2, shuffle_method="gpudirect")
+    want = pdf.groupby("k").v.sum()
+    with (
+        start_cluster("tcp", n_workers=1, threads=1) as lc,
+        Client(lc, set_as_default=False) as other,
+        other.as_current(),  # the current client is the other one
+    ):
+        got = tcp_client.compute(sums).result(timeout=HANG_GUARD)
+        assert_series_equal(got.sort_index(), want, rtol=1e-12)
+        assert_series_equal(sums.compute(scheduler=tcp_client).sort_index(), want, rtol=1e-12)
+        with dask.config.set(scheduler=tcp_client):
+            assert_series_equal(sums.compute().sort_index(), want, rtol=1e-12)
+        for scheduler in ("sync", "threads"):
+            with pytest.raises(dg.ClusterError, match=f"local scheduler '{scheduler}'"):
+                sums.compute(scheduler=scheduler)
+        assert dg.report(other).empty  # nothing ran on the other cluster

@@ -20,9 +20,14 @@ Every other method is left to Dask.
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from typing import Any
 
-from dask.dataframe.dask_expr._collection import new_collection
+import dask
+import dask.base
+from dask.base import named_schedulers
+from dask.dataframe.dask_expr._collection import FrameBase, new_collection
 from dask.dataframe.dask_expr._merge import Merge
 from dask.dataframe.dask_expr._shuffle import RearrangeByColumn, Shuffle, ShuffleBase
 from dask.utils import get_default_shuffle_method
@@ -41,6 +46,14 @@ METHOD = "gpudirect"
 _dask_lower = Shuffle._lower
 _dask_rearrange = RearrangeByColumn._lower
 _dask_broadcast = Merge.__dict__["is_broadcast_join"]
+
+#: The calls that lower a graph for a scheduler they were told: Distributed's (the client is
+#: their ``self``), Dask's (the scheduler, ``schedule``, is known before the graph is lowered)
+#: and dask-expr's ``persist``, which lowers before it calls Dask's (``scheduler=`` is among
+#: its ``kwargs``).
+_CLIENTS = {Client.compute.__code__, Client.persist.__code__}
+_SCHEDULES = {dask.base.compute.__code__, dask.base.persist.__code__}
+_PERSIST = FrameBase.persist.__code__
 
 
 def _lower(self: Shuffle) -> Any:
@@ -112,11 +125,45 @@ def _same_type(a: Any, b: Any) -> bool:
 
 
 def _client() -> Client:
+    """The client of the cluster that computes the graph being lowered: the one whose
+    ``compute`` or ``persist`` lowers it, or the ``scheduler=`` given to Dask's (in the call or
+    its config); else (``optimize()``, ``.dask``) the current client. Not simply the current
+    one: with two clients, ``client.compute(x)`` ran the exchange on the other's cluster, and
+    its outputs were then "lost dependencies" to this one's."""
+    asked = _scheduler_asked()
+    client = getattr(asked, "__self__", asked)  # Dask's scheduler for a client: client.get
+    if isinstance(client, Client):
+        return off_its_loop(client)
     try:
-        client = default_client()
+        current = default_client()
     except ValueError:
         raise ClusterError(
             f"shuffle_method={METHOD!r} runs on a Dask cluster and no distributed Client is "
             "connected: start one (Client(cluster)), or use shuffle_method='tasks'"
         ) from None
-    return off_its_loop(client)
+    local = [name for name, get in named_schedulers.items() if asked in (name, get)]
+    if local:  # run there, the outputs would be missing dependencies to Dask's own scheduler
+        raise ClusterError(
+            f"shuffle_method={METHOD!r} runs on a Dask cluster, and this graph is computed by "
+            f"Dask's local scheduler {min(local, key=len)!r}, not a distributed Client: "
+            "compute it with client.compute(...) or scheduler=client, or use "
+            "shuffle_method='tasks'"
+        )
+    return off_its_loop(current)
+
+
+def _scheduler_asked() -> Any:
+    """The scheduler the call that lowers the graph was told (None: not said), from the
+    innermost of :data:`_CLIENTS`, :data:`_SCHEDULES` and :data:`_PERSIST` among its callers;
+    else the config's ``scheduler``."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code, names = frame.f_code, frame.f_locals
+        if code in _CLIENTS:
+            return names.get("self")
+        if code in _SCHEDULES:
+            return names.get("schedule")
+        if code is _PERSIST and names.get("kwargs", {}).get("scheduler") is not None:
+            return names["kwargs"]["scheduler"]
+        frame = frame.f_back
+    return dask.config.get("scheduler", None)
