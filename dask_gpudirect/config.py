@@ -85,12 +85,15 @@ def positive_size(value: Any) -> int | None:
 
 def whole_number(value: Any, minimum: int) -> int | None:
     """``value`` as a whole number of at least ``minimum`` ("16" from a yaml string too; not a
-    bool, not 1.5); None where it is none."""
-    try:
-        number = None if isinstance(value, bool | float) else int(value)
-    except (TypeError, ValueError):
+    bool, not 1.5); None where it is none. An integer (a NumPy one too) or a string: int()
+    of any other number cuts it (numpy's float32 1.5, Decimal 1.5) and takes numpy's True."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral | str | bytes):
         return None
-    return number if number is not None and number >= minimum else None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number >= minimum else None
 
 
 def duration_seconds(key: str, zero: bool = False) -> float:
@@ -120,7 +123,10 @@ def _fractional(value: Any) -> bool:
 def _checked(name: str, value: Any, given: bool) -> Any:
     """An option's value made what the readers take, or a ConfigError that names where it came
     from: where the plugin is made (or set up), not in the first read task."""
-    if name == "target" and value in (None, "device", "host"):
+    # a str first: an array or pd.NA compared with "device" has no truth value (a bare error)
+    if name == "target" and (
+        value is None or isinstance(value, str) and value in ("device", "host")
+    ):
         return value
     if name == "compat_mode":  # YAML reads an unquoted ON or OFF as a boolean
         mode = {True: "ON", False: "OFF"}[value] if isinstance(value, bool) else str(value).upper()

@@ -134,6 +134,21 @@ def test_a_path_through_dot_dot_has_the_keys_of_the_folder_it_leads_to(tcp, tmp_
     assert one["year"].tolist() == [2024]
 
 
+def test_a_link_before_dot_dot_leads_to_its_targets_parent(tcp, tmp_path):
+    """The read keeps a path's ``..`` for the kernel, which leaves a link's target, not the
+    link's folder: ``data/year=2023/link/..``, the link into ``other/year=2024``, reads that
+    folder's rows, whose key is 2024 (they came as 2023, and filters kept them as 2023)."""
+    write_one_row_folders(tmp_path, [("data/year=2023", 2023), ("other/year=2024", 2024)])
+    os.makedirs(tmp_path / "other" / "year=2024" / "sub")
+    os.symlink(tmp_path / "other" / "year=2024" / "sub", tmp_path / "data" / "year=2023" / "link")
+    entry = str(tmp_path / "data" / "year=2023" / "link" / "..")
+    for path in (entry, os.path.join(entry, "part.parquet")):
+        got = compute(tcp, dg.read_parquet(path, client=tcp))
+        assert got[["x", "year"]].values.tolist() == [[2024, 2024]], path
+        kept = dg.read_parquet(path, filters=[("year", "==", 2023)], client=tcp)
+        assert len(compute(tcp, kept)) == 0, path
+
+
 @pytest.mark.parametrize(
     "filters",
     [

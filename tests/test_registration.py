@@ -10,6 +10,7 @@ Options come from Dask config (``DASK_GPUDIRECT__...`` env vars) with keywords o
 from __future__ import annotations
 
 import asyncio
+import decimal
 import logging
 import os
 import re
@@ -134,10 +135,15 @@ def test_unknown_plugin_option():
     [
         ("threads", "abc", "at least 1"),
         ("threads", 0, "at least 1"),
+        ("threads", np.float32(1.5), "at least 1"),
+        ("threads", np.True_, "at least 1"),
+        ("max_records", decimal.Decimal("2.5"), "at least 0"),
         ("task_size", "10 XB", "a positive size"),
         ("task_size", 0, "a positive size"),
         ("max_records", -1, "at least 0"),
         ("target", "gpu", "'device', 'host' or None"),
+        ("target", np.array(["host", "device"]), "'device', 'host' or None"),
+        ("target", pd.NA, "'device', 'host' or None"),
         ("compat_mode", "maybe", "'AUTO', 'ON' or 'OFF'"),
     ],
 )

@@ -503,6 +503,24 @@ def test_http_object_served_encoded_is_an_error(tcp, http_url):
     assert f"{base}/encoded.bin" in _message(excinfo)
 
 
+@pytest.mark.parametrize("encoding", ["aws-chunked", "identity, aws-chunked", "AWS-Chunked"])
+def test_http_object_served_as_aws_chunked_is_read(tcp, http_url, encoding):
+    """``aws-chunked`` framed a chunk-signed upload (the AWS SDKs' default since their
+    trailing checksums): stores that keep it in the object's Content-Encoding (NooBaa,
+    versitygw, Ceph and LocalStack before their fixes; S3 drops it) serve the object's own
+    bytes, which were refused as encoded. With a real coding beside it, still refused."""
+    base, _, server = http_url
+    server.encoding = encoding
+    try:
+        got = compute(tcp, dg.read_binary(f"{base}/raw.bin", dtype="<i4", client=tcp))
+        server.encoding = f"{encoding}, gzip"
+        with pytest.raises(InputError, match=r"encoded \(Content-Encoding: "):
+            compute(tcp, dg.read_binary(f"{base}/raw.bin", dtype="<i4", client=tcp))
+    finally:
+        server.encoding = None
+    np.testing.assert_array_equal(got, np.arange(1000, dtype="<i4"))
+
+
 def test_s3_object_stored_encoded_is_an_error(tcp, s3, local_data):
     """An object uploaded with ``ContentEncoding="gzip"``: S3 serves its stored, compressed
     bytes, which were read as the file's (wrong values and no error; a Parquet file's or an

@@ -51,19 +51,34 @@ UNPARTITIONED = Partitioning((), {}, {}, {})
 def keys_of(path: str) -> list[tuple[str, str]]:
     """The ``key=value`` folders of ``path`` (of an HTTP(S) URL's path: not its query; of an
     S3 object's key, all of it), outermost first, each key once; of a local path, those of the
-    folder it names as Dask takes it (``y=1/../y=2/`` is ``y=2/``)."""
+    folder the read opens (``y=1/../y=2/`` is ``y=2/``, ``link/..`` the link target's parent)."""
     if remote.scheme(path) == "s3":  # the key as stored: "#" and "?" are its letters too
         folders = posixpath.dirname(remote.s3_path(path)).split("/")
     elif remote.is_remote(path):  # http(s): each folder's name percent-encoded
         folders = posixpath.dirname(urllib.parse.urlsplit(path).path).split("/")
         folders = [urllib.parse.unquote(f) for f in folders]
-    else:  # a ".." leaves the folder before it (a path keeps it, for the kernel to follow)
-        folders = os.path.normpath(os.path.dirname(path)).split(os.sep)
+    else:
+        folders = _walked(os.path.dirname(path)).split(os.sep)
     pairs = [f.split("=", 1) for f in folders if "=" in f]
     keys: dict[str, str] = {}
     for k, v in pairs:
         keys.setdefault(urllib.parse.unquote(k), urllib.parse.unquote(v))
     return list(keys.items())
+
+
+def _walked(folder: str) -> str:
+    """``folder`` as the kernel walks it, by name: a ``..`` leaves the folder before it, or
+    where that is a link, the link's target (as access.py takes it); the path keeps its
+    ``..`` for the read, so the keys must be those of the folder the read opens."""
+    if ".." not in folder.split(os.sep) or not os.path.isabs(folder):
+        return os.path.normpath(folder)
+    walked = os.sep
+    for part in folder.split(os.sep):
+        if part == "..":
+            walked = os.path.dirname(os.path.realpath(walked) if os.path.islink(walked) else walked)
+        elif part not in ("", "."):
+            walked = os.path.join(walked, part)
+    return walked
 
 
 def partitioning(files: list[str]) -> Partitioning | None:
