@@ -99,7 +99,7 @@ def silent(workers: list[str] | None, timeout: float, doing: str) -> ClusterErro
     )
 
 
-async def _run_each(
+async def run_each_within(
     client: Client, function: Any, workers: list[str], timeout: float, **kwargs: Any
 ) -> tuple[dict[str, Any], list[str]]:
     """``client.run(function, on_error="return", **kwargs)`` on each of ``workers`` apart, all
@@ -127,16 +127,16 @@ async def _run_each(
 def run_each(
     client: Client, function: Any, workers: list[str], doing: str, **kwargs: Any
 ) -> dict[str, Any]:
-    """:func:`_run_each` within ``gpudirect.planning.timeout``: a ClusterError names the
+    """:func:`run_each_within` ``gpudirect.planning.timeout``: a ClusterError names the
     workers that did not answer (``doing``: what the read was doing)."""
     timeout = duration_seconds(SETUP_TIMEOUT)
-    answers, late = client.sync(_run_each, client, function, workers, timeout, **kwargs)
+    answers, late = client.sync(run_each_within, client, function, workers, timeout, **kwargs)
     if late:
         raise silent(late, timeout, doing)
     return answers
 
 
-def _has_plugin(dask_worker: Worker) -> bool:
+def has_plugin(dask_worker: Worker) -> bool:
     return GPUDirectPlugin.name in dask_worker.plugins
 
 
@@ -144,7 +144,7 @@ async def _describe(
     dask_worker: Worker, entries: list[str], listing: discovery.Listing
 ) -> dict[str, Any] | None:
     """What the survey asks each worker; None where the reader plugin is missing."""
-    if not _has_plugin(dask_worker):
+    if not has_plugin(dask_worker):
         return None
     plugin = current_plugin(dask_worker)
     # listing a large directory off the event loop: the worker keeps answering meanwhile
@@ -202,7 +202,7 @@ def _register_missing(
     if missing is None:
         missing = []
         if not {GPUDirectPlugin.name, DefaultReaders.name} & set(held["worker"]):
-            missing = [w for w, ok in client.run(_has_plugin).items() if not ok]
+            missing = [w for w, ok in client.run(has_plugin).items() if not ok]
     if missing:
         cluster = client.cluster
         if dask_cuda is not None and type(cluster) is dask_cuda.LocalCUDACluster:

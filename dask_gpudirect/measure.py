@@ -228,21 +228,28 @@ def pinned_gbps(nbytes: int, repeat: int) -> float:
 
 
 def pair_transfer(
-    client: Client, a: str, b: str, nbytes: int, target: str
+    client: Client, a: str, b: str, nbytes: int, target: str, timeout: float | None = None
 ) -> Callable[[], dict[str, Any]]:
     """One buffer made on ``a``, then fetched by a task on ``b``: the fetch as ``b`` logged it
-    (``Worker.transfer_incoming_log``: the comm's read and deserialisation, no scheduling)."""
+    (``Worker.transfer_incoming_log``: the comm's read and deserialisation, no scheduling).
+    ``timeout``: the longest wait for each of the two tasks (a worker paused, stopped or gone
+    runs none), else a TimeoutError naming the worker; None: no limit."""
     from distributed import wait
 
     def run() -> dict[str, Any]:
         buf = client.submit(
             _buffer, nbytes, target, workers=[a], allow_other_workers=False, pure=False
         )
-        wait(buf)
+        try:
+            wait(buf, timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{a} made no buffer within {timeout:g} s") from None
         start = time.perf_counter()
-        size = client.submit(
-            _size, buf, workers=[b], allow_other_workers=False, pure=False
-        ).result()
+        fetch = client.submit(_size, buf, workers=[b], allow_other_workers=False, pure=False)
+        try:
+            size = fetch.result(timeout=timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{b} did not fetch the buffer within {timeout:g} s") from None
         round_trip = time.perf_counter() - start
         fetches = client.run(_incoming, buf.key, workers=[b])[b]
         del buf

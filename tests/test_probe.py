@@ -13,13 +13,15 @@ import pathlib
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from click.testing import CliRunner
 from object_servers import BUCKET
-from util import HANG_GUARD, worker_config
+from util import HANG_GUARD, start_cluster, stopped, worker_config
 
 from dask_gpudirect.cli import main
+from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.ledger_report import records
 from dask_gpudirect.probe import LABELS, _gds_reason, pair_route, parse_ep_info, routes
 
@@ -338,6 +340,64 @@ def test_probe_local_one_worker():
     in_node = doc["paths"]["gpu_to_gpu_in_node"]
     assert in_node["measurements"] == []
     assert in_node["verdict"] == "GPU -> GPU in a node: one worker: nothing to measure"
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["probe", *args])
+
+
+@pytest.mark.timeout(HANG_GUARD)
+def test_probe_names_a_stopped_worker(client, monkeypatch):
+    """A worker stopped (SIGSTOP: alive to the scheduler, answering nothing) held the probe for
+    as long as it stayed stopped, and past the scheduler's worker-ttl it ended in a
+    CommClosedError traceback: now an error naming it after MEASURE_TIMEOUT, exit status 1."""
+    ensure_plugins(client)  # the package imported on the workers: no first import in the wait
+    monkeypatch.setattr(routes, "MEASURE_TIMEOUT", 5)
+    silent = sorted(client.nthreads())[0]
+    with ThreadPoolExecutor(1) as pool, stopped(client, silent):  # goes on before the join
+        running = pool.submit(invoke, "--scheduler-address", client.scheduler.address, "--quick")
+        result = running.result(timeout=120)
+    assert result.exit_code == 1, result.output
+    assert "did not answer in 5 s when the probe asked" in result.output, result.output
+    assert silent in result.output
+    assert "Traceback" not in result.output
+
+
+def set_status(status: str, dask_worker) -> None:
+    """Pause a worker, as its memory monitor does under memory pressure (it then runs no task),
+    or let it go on."""
+    from distributed.core import Status
+
+    dask_worker.status = Status[status]
+
+
+@pytest.mark.timeout(HANG_GUARD)
+@pytest.mark.parametrize("paused, said", [(0, "made no buffer"), (1, "did not fetch the buffer")])
+def test_probe_goes_on_past_a_paused_worker(paused, said, monkeypatch):
+    """A paused worker runs no task, and the pair's transfer waited on its task for ever: now
+    the pair's measurement fails after MEASURE_TIMEOUT, naming the worker, and the probe ends.
+    (No memory limit: the memory monitor would resume the worker at once.)"""
+    from distributed import Client
+
+    monkeypatch.setattr(routes, "MEASURE_TIMEOUT", 3)
+    with (
+        start_cluster("tcp", threads=1, memory_limit=0) as lc,
+        Client(lc, set_as_default=False) as c,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        pair = sorted(c.nthreads())
+        ensure_plugins(c)  # the package imported on the workers: no first import in the wait
+        c.run(set_status, "paused", workers=[pair[paused]])
+        try:
+            running = pool.submit(probe, "--scheduler-address", lc.scheduler_address, "--json",
+                                  "--quick")  # fmt: skip
+            doc = json.loads(running.result(timeout=120))
+        finally:  # the join needs the worker going on where the probe still waits on it
+            c.run(set_status, "running", workers=[pair[paused]])
+    check_schema(doc)
+    (m,) = doc["paths"]["gpu_to_gpu_in_node"]["measurements"]
+    assert m["workers"] == pair and m["route"] is None, m
+    assert m["reason"] == f"measurement failed: TimeoutError: {pair[paused]} {said} within 3 s"
 
 
 @pytest.mark.parametrize("args", [[], ["--local", "--scheduler-address", "tcp://127.0.0.1:1"]])

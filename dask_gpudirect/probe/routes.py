@@ -35,7 +35,8 @@ SCHEMA_VERSION = 1
 NO_GPU_STORAGE = "no GPU: reads go to host memory (storage -> host)"
 #: Bytes a transfer sends to open a pair's endpoint (and warm it up before a measurement).
 OPENING_TRANSFER = 1 << 20
-#: Longest wait for one measurement task before the probe gives up on it and goes on.
+#: Longest wait for one measurement task before the probe gives up on it and goes on, and for
+#: each worker's facts before the probe names the workers that gave none (stopped, hung).
 MEASURE_TIMEOUT = 120
 #: UCX's InfiniBand transports (rc_mlx5, dc_mlx5, ud_verbs, ...): RDMA between nodes.
 IB_PREFIXES = ("rc", "dc", "ud")
@@ -162,14 +163,9 @@ def _pair(client: Client, a: dict, b: dict, same_node: bool, quick: bool, nbytes
     target: TargetName = "device" if a["gpus"] and b["gpus"] else "host"
     source, dest = names = [a["address"], b["address"]]
     try:
-        pair_transfer(client, source, dest, OPENING_TRANSFER, target)()
-        seconds = (
-            None
-            if quick
-            else min(
-                pair_transfer(client, source, dest, nbytes, target)()["seconds"] for _ in range(2)
-            )
-        )
+        pair_transfer(client, source, dest, OPENING_TRANSFER, target, MEASURE_TIMEOUT)()
+        transfer = pair_transfer(client, source, dest, nbytes, target, MEASURE_TIMEOUT)
+        seconds = None if quick else min(transfer()["seconds"] for _ in range(2))
         transports = None
         if b["comms"]["protocol"] == "ucxx":
             transports = client.run(endpoint_transports, a["address"], workers=[b["address"]])
@@ -288,6 +284,23 @@ def peer_access(workers: list[dict]) -> list[dict]:
     ]
 
 
+def _ask_each(client: Client, function: Callable[..., T], what: str) -> dict[str, T]:
+    """``client.run(function)`` on every worker apart, each given :data:`MEASURE_TIMEOUT`
+    seconds: a ClusterError names the workers that gave no answer (one ``client.run`` of them
+    all waited for as long as a stopped one stayed stopped); those that left while asked are
+    left out."""
+    from ..cluster import answered, run_each_within
+
+    workers = list(client.nthreads())
+    answers, late = client.sync(run_each_within, client, function, workers, MEASURE_TIMEOUT)
+    if late:
+        raise ClusterError(
+            f"worker(s) {', '.join(sorted(late))} did not answer in {MEASURE_TIMEOUT:g} s when "
+            f"the probe asked {what}: stopped or overloaded; probe again once they answer"
+        )
+    return answered(answers)[0]
+
+
 def probe_cluster(
     client: Client,
     quick: bool = False,
@@ -298,10 +311,18 @@ def probe_cluster(
     """The probe's document for ``client``'s cluster (docs/probe.md). ``quick`` skips the
     measurements (a remote object is only opened); each one moves ``nbytes``. ``remotes`` are
     objects every worker reads, reached through ``store`` (None: each worker's environment)."""
-    from ..cluster import ensure_plugins
+    from ..cluster import ensure_plugins, has_plugin
 
-    ensure_plugins(client)
-    facts = client.run(worker_facts)
+    plugged = _ask_each(client, has_plugin, "whether it has GPUDirectPlugin")
+    try:
+        lacking = [w for w, ok in plugged.items() if not ok]
+        ensure_plugins(client, lacking, timeout=MEASURE_TIMEOUT)
+    except TimeoutError:
+        raise ClusterError(
+            f"a worker did not set up the package's plugins in {MEASURE_TIMEOUT:g} s: stopped or "
+            "overloaded; probe again once it answers"
+        ) from None
+    facts = _ask_each(client, worker_facts, "for its facts")
     if not facts:
         raise ClusterError("the cluster has no workers")
     workers = [facts[a] for a in sorted(facts)]
