@@ -127,7 +127,7 @@ async def run_each_within(
 def run_each(
     client: Client, function: Any, workers: list[str], doing: str, **kwargs: Any
 ) -> dict[str, Any]:
-    """:func:`run_each_within` ``gpudirect.planning.timeout``: a ClusterError names the
+    """:func:`run_each_within`, limited by ``gpudirect.planning.timeout``: a ClusterError names the
     workers that did not answer (``doing``: what the read was doing)."""
     timeout = duration_seconds(SETUP_TIMEOUT)
     answers, late = client.sync(run_each_within, client, function, workers, timeout, **kwargs)
