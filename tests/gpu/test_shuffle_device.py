@@ -365,6 +365,17 @@ def test_keep_order_false_shuffles_every_row_to_its_partition(
     assert got.dtypes.astype(str).to_dict() == out._meta.dtypes.astype(str).to_dict()
 
 
+def _indexed_by_row(seed: int) -> tuple[pd.DataFrame, dd.DataFrame]:
+    """A keyed frame indexed by ``row`` (0, 3, 6...), and it in six cuDF partitions."""
+    pdf = _keyed_frame(20_000, seed=seed)
+    pdf.index = pd.Index(np.arange(len(pdf)) * 3, name="row")
+    return pdf, dd.from_pandas(pdf, npartitions=6).to_backend("cudf")
+
+
+def _five_outputs(client, out: dd.DataFrame) -> list:
+    return client.gather(client.compute([out.get_partition(j) for j in range(5)]))
+
+
 @pytest.mark.parametrize("engine", ["distributed", "rapidsmpf"])
 @pytest.mark.parametrize("keep_order", [True, False])
 @pytest.mark.parametrize("on", ["row", ["s", "row"], ["row", "s"]], ids=str)
@@ -375,11 +386,10 @@ def test_on_the_index_of_cudf_partitions(client, engine, keep_order, on):
         if keep_order:
             pytest.skip("the rapidsmpf engine never keeps the order")
         _rapidsmpf()
-    pdf = _keyed_frame(20_000, seed=10)
-    pdf.index = pd.Index(np.arange(len(pdf)) * 3, name="row")
-    ddf = dd.from_pandas(pdf, npartitions=6).to_backend("cudf")
-    out = dg.shuffle(ddf, on, 5, client, engine=engine, keep_order=keep_order)
-    parts = client.gather(client.compute([out.get_partition(j) for j in range(5)]))
+    pdf, ddf = _indexed_by_row(seed=10)
+    parts = _five_outputs(
+        client, dg.shuffle(ddf, on, 5, client, engine=engine, keep_order=keep_order)
+    )
     for j, part in enumerate(parts):
         assert (owner_of_rows(part.reset_index(), on, 5) == j).all()
     import cudf
@@ -404,11 +414,10 @@ def test_the_index_named_twice_in_on_is_hashed_once_after_the_columns(
     output is ``HashSplit.destinations``' on every engine."""
     if engine == "rapidsmpf":
         _rapidsmpf()
-    pdf = _keyed_frame(20_000, seed=13)
-    pdf.index = pd.Index(np.arange(len(pdf)) * 3, name="row")
-    ddf = dd.from_pandas(pdf, npartitions=6).to_backend("cudf")
-    out = dg.shuffle(ddf, on, 5, client, engine=engine, keep_order=keep_order)
-    parts = client.gather(client.compute([out.get_partition(j) for j in range(5)]))
+    pdf, ddf = _indexed_by_row(seed=13)
+    parts = _five_outputs(
+        client, dg.shuffle(ddf, on, 5, client, engine=engine, keep_order=keep_order)
+    )
     tasks = ddf.shuffle(on, npartitions=5, shuffle_method="tasks")
     theirs = client.gather(client.compute(tasks.to_delayed()))
     hashed = [c for c in on if c != "row"] + ["row"]  # the columns, then the index once
