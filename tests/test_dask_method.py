@@ -22,6 +22,7 @@ from pandas.testing import assert_frame_equal, assert_series_equal
 from util import (
     HANG_GUARD,
     assert_released,
+    clear_ledgers,
     compute,
     delay_receive,
     partitions,
@@ -268,3 +269,23 @@ def test_the_cluster_of_the_client_that_computes_runs_the_shuffle(tcp_client):
             with pytest.raises(dg.ClusterError, match=f"local scheduler '{scheduler}'"):
                 sums.compute(scheduler=scheduler)
         assert dg.report(other).empty  # nothing ran on the other cluster
+
+
+def test_dasks_local_scheduler_on_an_executor_is_refused_before_any_worker_runs_it(tcp):
+    """``scheduler=ThreadPoolExecutor()`` (in the call, to ``persist`` or in the config) is
+    Dask's local scheduler as ``'threads'`` is: refused, not run on the current client's
+    cluster and then a "Missing dependency" to the executor."""
+    df = dd.from_pandas(sample_frame(600, keys=13, seed=8), npartitions=3)
+    sums = df.groupby("k").v.sum(split_out=2, shuffle_method="gpudirect")
+    clear_ledgers(tcp)
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(dg.ClusterError, match="local scheduler ThreadPoolExecutor"):
+            sums.compute(scheduler=pool)
+        with pytest.raises(dg.ClusterError, match="local scheduler ThreadPoolExecutor"):
+            sums.persist(scheduler=pool)
+        with (
+            dask.config.set(scheduler=pool),
+            pytest.raises(dg.ClusterError, match="local scheduler ThreadPoolExecutor"),
+        ):
+            sums.compute()
+    assert dg.report(tcp).empty  # nothing ran

@@ -141,15 +141,33 @@ def _client() -> Client:
             f"shuffle_method={METHOD!r} runs on a Dask cluster and no distributed Client is "
             "connected: start one (Client(cluster)), or use shuffle_method='tasks'"
         ) from None
-    local = [name for name, get in named_schedulers.items() if asked in (name, get)]
+    local = _local(asked)
     if local:  # run there, the outputs would be missing dependencies to Dask's own scheduler
         raise ClusterError(
             f"shuffle_method={METHOD!r} runs on a Dask cluster, and this graph is computed by "
-            f"Dask's local scheduler {min(local, key=len)!r}, not a distributed Client: "
+            f"Dask's local scheduler {local}, not a distributed Client: "
             "compute it with client.compute(...) or scheduler=client, or use "
             "shuffle_method='tasks'"
         )
     return off_its_loop(current)
+
+
+def _local(asked: Any) -> str | None:
+    """The local scheduler ``asked`` names (a Client's: None): by name where Dask has one
+    (``'sync'``), else the executor or function (``scheduler=ThreadPoolExecutor()``, whose
+    outputs were as missing to it as to ``'threads'``)."""
+    if isinstance(asked, str):
+        asked = asked.lower()
+        if asked not in named_schedulers:
+            return None  # 'distributed', 'dask.distributed': the current client
+    elif asked is None:
+        return None
+    names = [name for name, get in named_schedulers.items() if asked in (name, get)]
+    if names:
+        return repr(min(names, key=len))
+    if isinstance(asked, functools.partial):  # an executor's: partial(get_async, pool.submit)
+        asked = getattr(asked.args[0], "__self__", asked.func) if asked.args else asked.func
+    return getattr(asked, "__qualname__", type(asked).__name__)
 
 
 def _scheduler_asked() -> Any:
