@@ -284,7 +284,7 @@ def _compared(series: Any, op: str, value: Any, column: str) -> Any:
             # pandas' integers hold no null (NaN): compare them as its nullable integers
             kind = "Int64" if kind.kind == "i" else "UInt64"
         series = series.astype(kind)
-    series = _widened(series)
+    series = _widened(_unarrowed(series))
     value = _as_decoded(series, value)
     scale = _device_decimal(series)
     if scale is not None and _decimal_value(value):
@@ -317,6 +317,7 @@ def _isin(series: Any, values: Any, half: bool = False) -> Any:
     """pyarrow's ``is_in`` on a pandas or cuDF series: a null is in ``values`` iff None is.
     ``half``: the file stores the column as float16, whatever type it was decoded to."""
     values = list(values)
+    series = _unarrowed(series)
     wanted: Any = [v for v in values if v is not None and not _inexact_int(series, v)]
     if half or _narrow_float(series):  # pyarrow casts the values to the column's type
         kind = np.float16 if half else getattr(series.dtype, "numpy_dtype", series.dtype).type
@@ -361,6 +362,32 @@ def _as_decoded(series: Any, value: Any) -> Any:
     if aware and getattr(series.dtype, "kind", None) == "M" and not _zoned(series.dtype):
         return pd.Timestamp(value).tz_convert("UTC").tz_localize(None)
     return value
+
+
+def _unarrowed(series: Any) -> Any:
+    """A pyarrow-backed ``series`` (``dtype_backend="pyarrow"``) in pandas' own type where
+    pandas hands pyarrow values it takes wrongly: integers as ``Int64``, ``UInt64``... (a
+    Python int past int64's range, a uint64 column's largest values, overflowed), float16 as
+    float64 (pyarrow has no ``is_in`` for it) and times as NumPy's (``isin`` dropped a value's
+    nanoseconds, and kept the time before it). Any other column as it is."""
+    dtype = series.dtype
+    if not isinstance(dtype, pd.ArrowDtype):
+        return series
+    import pyarrow as pa
+
+    kind = dtype.pyarrow_dtype
+    if pa.types.is_integer(kind):
+        signed = "UInt" if pa.types.is_unsigned_integer(kind) else "Int"
+        return series.astype(f"{signed}{kind.bit_width}")
+    if pa.types.is_float16(kind):
+        return series.astype(pd.ArrowDtype(pa.float64()))
+    if pa.types.is_timestamp(kind) and kind.tz is not None:
+        return series.astype(pd.DatetimeTZDtype(kind.unit, kind.tz))
+    if pa.types.is_timestamp(kind):
+        return series.astype(f"datetime64[{kind.unit}]")
+    if pa.types.is_duration(kind):
+        return series.astype(f"timedelta64[{kind.unit}]")
+    return series
 
 
 def _zoned(dtype: Any) -> bool:

@@ -88,6 +88,23 @@ def test_int96_timestamps_as_pyarrow_reads_them(tcp, tmp_path):
     assert got["t"].tolist()[:9] == [pd.Timestamp(w) for w in when[:9]]
 
 
+def test_a_value_pandas_cannot_hold_is_an_error_naming_the_file(tcp, tmp_path):
+    """A time64[ns] with nanoseconds, which pandas' ``datetime.time`` cannot hold (pyarrow's
+    conversion refuses it, and Dask's read fails so, naming no file), is an InputError naming
+    the file, from the read and from a shuffle of it (it was pyarrow's ArrowInvalid alone);
+    ``dtype_backend="pyarrow"`` reads it."""
+    times = pa.array([0, 7000, 7], pa.time64("ns"))  # whole microseconds in a.parquet
+    pq.write_table(pa.table({"id": [0, 1], "t": times.slice(0, 2)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [3], "t": times.slice(2)}), tmp_path / "b.parquet")
+    df = dg.read_parquet(tmp_path, blocksize=1, target="host", client=tcp)
+    with pytest.raises(dg.InputError, match=r"b\.parquet.*non-zero nanoseconds"):
+        compute(tcp, df)
+    with pytest.raises(dg.InputError, match=r"b\.parquet.*non-zero nanoseconds"):
+        dg.shuffle(df, "id", npartitions=2, client=tcp)
+    kept = dg.read_parquet(tmp_path, dtype_backend="pyarrow", target="host", client=tcp)
+    assert compute(tcp, kept)["t"].tolist() == times.to_pylist()
+
+
 @pytest.mark.parametrize(
     ("first", "second", "read_as"),
     [e[1:] for e in EVOLVED_TYPES],

@@ -397,7 +397,10 @@ class HostTarget(Target):
             # pandas (a row group of 1 GB peaked 30 % above Dask's read): the table owns its own
             del file, packed, buffer
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return _to_pandas(table, shards[0].part.conversion, shards[0].part.categorical)
+        # a value pandas cannot hold (a time64[ns] with nanoseconds as datetime.time) names the
+        # run's files, as a decode error does
+        with decoding(*shards):
+            return _to_pandas(table, shards[0].part.conversion, shards[0].part.categorical)
 
     def as_array(
         self, buffer: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], order: Order
