@@ -839,6 +839,51 @@ def test_registering_the_readers_again_mid_shuffle_leaves_it_alone(cluster):
     cluster.register_plugin(dg.GPUDirectPlugin())
 
 
+def test_removing_the_shuffle_plugin_mid_shuffle_leaves_the_workers_running():
+    """``client.unregister_worker_plugin("gpudirect-shuffle")`` while a shuffle is in flight: the
+    shuffle fails with a ShuffleError, and the workers stay. The client's abort reached them on
+    their stream after the plugin had removed its handler, and that KeyError broke each
+    worker's stream to the scheduler: every worker closed. On a cluster of its own, so a
+    failure leaves the others' alone."""
+    cluster = start_cluster("tcp", threads=1)
+    client = Client(cluster, set_as_default=False)
+    try:
+        with client.as_current():
+            client.wait_for_workers(2)
+            ensure_plugins(client)
+            workers = sorted(client.nthreads())
+            pdf = frame(2000, keys=97, seed=18)
+            df = client.persist(dd.from_pandas(pdf, npartitions=4))
+            wait(df)
+            client.run(delay_receive, seconds=1)  # keeps the exchange in flight
+
+            def shuffle() -> BaseException | None:
+                try:
+                    dg.shuffle(df, "k", client=client)
+                except Exception as exc:
+                    return exc
+                return None
+
+            with ThreadPoolExecutor(1) as pool:
+                running = pool.submit(shuffle)
+                deadline = time.monotonic() + HANG_GUARD
+                while not all(s["runs"] for s in client.run(shuffle_state).values()):
+                    assert not running.done(), running.exception()
+                    assert time.monotonic() < deadline, "the shuffle never started on both workers"
+                client.unregister_worker_plugin(ShuffleWorkerPlugin.name)
+                error = running.result(timeout=HANG_GUARD)
+            assert isinstance(error, dg.ShuffleError), repr(error)
+            # the abort reached the workers as the stages ended: a worker it broke leaves
+            # before it is heard twice more (False)
+            assert all(heartbeats_heard(client, w, 2) for w in workers)
+            assert sorted(client.nthreads()) == workers
+            out = dg.shuffle(df, "k", client=client)  # registers the plugin again
+            assert_hash_partitions(partitions(client, out), pdf, "k", 4)
+    finally:
+        client.close()
+        cluster.close()
+
+
 def test_worker_killed_mid_shuffle(cluster):
     """SIGKILL a worker while the shuffle waits on it: a ShuffleError naming it, then a rerun.
 

@@ -70,8 +70,16 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         self.service.teardown()
         for name in self.service.handlers():
             worker.handlers.pop(name, None)
-        worker.stream_handlers.pop(FAIL, None)
-        worker.stream_handlers.pop(PUBLISHED, None)
+        # the scheduler may still end or publish a shuffle this worker ran (the client's abort
+        # of the runs just ended here): an op with no handler breaks the worker's stream to
+        # the scheduler, and the worker closes
+        worker.stream_handlers[FAIL] = _no_longer_here
+        worker.stream_handlers[PUBLISHED] = _no_longer_here
+
+
+def _no_longer_here(**msg: Any) -> None:
+    """A stream message for a shuffle on a worker whose plugin was removed: its runs ended
+    and its outputs were let go then (:meth:`.ShuffleService.teardown`)."""
 
 
 def _keep(scheduler: Scheduler, built: dict[str, dict], client: str) -> list[tuple[TaskState, str]]:
