@@ -292,7 +292,7 @@ class ParquetPlan:
         wanted = _pandas_dtypes(schema.metadata)
         first = (schema.metadata or {}).get(b"pandas", b"")
         categorical = _dictionary_columns(schema, self.conversion)
-        noted = tuple(c for c in categorical if not pa.types.is_dictionary(schema.field(c).type))
+        noted = _noted_alone(schema, categorical)
         seen: dict[bytes | None, tuple] = {}
         shards = []
         for plan in plans:
@@ -354,6 +354,11 @@ def _dictionary_columns(schema: pa.Schema, conversion: Conversion) -> tuple[str,
         if c.get("pandas_type") == "categorical"
     } - set(_stored_index(schema))  # an index of them Dask reads as the integers stored
     return tuple(f.name for f in schema if pa.types.is_dictionary(f.type) or f.name in noted)
+
+
+def _noted_alone(schema: pa.Schema, categorical: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``categorical`` categories by pandas' note alone (stored as plain values)."""
+    return tuple(c for c in categorical if not pa.types.is_dictionary(schema.field(c).type))
 
 
 #: A Parquet file ends with its footer's length (4 bytes, little-endian) and the magic ``PAR1``.
@@ -720,12 +725,8 @@ def plan(
     part = dict(  # what every shard's ParquetPart shares; row groups are added per shard
         read_columns=tuple(read_columns),
         columns=tuple(kept),
-        categorical=_dictionary_columns(out_schema, conversion),
-        noted=tuple(
-            c
-            for c in _dictionary_columns(out_schema, conversion)
-            if not pa.types.is_dictionary(out_schema.field(c).type)
-        ),
+        categorical=(categorical := _dictionary_columns(out_schema, conversion)),
+        noted=_noted_alone(out_schema, categorical),
         halves=tuple(f.name for f in out_schema if pa.types.is_float16(f.type)),
         index=key,
         partition_types=types,
