@@ -6,10 +6,11 @@ is deterministic, so the same inputs and workers give the same placement. Becaus
 drops annotations and fuses tasks, the placement travels inside the shard itself, and
 :class:`PlacementPlugin` finds shards in incoming tasks (fused or not) and restricts each task
 to its worker. The restriction is strict while that worker lives (work stealing would otherwise
-hand a busy worker's shards to an idle one that may not see the file) and dropped when it
-leaves: then any worker may run it, and the read says why it ran there. A task that arrives
-while its worker retires (``closing_gracefully``, where ``retire_workers`` may keep it for
-good) is not restricted at all.
+hand a busy worker's shards to an idle one that may not see the file). When it leaves (or
+retires: ``closing_gracefully``, where ``retire_workers`` may keep it for good), the task is
+restricted to the other workers that found its files (node-local copies on other nodes), and
+where none of them is left, to none: then any worker may run it (a restarted one, with a new
+address), and the read says why it ran there.
 """
 
 from __future__ import annotations
@@ -181,11 +182,19 @@ def assign(
     first, onto the least-loaded worker that can read all their files."""
     load_bytes = {worker: 0 for worker in sorted(readable)}
     placed: dict[int, tuple[Shard, ...]] = {}
+    seen: dict[tuple[str, ...], tuple[str, ...]] = {}
     sizes = [sum(s.nbytes for s in p) for p in partitions]
     for i in sorted(range(len(partitions)), key=lambda i: (-sizes[i], i)):
-        worker = _least_loaded(sorted({s.path for s in partitions[i]}), load_bytes, readable)
+        paths = sorted({s.path for s in partitions[i]})
+        worker = _least_loaded(paths, load_bytes, readable)
         load_bytes[worker] += sizes[i]
-        placed[i] = tuple(dataclasses.replace(s, worker=worker) for s in partitions[i])
+        # who may read it if ``worker`` leaves: one tuple for every partition of the same
+        # readers, which the graph's pickle then writes once
+        found = tuple(sorted(_readers(paths, readable)))
+        readers = seen.setdefault(found, found)
+        placed[i] = tuple(
+            dataclasses.replace(s, worker=worker, readers=readers) for s in partitions[i]
+        )
     return [placed[i] for i in range(len(partitions))]
 
 
@@ -235,25 +244,42 @@ class PlacementPlugin(SchedulerPlugin):
                 continue
             shard = _shard_of(ts.run_spec)
             worker = shard.worker if shard is not None else None
-            if worker is not None and _staying(scheduler, worker):
-                ts.worker_restrictions = {worker}
+            if worker is None:
+                continue
+            assert shard is not None
+            # gone or retiring already: the others that found its files (else any worker)
+            able = {worker} if _staying(scheduler, worker) else _others(scheduler, shard, worker)
+            if able:
+                ts.worker_restrictions = able
                 ts.loose_restrictions = False
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
-        """The shards placed on ``worker`` may now run anywhere (other tasks restricted to it
-        keep their restriction): those the scheduler has already found no worker for are sent
-        back to be scheduled again. Dropped, not loosened: a task in ``no-worker`` is taken up
-        when a worker joins by its valid workers alone, so a read loosened to a gone worker
-        that found none running (the only one, or all, died) would wait for ever."""
+        """The shards placed on ``worker`` may now run on the other workers that found their
+        files (node-local copies), or anywhere where none of those is left (other tasks
+        restricted to it keep their restriction): those the scheduler has already found no
+        worker for are sent back to be scheduled again. Dropped, not loosened: a task in
+        ``no-worker`` is taken up when a worker joins by its valid workers alone, so a read
+        loosened to a gone worker that found none running (the only one, or all, died) would
+        wait for ever."""
         again: dict[Key, TaskStateState] = {}
         for ts in scheduler.tasks.values():
-            mine = ts.worker_restrictions == {worker} and ts.run_spec is not None
-            if mine and not ts.loose_restrictions and _shard_of(ts.run_spec) is not None:
-                ts.worker_restrictions = None
-                if ts.state == "no-worker":
-                    again[ts.key] = "waiting"
+            held = ts.worker_restrictions
+            if not held or worker not in held or ts.loose_restrictions or ts.run_spec is None:
+                continue
+            shard = _shard_of(ts.run_spec)
+            if shard is None or not held <= {shard.worker, *shard.readers}:
+                continue  # not a restriction placement made
+            ts.worker_restrictions = _others(scheduler, shard, worker) or None
+            if ts.state == "no-worker":
+                again[ts.key] = "waiting"
         if again:
             scheduler.transitions(again, stimulus_id=f"gpudirect-placement-left-{time()}")
+
+
+def _others(scheduler: Scheduler, shard: Shard, gone: str) -> set[str]:
+    """The workers other than ``gone`` that found the files of ``shard``'s partition and are
+    in the cluster, not retiring."""
+    return {w for w in shard.readers if w != gone and _staying(scheduler, w)}
 
 
 def _staying(scheduler: Scheduler, worker: str) -> bool:

@@ -31,8 +31,10 @@ class Shard:
     ``ranges`` are ``(file_offset, length)`` pairs, sorted, and the buffer holds them alone
     (:attr:`nbytes`; :attr:`layout` says where a byte of the file lies in it): a shard of a few
     row groups of a large file costs their bytes, not the file's. ``stamp`` is the file as
-    planned, checked again by every read. ``worker`` is set by placement. ``store`` says how
-    to reach a remote object (``s3://``, ``http(s)://``); its repr leaves the credentials out.
+    planned, checked again by every read. ``worker`` is set by placement, and ``readers``: the
+    workers that found every file of the shard's partition, which may read it when ``worker``
+    has left. ``store`` says how to reach a remote object (``s3://``, ``http(s)://``); its
+    repr leaves the credentials out.
     """
 
     path: str
@@ -44,6 +46,7 @@ class Shard:
     worker: str | None = None
     stamp: Stamp | None = None
     store: Store | None = None
+    readers: tuple[str, ...] = ()
 
     def __dask_tokenize__(self) -> bytes:
         """What Dask names a read's tasks by: the pickled shard. Dask's own walk over every

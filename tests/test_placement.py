@@ -130,7 +130,9 @@ def test_assign_only_to_workers_that_can_read():
     readable = {"w1": {"/a/x", "/a/z"}, "w2": {"/a/x", "/a/z", "/b/y", "/b/w"}}
     placed = place(shards, readable)
     assert [s.worker for s in placed] == ["w1", "w2", "w1", "w2"]
-    assert [dataclasses.replace(s, worker=None) for s in placed] == shards
+    # the workers that may read it where its own leaves: every one that found the file
+    assert [s.readers for s in placed] == [("w1", "w2"), ("w2",), ("w1", "w2"), ("w2",)]
+    assert [dataclasses.replace(s, worker=None, readers=()) for s in placed] == shards
 
 
 def test_assign_balances_and_is_deterministic():
