@@ -1262,3 +1262,72 @@ def test_an_input_gone_from_its_worker_is_fetched_from_the_cluster(tcp):
     pd.testing.assert_frame_equal(fetched, part.result())
     pd.testing.assert_frame_equal(held, own.result())
     assert a in tcp.who_has([part])[part.key]  # fetched, not moved
+
+
+def test_an_interrupt_as_the_plugins_are_set_up_lets_go_of_the_inputs():
+    """Ctrl-C while the first shuffle of a cluster sets its plugins up on the workers (a stopped
+    worker holds that up, for gpudirect.shuffle.timeout): the error kept (a notebook's last
+    one) held every input partition on the workers through its traceback's frames, as a failed
+    shuffle's once did. On a cluster of its own: its plugins are not set up yet."""
+    with start_cluster("tcp", threads=1) as lc, Client(lc, set_as_default=False) as client:
+        client.wait_for_workers(2)
+        scheduler = lc.scheduler
+        real = scheduler.handlers["register_worker_plugin"]
+
+        async def interrupted(comm=None, **msg):  # the caller's Ctrl-C as the set-up starts
+            ctrl_c()
+            return await real(comm=comm, **msg)
+
+        pdf = frame(2000, keys=97, seed=22)
+        df = dd.from_pandas(pdf, npartitions=8)  # computed by the shuffle: held by nothing else
+        scheduler.handlers["register_worker_plugin"] = interrupted
+        sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with pytest.raises(KeyboardInterrupt) as kept:
+                dg.shuffle(df, "k", client=client)
+        finally:
+            scheduler.handlers["register_worker_plugin"] = real
+            signal.signal(signal.SIGINT, sigint)
+        deadline = time.monotonic() + 30  # the inputs, wanted by this client while kept
+        while scheduler.tasks:
+            assert time.monotonic() < deadline, f"still held: {sorted(map(str, scheduler.tasks))}"
+            time.sleep(0.05)
+        wait_released(client)
+        assert kept.value is not None
+        out = dg.shuffle(df, "k", npartitions=4, client=client)
+        assert_hash_partitions(partitions(client, out), pdf, "k", 4)
+
+
+def test_an_interrupt_as_the_rapidsmpf_communicator_starts_gives_its_op_id_back(
+    cluster, monkeypatch
+):
+    """Ctrl-C while the ``rapidsmpf`` engine's communicator starts (seconds, on the first such
+    shuffle): the op id the scheduler reserved for the shuffle is given back (it was kept for
+    good: RapidsMPF has a fixed number of them). The communicator's start is stood in for:
+    RapidsMPF runs on GPU workers only."""
+    from dask_gpudirect.shuffle import coordinator, rapidsmpf_engine
+    from dask_gpudirect.shuffle.split import HashSplit
+    from dask_gpudirect.shuffle.worker import Exchange
+
+    plugin = cluster.cluster.scheduler.plugins["gpudirect-shuffle"]
+    started = threading.Event()
+
+    def starting(client, participants, known):  # the two client.run calls of the real one
+        started.set()
+        ctrl_c()
+        client.sync(asyncio.sleep, 30)  # until the interrupt
+
+    monkeypatch.setattr(rapidsmpf_engine, "op_id_limit", lambda: 8)
+    monkeypatch.setattr(rapidsmpf_engine, "ensure_ranks", starting)
+    meta = frame(0, keys=1)
+    workers = tuple(sorted(cluster.nthreads()))
+    splitter = HashSplit(["k"], 2, "host", meta, True, True)
+    plan = Exchange("interrupted", workers, workers, splitter, "host", ("a", "b"), 1, "rapidsmpf")
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            coordinator._on_rapidsmpf(cluster, plan, {})
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert started.is_set()
+    assert "interrupted" not in plugin.op_ids

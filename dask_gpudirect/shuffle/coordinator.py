@@ -101,23 +101,24 @@ def exchange(
     (None: as ``gpudirect.shuffle.progress`` says).
     """
     timeout = settings.timeout()
-    try:  # a shuffle reads nothing; a stopped worker would hold the first shuffle up for ever
-        ensure_plugins(client, need_readers=[], readers=False, timeout=timeout)
-    except TimeoutError:
-        raise ShuffleError(
-            f"a worker did not answer in {timeout:g} s (gpudirect.shuffle.timeout) while the "
-            "shuffle was set up on the workers: stopped or overloaded; run the shuffle again"
-        ) from None
-    if progress is None:
-        progress = settings.progress()
-    with ShuffleProgress(client, len(inputs), progress, *splitter.shown_as) as shown:
-        try:
+    try:
+        try:  # a shuffle reads nothing; a stopped worker would hold the first shuffle up for ever
+            ensure_plugins(client, need_readers=[], readers=False, timeout=timeout)
+        except TimeoutError:
+            raise ShuffleError(
+                f"a worker did not answer in {timeout:g} s (gpudirect.shuffle.timeout) while the "
+                "shuffle was set up on the workers: stopped or overloaded; run the shuffle again"
+            ) from None
+        if progress is None:
+            progress = settings.progress()
+        with ShuffleProgress(client, len(inputs), progress, *splitter.shown_as) as shown:
             return _exchange(client, inputs, splitter, keys, target, shown, engines, placed, then)
-        except BaseException:
-            # the error's frames hold the inputs (``inputs``: the caller's list) for as long
-            # as it is kept (a notebook's last one): the workers would keep them too
-            inputs.clear()
-            raise
+    except BaseException:
+        # the error's frames hold the inputs (``inputs``: the caller's list) for as long as it
+        # is kept (a notebook's last one): the workers would keep them too. The plugins' set-up
+        # too: a Ctrl-C while a stopped worker holds it up, or its timeout
+        inputs.clear()
+        raise
 
 
 def _exchange(
@@ -305,13 +306,15 @@ def _on_rapidsmpf(client: Client, plan: Exchange, members: dict[str, Any]) -> Ex
     one ``members`` says they have, or a new one)."""
     from .rapidsmpf_engine import ensure_ranks, op_id_limit
 
-    op_id = client.sync(
-        client.scheduler.gpudirect_shuffle_op_id, shuffle_id=plan.id, limit=op_id_limit()
-    )
-    try:
+    limit = op_id_limit()
+    try:  # a Ctrl-C too (the communicator's start takes seconds), reserved or not yet
+        op_id = client.sync(
+            client.scheduler.gpudirect_shuffle_op_id, shuffle_id=plan.id, limit=limit
+        )
         ensure_ranks(client, plan.participants, members)
-    except Exception:
-        _end(client, plan)  # gives the op id back
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _end(client, plan)  # gives the op id back
         raise
     return dataclasses.replace(plan, op_id=op_id)
 
