@@ -73,9 +73,10 @@ class Splitter(Protocol):
 
 def union_categories(inputs: dict[int, dict[Any, pd.Index]]) -> dict[Any, pd.Index]:
     """Each column's categories over all ``inputs`` (input ``i``: its categories by column),
-    in input order, each where it first appears: what Dask's concat of the task shuffle's
-    pieces of an output of rows holds (pieces of no rows too), wherever the inputs were. An
-    output of no rows holds the same union; the task shuffle's holds its first piece's."""
+    in input order, each where it first appears, wherever the inputs were: every output holds
+    the same (and an output of no rows too). Dask's task shuffle holds the union of the pieces
+    of rows that reached an output (its ``_concat`` drops pieces of no rows; an output of no
+    rows holds its first piece's): ours does not hang on which inputs sent it rows."""
     by_column: dict[Any, list[pd.Index]] = {}
     for i in sorted(inputs):
         for column, categories in inputs[i].items():
