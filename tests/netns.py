@@ -407,3 +407,21 @@ class NetnsCluster:
 
     def cut(self, host: str) -> None:
         self.network.cut(host)
+
+
+@contextlib.contextmanager
+def private_disks(hosts: dict[str, int], private_dir: str):
+    """A :class:`NetnsCluster` of ``hosts``, each with its own empty disk at ``private_dir``,
+    and a client of it, closed after; the test skipped where namespaces cannot be made."""
+    import pytest
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"cannot make network namespaces: {reason}")
+    cluster = NetnsCluster(hosts, private_dir=private_dir).start()
+    client = cluster.connect()
+    try:
+        yield cluster, client
+    finally:
+        client.close(timeout=10)
+        cluster.close()

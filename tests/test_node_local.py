@@ -43,16 +43,10 @@ ROWS = 500  # per file
 
 @pytest.fixture(scope="module")
 def hosts():
-    reason = netns.unavailable()
-    if reason is not None:
-        pytest.skip(f"cannot make network namespaces: {reason}")
     # Distributed's own connect timeout (30 s): a shorter one lost a worker of host a on a
     # loaded machine, where a connect can take longer than 10 s.
-    cluster = netns.NetnsCluster(HOSTS, private_dir=LOCAL).start()
-    client = cluster.connect()
-    yield cluster, client
-    client.close(timeout=10)
-    cluster.close()
+    with netns.private_disks(HOSTS, LOCAL) as both:
+        yield both
 
 
 def on_host(cluster, client, host: str) -> list[str]:

@@ -35,14 +35,8 @@ FILES = 6
 
 @pytest.fixture(scope="module")
 def hosts():
-    reason = netns.unavailable()
-    if reason is not None:
-        pytest.skip(f"cannot make network namespaces: {reason}")
-    cluster = netns.NetnsCluster(HOSTS, private_dir=LOCAL).start()
-    client = cluster.connect()
-    yield cluster, client
-    client.close(timeout=10)
-    cluster.close()
+    with netns.private_disks(HOSTS, LOCAL) as both:
+        yield both
 
 
 def on_host(cluster, client, host: str) -> str:
