@@ -248,7 +248,7 @@ class PlacementPlugin(SchedulerPlugin):
                 continue
             assert shard is not None
             # gone or retiring already: the others that found its files (else any worker)
-            able = {worker} if _staying(scheduler, worker) else _others(scheduler, shard, worker)
+            able = {worker} if staying(scheduler, worker) else _others(scheduler, shard, worker)
             if able:
                 ts.worker_restrictions = able
                 ts.loose_restrictions = False
@@ -279,10 +279,11 @@ class PlacementPlugin(SchedulerPlugin):
 def _others(scheduler: Scheduler, shard: Shard, gone: str) -> set[str]:
     """The workers other than ``gone`` that found the files of ``shard``'s partition and are
     in the cluster, not retiring."""
-    return {w for w in shard.readers if w != gone and _staying(scheduler, w)}
+    return {w for w in shard.readers if w != gone and staying(scheduler, w)}
 
 
-def _staying(scheduler: Scheduler, worker: str) -> bool:
-    """Whether ``worker`` is in the cluster and not retiring: a read may be pinned to it."""
+def staying(scheduler: Scheduler, worker: str) -> bool:
+    """Whether ``worker`` is in the cluster and not retiring: a task may be pinned to it (a
+    retiring one is given none)."""
     ws = scheduler.workers.get(worker)
     return ws is not None and ws.status != Status.closing_gracefully

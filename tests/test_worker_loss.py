@@ -256,3 +256,33 @@ def _hold(event: str, i: int) -> int:
     """Keeps a worker thread until ``event`` is set."""
     Event(event).wait()
     return i
+
+
+@pytest.mark.parametrize("persisted", [False, True], ids=["read", "persisted"])
+def test_a_shuffle_leaves_out_a_retiring_worker(persisted, tmp_path):
+    """A worker retiring for good (``retire_workers(..., close_workers=False, remove=False)``,
+    as the reads above) is given no task: a shuffle of a read placed on it, or of a frame it
+    holds, runs its stages on the others. Its stage was pinned to it and never ran: the others
+    waited for its pieces until ``gpudirect.shuffle.timeout`` and the shuffle failed."""
+    frame = pd.DataFrame({"id": np.arange(24_000) % 97, "x": np.arange(24_000)})
+    for i in range(6):
+        frame.iloc[i * 4000 : (i + 1) * 4000].to_parquet(tmp_path / f"{i}.parquet", index=False)
+    limit = {"gpudirect.shuffle.timeout": "20s"}  # a hang before the fix fails fast
+    with (
+        dask.config.set(limit),
+        start_cluster("tcp", n_workers=2, threads=1, config=limit) as cluster,
+        Client(cluster) as client,
+    ):
+        df = dg.read_parquet(tmp_path, client=client)
+        if persisted:
+            df = df.persist()
+            wait(df)
+        retiring = sorted(client.nthreads())[0]
+        if persisted:
+            assert retiring in {w for ws in client.who_has(df).values() for w in ws}
+        else:
+            assert any(s.worker == retiring for s in shards_of(df).values())
+        client.retire_workers([retiring], close_workers=False, remove=False)
+        out = dg.shuffle(df, "id", client=client)  # was a ShuffleError after 20 s
+        assert retiring not in {w for ws in client.who_has(out).values() for w in ws}
+        assert_same_frame(out.compute(), frame, by=["x"])

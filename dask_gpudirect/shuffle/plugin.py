@@ -34,6 +34,7 @@ from distributed.worker import get_worker
 
 from .. import ledger, metrics
 from ..errors import ShuffleError
+from ..placement import staying
 from .worker import BUILT, MAX_CLOSED, ShuffleService
 
 logger = logging.getLogger(__name__)
@@ -173,16 +174,33 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         the client's ``gpudirect.shuffle.timeout``: a stopped worker answers never). With
         ``placed`` (the worker that computes each input, and its bytes read) the inputs need
         not be computed yet: ``unplaced`` where one of those workers has left, so its input
-        may run elsewhere."""
+        may run elsewhere.
+
+        A worker that is retiring (``closing_gracefully``: ``retire_workers``, a cluster that
+        scales down) is given no task, so no stage may be pinned to it: a placed input there
+        counts as ``unplaced`` (placement runs it on another), an input it holds goes to a
+        holder that stays, else to the staying worker with the fewest inputs so far, whose
+        stage fetches it (:meth:`.ShuffleService.take_inputs`)."""
+        scheduler = self.scheduler
+        stay = sorted(w for w in scheduler.workers if staying(scheduler, w))
         who_has, nbytes = {}, {}
+        taken = collections.Counter[str]()
         for i, key in enumerate(keys):
-            ts = self.scheduler.tasks.get(key)
+            ts = scheduler.tasks.get(key)
             if ts is not None and ts.who_has:
-                who_has[key] = sorted(ws.address for ws in ts.who_has)
+                holders = sorted(ws.address for ws in ts.who_has)
+                here = [w for w in holders if staying(scheduler, w)]
+                if not here and not stay:
+                    raise ShuffleError(
+                        f"shuffle input {key!r} is held by worker(s) {holders}, which are "
+                        "retiring, and no other worker stays to run the shuffle"
+                    )
+                who_has[key] = here or [min(stay, key=lambda w: (taken[w], w))]
+                taken[who_has[key][0]] += 1
                 nbytes[key] = ts.nbytes
             elif placed is not None:
                 worker, nbytes[key] = placed[i]
-                if worker not in self.scheduler.workers:
+                if not staying(scheduler, worker):  # gone or retiring: it runs elsewhere
                     return {"unplaced": True}
                 who_has[key] = [worker]
             else:
