@@ -9,8 +9,9 @@ to its worker. The restriction is strict while that worker lives (work stealing 
 hand a busy worker's shards to an idle one that may not see the file). When it leaves (or
 retires: ``closing_gracefully``, where ``retire_workers`` may keep it for good), the task is
 restricted to the other workers that found its files (node-local copies on other nodes), and
-where none of them is left, to none: then any worker may run it (a restarted one, with a new
-address), and the read says why it ran there.
+where none of them is left, or every worker found them (a shared file system: the shard then
+names none), to none: then any worker may run it (a restarted one, with a new address), and
+the read says why it ran there.
 """
 
 from __future__ import annotations
@@ -186,11 +187,17 @@ def assign(
     sizes = [sum(s.nbytes for s in p) for p in partitions]
     for i in sorted(range(len(partitions)), key=lambda i: (-sizes[i], i)):
         paths = sorted({s.path for s in partitions[i]})
-        worker = _least_loaded(paths, load_bytes, readable)
+        able = _readers(paths, readable)
+        if not able:
+            _least_loaded(paths, load_bytes, readable)  # raises: names the file no one sees
+        worker = min(able, key=lambda w: (load_bytes[w], w))
         load_bytes[worker] += sizes[i]
-        # who may read it if ``worker`` leaves: one tuple for every partition of the same
-        # readers, which the graph's pickle then writes once
-        found = tuple(sorted(_readers(paths, readable)))
+        # who may read it if ``worker`` leaves: none named where every worker found its files
+        # (a shared file system: any worker may, a restart too). Named, they are pickled into
+        # every task (and its token): 25 KB a task on 1,000 workers, for nothing
+        found = () if len(able) == len(readable) else tuple(sorted(able))
+        # one tuple for every partition of the same readers, which the graph's pickle then
+        # writes once
         readers = seen.setdefault(found, found)
         placed[i] = tuple(
             dataclasses.replace(s, worker=worker, readers=readers) for s in partitions[i]

@@ -33,8 +33,8 @@ class Shard:
     row groups of a large file costs their bytes, not the file's. ``stamp`` is the file as
     planned, checked again by every read. ``worker`` is set by placement, and ``readers``: the
     workers that found every file of the shard's partition, which may read it when ``worker``
-    has left. ``store`` says how to reach a remote object (``s3://``, ``http(s)://``); its
-    repr leaves the credentials out.
+    has left (none where every worker found them: then any worker may). ``store`` says how to
+    reach a remote object (``s3://``, ``http(s)://``); its repr leaves the credentials out.
     """
 
     path: str

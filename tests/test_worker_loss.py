@@ -32,6 +32,7 @@ from util import (
 
 import dask_gpudirect as dg
 from dask_gpudirect import known_workers
+from dask_gpudirect.placement import _shard_of
 
 
 class DieWhenLoading(WorkerPlugin):
@@ -92,6 +93,56 @@ def test_shards_of_a_retiring_worker_are_read_by_the_others(tmp_path):
         np.testing.assert_array_equal(client.compute(arr).result(timeout=120), expected)
         readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
         assert readers and retiring not in readers
+
+
+def test_shards_of_a_dead_worker_on_a_shared_file_system_are_read_by_its_restart(tmp_path):
+    """Every worker sees the file. The victim dies and its nanny restarts it (a new address);
+    then its shards are read while the other worker's one thread is held: the restart reads
+    them. (Restricted to the other workers that had found the file, the survivor alone, they
+    waited for it while the restart idled.)"""
+    expected = np.arange(60_000, dtype=np.int64)
+    np.save(tmp_path / "x.npy", expected)
+    # no queued task goes to a worker whose one thread is held
+    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
+        cluster = start_cluster("tcp", n_workers=2, threads=1)
+    with cluster, Client(cluster) as client:
+        arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=client)  # 12 shards
+        victim, busy = sorted(client.nthreads())
+        graph = dict(arr.__dask_graph__())
+        keys = [k for k, task in graph.items() if _shard_of(task).worker == victim]
+        assert keys
+        client.run(_die, workers=[victim], wait=False)
+        deadline = time.monotonic() + HANG_GUARD
+        while victim in client.nthreads() or len(client.nthreads()) < 2:
+            assert time.monotonic() < deadline, "the nanny did not restart the victim"
+            time.sleep(0.05)
+        (restart,) = set(client.nthreads()) - {busy}
+        started, release = Event(), Event()
+        holder = client.submit(_hold_started, started.name, release.name, workers=[busy])
+        assert started.wait(timeout=HANG_GUARD)
+        try:
+            read = client.get(graph, keys, sync=False)
+            wait(read, timeout=120)  # while busy's one thread is held
+            got = np.concatenate(client.gather(read))
+        finally:
+            release.set()
+        holder.result()
+        np.testing.assert_array_equal(
+            np.sort(got),
+            np.sort(np.concatenate([expected[k[1] * 5000 : (k[1] + 1) * 5000] for k in keys])),
+        )
+        readers = set(dg.ledger_report.records(client).query("op == 'read'").worker)
+        assert readers == {restart}, readers
+
+
+async def _die() -> None:
+    os._exit(1)
+
+
+def _hold_started(started: str, release: str) -> None:
+    """Keeps a worker thread until ``release`` is set, ``started`` set once it runs."""
+    Event(started).set()
+    Event(release).wait()
 
 
 class DieWhenSurveyed(dg.GPUDirectPlugin):
