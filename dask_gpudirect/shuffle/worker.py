@@ -338,7 +338,8 @@ class ShuffleRun:
                 missing = sorted(set(exchange.participants) - self.finished)
                 raise ShuffleError(
                     f"shuffle {self.id}: waited {self.timeout:g} s (gpudirect.shuffle.timeout) "
-                    f"for pieces from {missing}"
+                    f"for pieces from {missing}: stopped, paused (memory past "
+                    "distributed.worker.memory.pause: Dask starts no stage there) or overloaded"
                 ) from None
         self.raise_if_failed()
 
