@@ -40,16 +40,25 @@ def _readers(paths: list[str], readable: dict[str, set[str]]) -> list[str]:
     return [w for w, seen in readable.items() if all(path in seen for path in paths)]
 
 
-def _least_loaded(paths: list[str], load: dict[str, int], readable: dict[str, set[str]]) -> str:
-    """The worker of ``load`` that can read all ``paths`` and has least load (ties: by name)."""
-    able = _readers(paths, {w: readable[w] for w in load})
+def _readers_of(paths: list[str], readable: dict[str, set[str]]) -> list[str]:
+    """The workers of ``readable`` that can read every one of ``paths``; an InputError naming
+    a file that none can where there is none."""
+    able = _readers(paths, readable)
     if not able:
-        unread = next((p for p in paths if not any(p in readable[w] for w in load)), paths[0])
+        unread = next(
+            (p for p in paths if not any(p in seen for seen in readable.values())), paths[0]
+        )
         raise InputError(
             unread,
             "no worker can read this file (checked every worker: it must exist there and lie "
             "inside gpudirect.allowed-roots where that is set)",
         )
+    return able
+
+
+def _least_loaded(paths: list[str], load: dict[str, int], readable: dict[str, set[str]]) -> str:
+    """The worker of ``load`` that can read all ``paths`` and has least load (ties: by name)."""
+    able = _readers_of(paths, {w: readable[w] for w in load})
     return min(able, key=lambda w: (load[w], w))
 
 
@@ -187,9 +196,7 @@ def assign(
     sizes = [sum(s.nbytes for s in p) for p in partitions]
     for i in sorted(range(len(partitions)), key=lambda i: (-sizes[i], i)):
         paths = sorted({s.path for s in partitions[i]})
-        able = _readers(paths, readable)
-        if not able:
-            _least_loaded(paths, load_bytes, readable)  # raises: names the file no one sees
+        able = _readers_of(paths, readable)
         worker = min(able, key=lambda w: (load_bytes[w], w))
         load_bytes[worker] += sizes[i]
         # who may read it if ``worker`` leaves: none named where every worker found its files
