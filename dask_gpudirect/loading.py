@@ -64,6 +64,13 @@ def load_partition(shards: tuple[Shard, ...], columns: list[str]) -> Any:
     return concat(frames, ignore_index=not shards[0].part.indexed)
 
 
+def unreadable_together(path: str, problem: str) -> None:
+    """Task body that :class:`~dask_gpudirect.placement.PlacementPlugin` gives a task whose
+    files no one worker can read (reads of several datasets that Dask fused into one task):
+    the InputError that says so, before anything is read."""
+    raise InputError(path, problem)
+
+
 def elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
     """``exc``, saying why the shard was read here when placement chose a worker now gone."""
     if shard.worker in (None, here):

@@ -11,7 +11,10 @@ retires: ``closing_gracefully``, where ``retire_workers`` may keep it for good),
 restricted to the other workers that found its files (node-local copies on other nodes), and
 where none of them is left, or every worker found them (a shared file system: the shard then
 names none), to none: then any worker may run it (a restarted one, with a new address), and
-the read says why it ran there.
+the read says why it ran there. A task that loads shards of several reads (Dask fuses the reads
+of ``dd.concat([a, b], axis=1)`` or ``a.x + b.y`` into one task) runs on a worker that found
+every file it loads; where no worker did (two datasets on different nodes' own disks), it fails
+at once, naming two of its files.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from distributed.scheduler import TaskStateState
 
 from .errors import InputError
 from .formats import parquet
-from .loading import load_chunk, load_partition
+from .loading import load_chunk, load_partition, unreadable_together
 from .shards import Shard
 
 
@@ -228,12 +231,6 @@ def _shards_of(node: Any) -> tuple[Shard, ...]:
     return ()
 
 
-def _shard_of(node: Any) -> Shard | None:
-    """The (first) shard a task loads, looking inside fused tasks; None for other tasks."""
-    shards = _shards_of(node)
-    return shards[0] if shards else None
-
-
 def placed_read(node: Any) -> tuple[str, int] | None:
     """The worker a read task will run on and about the bytes it makes (decoded, not as
     stored), where every shard it loads was placed on one worker (:class:`PlacementPlugin` pins
@@ -256,13 +253,15 @@ class PlacementPlugin(SchedulerPlugin):
             ts = scheduler.tasks.get(key)
             if ts is None or ts.run_spec is None:
                 continue
-            shard = _shard_of(ts.run_spec)
-            worker = shard.worker if shard is not None else None
-            if worker is None:
+            shards = _shards_of(ts.run_spec)
+            if not any(shard.worker is not None for shard in shards):
                 continue
-            assert shard is not None
+            apart = _apart(shards)
+            if apart is not None:  # no worker found every file it loads: it fails at once
+                ts.run_spec = Task(ts.key, unreadable_together, *apart)
+                continue
             # gone or retiring already: the others that found its files (else any worker)
-            able = {worker} if staying(scheduler, worker) else _others(scheduler, shard, worker)
+            able = _restriction(scheduler, shards)
             if able:
                 ts.worker_restrictions = able
                 ts.loose_restrictions = False
@@ -280,20 +279,69 @@ class PlacementPlugin(SchedulerPlugin):
             held = ts.worker_restrictions
             if not held or worker not in held or ts.loose_restrictions or ts.run_spec is None:
                 continue
-            shard = _shard_of(ts.run_spec)
-            if shard is None or not held <= {shard.worker, *shard.readers}:
+            shards = _shards_of(ts.run_spec)
+            named = {w for shard in shards for w in (shard.worker, *shard.readers)}
+            if not shards or not held <= named:
                 continue  # not a restriction placement made
-            ts.worker_restrictions = _others(scheduler, shard, worker) or None
+            ts.worker_restrictions = _restriction(scheduler, shards, gone=worker)
             if ts.state == "no-worker":
                 again[ts.key] = "waiting"
         if again:
             scheduler.transitions(again, stimulus_id=f"gpudirect-placement-left-{time()}")
 
 
-def _others(scheduler: Scheduler, shard: Shard, gone: str) -> set[str]:
-    """The workers other than ``gone`` that found the files of ``shard``'s partition and are
-    in the cluster, not retiring."""
-    return {w for w in shard.readers if w != gone and staying(scheduler, w)}
+def _found(shards: tuple[Shard, ...]) -> set[str] | None:
+    """The workers that found every file ``shards`` are of; None where every worker found
+    each (a shard that names no readers). Shards of several reads, which Dask fused into one
+    task (``dd.concat([a, b], axis=1)``, ``a.x + b.y``), may have been placed apart."""
+    found: set[str] | None = None
+    for shard in shards:
+        if shard.readers:
+            found = set(shard.readers) if found is None else found & set(shard.readers)
+    return found
+
+
+def _restriction(
+    scheduler: Scheduler, shards: tuple[Shard, ...], gone: str | None = None
+) -> set[str] | None:
+    """Where a task that loads ``shards`` may run: the worker placement chose for the first of
+    them that is in the cluster, not retiring (not ``gone``), and found every file the task
+    loads (a task of one read: its own worker); else the others that found them all and are
+    in the cluster, not retiring; None (any worker) where none of those is left, or every
+    worker found them."""
+    found = _found(shards)
+    for worker in dict.fromkeys(shard.worker for shard in shards):
+        if worker is not None and worker != gone and staying(scheduler, worker):
+            if found is None or worker in found:
+                return {worker}
+    if found is None:
+        return None
+    return {w for w in found if w != gone and staying(scheduler, w)} or None
+
+
+def _apart(shards: tuple[Shard, ...]) -> tuple[str, str] | None:
+    """Where no worker found every file ``shards`` are of (reads of datasets on different
+    nodes' own disks that Dask fused into one task): a file, and why it cannot be loaded with
+    the others; else None."""
+    found: set[str] | None = None
+    for k, shard in enumerate(shards):
+        if not shard.readers:
+            continue
+        found = set(shard.readers) if found is None else found & set(shard.readers)
+        if found:
+            continue
+        other = next(
+            (s for s in shards[:k] if s.readers and not set(s.readers) & set(shard.readers)),
+            next(s for s in shards[:k] if s.readers),
+        )
+        return shard.path, (
+            f"cannot be loaded in one task with {other.path}: no worker found both "
+            f"(this file: {', '.join(shard.readers)}; that one: {', '.join(other.readers)}). "
+            "Dask fused reads of several datasets into one task (dd.concat([a, b], axis=1), "
+            "a.x + b.y, a.assign(y=b.y)...): persist each read (a = a.persist()) before "
+            "combining them"
+        )
+    return None
 
 
 def staying(scheduler: Scheduler, worker: str) -> bool:

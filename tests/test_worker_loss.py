@@ -26,13 +26,13 @@ from util import (
     clear_ledgers,
     error_while_stopped,
     expected_parquet,
+    shard_of,
     shards_of,
     start_cluster,
 )
 
 import dask_gpudirect as dg
 from dask_gpudirect import known_workers
-from dask_gpudirect.placement import _shard_of
 
 
 class DieWhenLoading(WorkerPlugin):
@@ -109,7 +109,7 @@ def test_shards_of_a_dead_worker_on_a_shared_file_system_are_read_by_its_restart
         arr = dg.read_binary(tmp_path / "x.npy", blocksize=40_000, client=client)  # 12 shards
         victim, busy = sorted(client.nthreads())
         graph = dict(arr.__dask_graph__())
-        keys = [k for k, task in graph.items() if _shard_of(task).worker == victim]
+        keys = [k for k, task in graph.items() if shard_of(task).worker == victim]
         assert keys
         client.run(_die, workers=[victim], wait=False)
         deadline = time.monotonic() + HANG_GUARD

@@ -31,7 +31,7 @@ from pandas.testing import assert_frame_equal
 import dask_gpudirect as dg
 from dask_gpudirect import cluster as dg_cluster
 from dask_gpudirect import ledger
-from dask_gpudirect.placement import _shard_of
+from dask_gpudirect.placement import _shards_of
 from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
 # Worker processes (and the netns hosts' `dask worker`s) cannot import this directory: helpers
@@ -188,11 +188,17 @@ def load_good(client, path) -> None:
     assert_same_frame(got, expected_parquet(path))
 
 
+def shard_of(task):
+    """The (first) shard a task loads, looking inside fused tasks; None for other tasks."""
+    shards = _shards_of(task)
+    return shards[0] if shards else None
+
+
 def shards_of(collection) -> dict:
     """Partition/chunk index -> the Shard its task loads, from the collection's graph."""
     found = {}
     for key, task in dict(collection.__dask_graph__()).items():
-        shard = _shard_of(task)
+        shard = shard_of(task)
         if shard is not None:
             found[key[1]] = shard
     return found
