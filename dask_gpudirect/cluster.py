@@ -15,7 +15,7 @@ from .config import duration_seconds
 from .cuda import gpu_count
 from .dashboard import DashboardPlugin
 from .errors import ClusterError
-from .placement import PlacementPlugin
+from .placement import PlacementPlugin, staying
 from .plugin import DefaultReaders, GPUDirectPlugin, current_plugin
 from .shuffle.plugin import ShuffleSchedulerPlugin, ShuffleWorkerPlugin
 
@@ -158,15 +158,21 @@ async def _describe(
 
 
 def _registered(dask_scheduler: Scheduler) -> dict[str, Any]:
-    """The worker and scheduler plugins the scheduler holds, by name; its workers' server ids
-    (a restarted worker has a new one) and its reader plugin (or the defaults'), hashed
+    """The worker and scheduler plugins the scheduler holds, by name; the server ids of its
+    workers that stay (a restarted worker has a new one; a retiring one, leaving, is given no
+    read to plan or run, and is not asked: one that closes as it is asked holds the read up for
+    Distributed's connect timeout, 30 s) and its reader plugin (or the defaults'), hashed
     (None: none)."""
     workers, scheduler = dask_scheduler.worker_plugins, dask_scheduler.plugins
     readers = workers.get(GPUDirectPlugin.name) or workers.get(DefaultReaders.name)
     return {
         "worker": list(workers),
         "scheduler": list(scheduler),
-        "servers": {w: ws.server_id for w, ws in dask_scheduler.workers.items()},
+        "servers": {
+            w: ws.server_id
+            for w, ws in dask_scheduler.workers.items()
+            if staying(dask_scheduler, w)
+        },
         "readers": None if readers is None else tokenize(readers),
     }
 

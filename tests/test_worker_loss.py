@@ -29,6 +29,7 @@ from util import (
     shard_of,
     shards_of,
     start_cluster,
+    stopped,
 )
 
 import dask_gpudirect as dg
@@ -337,3 +338,88 @@ def test_a_shuffle_leaves_out_a_retiring_worker(persisted, tmp_path):
         out = dg.shuffle(df, "id", client=client)  # was a ShuffleError after 20 s
         assert retiring not in {w for ws in client.who_has(out).values() for w in ws}
         assert_same_frame(out.compute(), frame, by=["x"])
+
+
+def _sum_held_at_zero(started: str, release: str):
+    """``then=`` of a shuffle: the output that holds key 0 says so and waits for ``release``
+    (its stage, and so the shuffle, stays in flight); each output's sums of x by id."""
+
+    def then(part):
+        if (part.id == 0).any():
+            Event(started).set()
+            assert Event(release).wait(timeout=HANG_GUARD)
+        return part.groupby("id").x.sum()
+
+    return then
+
+
+def _stages_done(dask_scheduler) -> int:
+    """How many shuffle stages (string keys; the outputs' are tuples) are in memory."""
+    return sum(
+        isinstance(key, str) and key.startswith("gpudirect-shuffle-") and ts.state == "memory"
+        for key, ts in dask_scheduler.tasks.items()
+    )
+
+
+def _to_close(dask_scheduler, target: int) -> list[str]:
+    """What a cluster that scales down to ``target`` workers (``adapt``) would retire now."""
+    return dask_scheduler.workers_to_close(target=target)
+
+
+def test_a_cluster_scaling_down_keeps_the_workers_of_a_shuffle_in_flight(tmp_path):
+    """``adapt`` retires the workers ``workers_to_close`` names. A shuffle participant whose
+    stage has ended holds outputs the scheduler learns of only when every stage has ended: it
+    looked idle and was retired, and the shuffle failed ("left the cluster during shuffle").
+    Now none is named while the shuffle runs; once it is over, retiring them moves the outputs
+    and later computes are right."""
+    frame = pd.DataFrame({"id": np.arange(24_000) % 97, "x": np.arange(24_000)})
+    for i in range(6):
+        frame.iloc[i * 4000 : (i + 1) * 4000].to_parquet(tmp_path / f"{i}.parquet", index=False)
+    expected = frame.groupby("id").x.sum()
+    with start_cluster("tcp", n_workers=3, threads=1) as cluster, Client(cluster) as client:
+        df = dg.read_parquet(tmp_path, client=client).persist()
+        wait(df)
+        assert len({w for ws in client.who_has(df).values() for w in ws}) == 3  # 3 participants
+        started, release = Event(), Event()
+        then = _sum_held_at_zero(started.name, release.name)
+        with ThreadPoolExecutor(1) as pool:
+            shuffled = pool.submit(dg.shuffle, df, "id", npartitions=3, client=client, then=then)
+            try:
+                assert started.wait(timeout=HANG_GUARD)
+                deadline = time.monotonic() + HANG_GUARD
+                while client.run_on_scheduler(_stages_done) < 2:  # the other two have ended
+                    assert time.monotonic() < deadline and not shuffled.done()
+                    time.sleep(0.05)
+                assert client.run_on_scheduler(_to_close, target=1) == []
+            finally:
+                release.set()
+            out = shuffled.result(timeout=HANG_GUARD)
+        # the shuffle is over: its workers may go, and its outputs with the one that stays
+        retiring = client.run_on_scheduler(_to_close, target=1)
+        assert len(retiring) == 2
+        client.retire_workers(retiring, close_workers=True)
+        assert set(client.nthreads()).isdisjoint(retiring)
+        pd.testing.assert_series_equal(out.compute().sort_index(), expected)
+
+
+def test_a_read_does_not_ask_a_retiring_worker(tmp_path):
+    """A retiring worker (``closing_gracefully``) is given no read, and is not asked how it
+    sees the paths either: one that answers nothing as it closes (stopped here, for good) held
+    the read up until ``gpudirect.planning.timeout`` and failed it (under ``adapt``, a worker
+    that closed as it was asked held it up for Distributed's connect timeout, 30 s)."""
+    frame = pd.DataFrame({"id": np.arange(24_000) % 97, "x": np.arange(24_000)})
+    for i in range(4):
+        frame.iloc[i * 6000 : (i + 1) * 6000].to_parquet(tmp_path / f"{i}.parquet", index=False)
+    limit = {"gpudirect.planning.timeout": "20s"}  # a wait before the fix fails fast
+    with (
+        dask.config.set(limit),
+        start_cluster("tcp", n_workers=2, threads=1) as cluster,
+        Client(cluster) as client,
+    ):
+        dg.read_parquet(tmp_path, client=client).compute()  # the plugins set up, the paths seen
+        retiring = sorted(client.nthreads())[0]
+        client.retire_workers([retiring], close_workers=False, remove=False)
+        with ThreadPoolExecutor(1) as pool, stopped(client, retiring):
+            read = pool.submit(lambda: dg.read_parquet(tmp_path, client=client).compute())
+            got = read.result(timeout=HANG_GUARD)  # was a ClusterError naming it, after 20 s
+        assert_same_frame(got, frame, by=["x"])

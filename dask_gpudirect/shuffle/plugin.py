@@ -29,7 +29,7 @@ from dask._task_spec import Task
 from dask.typing import Key
 from distributed import Scheduler, SchedulerPlugin, Worker, WorkerPlugin
 from distributed.protocol.pickle import dumps
-from distributed.scheduler import ClientState, TaskState
+from distributed.scheduler import ClientState, TaskState, WorkerState
 from distributed.worker import get_worker
 
 from .. import ledger, metrics
@@ -321,6 +321,17 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         shuffle = self.active.pop(shuffle_id, None)
         if shuffle is not None and reason is not None:
             self._tell(shuffle, shuffle_id, reason, secondary=True)
+
+    def valid_workers_downscaling(
+        self, scheduler: Scheduler, workers: list[WorkerState]
+    ) -> list[WorkerState]:
+        """``workers`` less the participants of the shuffles in flight: a cluster that scales
+        down (``adapt``) must not retire one. A participant whose stage has ended looks idle to
+        the scheduler (its outputs are registered only once every stage has ended), and was
+        retired mid-shuffle: the shuffle failed as if it had died. Distributed's P2P shuffle
+        keeps its participants the same way."""
+        busy = {w for shuffle in self.active.values() for w in shuffle.participants}
+        return [ws for ws in workers if ws.address not in busy]
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
         """A client that leaves mid-shuffle (closed, or its process gone) takes its shuffles
