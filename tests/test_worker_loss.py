@@ -310,15 +310,22 @@ def _hold(event: str, i: int) -> int:
     return i
 
 
+def written(directory, files: int) -> pd.DataFrame:
+    """24,000 rows (``id``: 97 keys, ``x``) written to ``files`` Parquet files in ``directory``."""
+    frame = pd.DataFrame({"id": np.arange(24_000) % 97, "x": np.arange(24_000)})
+    rows = len(frame) // files
+    for i in range(files):
+        frame.iloc[i * rows : (i + 1) * rows].to_parquet(directory / f"{i}.parquet", index=False)
+    return frame
+
+
 @pytest.mark.parametrize("persisted", [False, True], ids=["read", "persisted"])
 def test_a_shuffle_leaves_out_a_retiring_worker(persisted, tmp_path):
     """A worker retiring for good (``retire_workers(..., close_workers=False, remove=False)``,
     as the reads above) is given no task: a shuffle of a read placed on it, or of a frame it
     holds, runs its stages on the others. Its stage was pinned to it and never ran: the others
     waited for its pieces until ``gpudirect.shuffle.timeout`` and the shuffle failed."""
-    frame = pd.DataFrame({"id": np.arange(24_000) % 97, "x": np.arange(24_000)})
-    for i in range(6):
-        frame.iloc[i * 4000 : (i + 1) * 4000].to_parquet(tmp_path / f"{i}.parquet", index=False)
+    frame = written(tmp_path, 6)
     limit = {"gpudirect.shuffle.timeout": "20s"}  # a hang before the fix fails fast
     with (
         dask.config.set(limit),
@@ -372,9 +379,7 @@ def test_a_cluster_scaling_down_keeps_the_workers_of_a_shuffle_in_flight(tmp_pat
     looked idle and was retired, and the shuffle failed ("left the cluster during shuffle").
     Now none is named while the shuffle runs; once it is over, retiring them moves the outputs
     and later computes are right."""
-    frame = pd.DataFrame({"id": np.arange(24_000) % 97, "x": np.arange(24_000)})
-    for i in range(6):
-        frame.iloc[i * 4000 : (i + 1) * 4000].to_parquet(tmp_path / f"{i}.parquet", index=False)
+    frame = written(tmp_path, 6)
     expected = frame.groupby("id").x.sum()
     with start_cluster("tcp", n_workers=3, threads=1) as cluster, Client(cluster) as client:
         df = dg.read_parquet(tmp_path, client=client).persist()
@@ -407,9 +412,7 @@ def test_a_read_does_not_ask_a_retiring_worker(tmp_path):
     sees the paths either: one that answers nothing as it closes (stopped here, for good) held
     the read up until ``gpudirect.planning.timeout`` and failed it (under ``adapt``, a worker
     that closed as it was asked held it up for Distributed's connect timeout, 30 s)."""
-    frame = pd.DataFrame({"id": np.arange(24_000) % 97, "x": np.arange(24_000)})
-    for i in range(4):
-        frame.iloc[i * 6000 : (i + 1) * 6000].to_parquet(tmp_path / f"{i}.parquet", index=False)
+    frame = written(tmp_path, 4)
     limit = {"gpudirect.planning.timeout": "20s"}  # a wait before the fix fails fast
     with (
         dask.config.set(limit),
