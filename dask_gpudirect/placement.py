@@ -256,12 +256,12 @@ class PlacementPlugin(SchedulerPlugin):
             shards = _shards_of(ts.run_spec)
             if not any(shard.worker is not None for shard in shards):
                 continue
-            apart = _apart(shards)
-            if apart is not None:  # no worker found every file it loads: it fails at once
-                ts.run_spec = Task(ts.key, unreadable_together, *apart)
+            found = _found(shards)
+            if found == set():  # no worker found every file it loads: it fails at once
+                ts.run_spec = Task(ts.key, unreadable_together, *_apart(shards))
                 continue
             # gone or retiring already: the others that found its files (else any worker)
-            able = _restriction(scheduler, shards)
+            able = _restriction(scheduler, shards, found)
             if able:
                 ts.worker_restrictions = able
                 ts.loose_restrictions = False
@@ -283,7 +283,7 @@ class PlacementPlugin(SchedulerPlugin):
             named = {w for shard in shards for w in (shard.worker, *shard.readers)}
             if not shards or not held <= named:
                 continue  # not a restriction placement made
-            ts.worker_restrictions = _restriction(scheduler, shards, gone=worker)
+            ts.worker_restrictions = _restriction(scheduler, shards, _found(shards), worker)
             if ts.state == "no-worker":
                 again[ts.key] = "waiting"
         if again:
@@ -302,14 +302,16 @@ def _found(shards: tuple[Shard, ...]) -> set[str] | None:
 
 
 def _restriction(
-    scheduler: Scheduler, shards: tuple[Shard, ...], gone: str | None = None
+    scheduler: Scheduler,
+    shards: tuple[Shard, ...],
+    found: set[str] | None,
+    gone: str | None = None,
 ) -> set[str] | None:
     """Where a task that loads ``shards`` may run: the worker placement chose for the first of
     them that is in the cluster, not retiring (not ``gone``), and found every file the task
-    loads (a task of one read: its own worker); else the others that found them all and are
-    in the cluster, not retiring; None (any worker) where none of those is left, or every
-    worker found them."""
-    found = _found(shards)
+    loads (``found``, as :func:`_found` gives it; a task of one read: its own worker); else the
+    others that found them all and are in the cluster, not retiring; None (any worker) where
+    none of those is left, or every worker found them."""
     for worker in dict.fromkeys(shard.worker for shard in shards):
         if worker is not None and worker != gone and staying(scheduler, worker):
             if found is None or worker in found:
@@ -319,29 +321,20 @@ def _restriction(
     return {w for w in found if w != gone and staying(scheduler, w)} or None
 
 
-def _apart(shards: tuple[Shard, ...]) -> tuple[str, str] | None:
-    """Where no worker found every file ``shards`` are of (reads of datasets on different
-    nodes' own disks that Dask fused into one task): a file, and why it cannot be loaded with
-    the others; else None."""
-    found: set[str] | None = None
-    for k, shard in enumerate(shards):
-        if not shard.readers:
-            continue
-        found = set(shard.readers) if found is None else found & set(shard.readers)
-        if found:
-            continue
-        other = next(
-            (s for s in shards[:k] if s.readers and not set(s.readers) & set(shard.readers)),
-            next(s for s in shards[:k] if s.readers),
-        )
-        return shard.path, (
-            f"cannot be loaded in one task with {other.path}: no worker found both "
-            f"(this file: {', '.join(shard.readers)}; that one: {', '.join(other.readers)}). "
-            "Dask fused reads of several datasets into one task (dd.concat([a, b], axis=1), "
-            "a.x + b.y, a.assign(y=b.y)...): persist each read (a = a.persist()) before "
-            "combining them"
-        )
-    return None
+def _apart(shards: tuple[Shard, ...]) -> tuple[str, str]:
+    """For ``shards`` of which no worker found every file (reads of datasets on different
+    nodes' own disks that Dask fused into one task): the first file that none found with those
+    before it, and why it cannot be loaded with them."""
+    k = next(k for k in range(len(shards)) if _found(shards[: k + 1]) == set())
+    shard, before = shards[k], [s for s in shards[:k] if s.readers]
+    other = next((s for s in before if not set(s.readers) & set(shard.readers)), before[0])
+    return shard.path, (
+        f"cannot be loaded in one task with {other.path}: no worker found both "
+        f"(this file: {', '.join(shard.readers)}; that one: {', '.join(other.readers)}). "
+        "Dask fused reads of several datasets into one task (dd.concat([a, b], axis=1), "
+        "a.x + b.y, a.assign(y=b.y)...): persist each read (a = a.persist()) before "
+        "combining them"
+    )
 
 
 def staying(scheduler: Scheduler, worker: str) -> bool:
