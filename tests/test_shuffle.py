@@ -500,7 +500,7 @@ def test_ledger_records_each_piece(client):
 
 def test_chunk_size_auto_is_the_targets_own(client):
     """``chunk-size: auto`` splits 512 MiB at once on the host (2 GiB on the GPU:
-    ``tests/gpu/test_shuffle_device.py``), a size given wins, and either is capped at 1/16 of
+    ``tests/gpu/test_shuffle_device.py``), a size given wins, and either is capped at 1/64 of
     the worker's memory."""
 
     def chunk(dask_worker) -> tuple[int, int]:
@@ -512,7 +512,7 @@ def test_chunk_size_auto_is_the_targets_own(client):
     for value, expected in [("auto", 512 * 2**20), ("96MiB", 96 * 2**20), ("64GiB", 64 * 2**30)]:
         with worker_config(client, {"gpudirect.shuffle.chunk-size": value}):
             for got, memory in client.run(chunk).values():
-                assert got == min(expected, memory // 16)
+                assert got == min(expected, memory // 64)
 
 
 @pytest.mark.parametrize("inputs, outputs", [(1, 1), (2, 2), (1, 2), (2, 1)])

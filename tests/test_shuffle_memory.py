@@ -112,3 +112,37 @@ def test_pieces_leave_memory_while_the_worker_is_past_its_spill_threshold(cluste
             del out
     finally:
         cluster.run(spill_at, fraction=dask.config.get("distributed.worker.memory.spill"))
+
+
+SMALL = "600MB"  # per worker: a process of about 190 MB, paused at 80 %, restarted at 95 %
+FILES, FILE_ROWS = 40, 210_000  # 24 bytes a row: about 200 MB in all, 5 MB a file
+
+
+def test_small_workers_survive_a_shuffle_p2p_survives(tmp_path):
+    """Issue 14: two workers of 600 MB shuffling 40 Parquet files (about 200 MB). P2P peaks
+    at about 420 MB a worker; ours split and built 1/16 of the limit (36 MiB) at once, held
+    about six times that outside the worker's managed memory, and the nanny restarted a worker
+    (failed 8 of 8 runs at 500-650 MB). A chunk is now 1/64 of the host worker's limit."""
+    for i in range(FILES):
+        rng = np.random.default_rng(i)
+        pd.DataFrame(
+            {"k": rng.integers(0, 1_000_000, FILE_ROWS), "v": rng.random(FILE_ROWS)},
+            index=np.arange(i * FILE_ROWS, (i + 1) * FILE_ROWS),
+        ).to_parquet(tmp_path / f"part-{i:02d}.parquet")
+    with (
+        start_cluster("tcp", n_workers=2, threads=2, memory_limit=SMALL) as lc,
+        Client(lc, set_as_default=False) as client,
+    ):
+        ensure_plugins(client)
+        pids = client.run(os.getpid)
+        with client.as_current():
+            df = dd.read_parquet(str(tmp_path))
+            p2p = df.shuffle(on="k", shuffle_method="p2p").persist()
+            assert client.compute(p2p.map_partitions(len).sum()).result() == FILES * FILE_ROWS
+            del p2p
+            assert client.run(os.getpid) == pids, "P2P no longer survives here: not a bar"
+            out = dg.shuffle(df, "k", client=client)
+            meta = check(part(0)[:0], 1, {"number": 0})
+            got = client.compute(out.map_partitions(check, FILES, meta=meta)).result()
+        assert client.run(os.getpid) == pids, "a worker was restarted: its nanny killed it"
+        assert got["home"].all() and got["rows"].sum() == FILES * FILE_ROWS
