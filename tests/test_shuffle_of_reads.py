@@ -17,7 +17,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, WorkerPlugin, futures_of
+from distributed import Client, WorkerPlugin, futures_of, wait
 from util import (
     HANG_GUARD,
     assert_hash_partitions,
@@ -29,6 +29,7 @@ from util import (
 )
 
 import dask_gpudirect as dg
+from dask_gpudirect.placement import placed_read
 from dask_gpudirect.shuffle import coordinator
 from dask_gpudirect.shuffle.plugin import service
 
@@ -242,6 +243,39 @@ def test_a_worker_that_dies_reading_fails_the_shuffle_by_name_and_it_runs_again(
         client.wait_for_workers(2, timeout=300)  # the nanny's restart, at a new address
         # the same collection: its reads were placed on a worker that is gone, so they are
         # computed wherever the scheduler puts them, then shuffled
+        out = dg.shuffle(df, "k", npartitions=4, client=client)
+        assert "inputs" in coordinator.last_phases, coordinator.last_phases
+        assert_hash_partitions(partitions(client, out), expected, "k", 4)
+
+
+def test_a_read_in_memory_whose_placed_worker_left_is_waited_for_before_its_shuffle(tmp_path):
+    """A read placed on a worker that left (``client.restart_workers``) runs wherever the
+    scheduler puts it. Held in memory elsewhere when a shuffle plans, it may be released and run
+    again on a third worker before the stage takes it (the user's last future of it let go as
+    the shuffle's persist makes new ones): a stage that waited for it on its holder then waited
+    for ever. So a shuffle whose reads were placed on a worker that is gone waits for its inputs
+    first, held or not, and plans by where they are."""
+    paths = write_files(tmp_path)
+    expected = per_file(paths)
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        df = dg.read_parquet(paths, blocksize=1, client=client)
+        held = df.persist()
+        wait(held)
+        victim = sorted(client.nthreads())[0]
+        client.restart_workers([victim], timeout=HANG_GUARD)  # a new worker at a new address
+        wait(held)  # its reads read again by the workers there are, and held
+        graph = df.optimize().__dask_graph__()
+        placed = [placed_read(graph[key]) for key in df.optimize().__dask_keys__()]
+        assert victim in {worker for worker, _ in placed}
+        prepared = client.sync(
+            client.scheduler.gpudirect_shuffle_prepare,
+            keys=[f.key for f in futures_of(held)],
+            target="host",
+            placed=placed,
+            timeout=30,
+        )
+        assert prepared == {"unplaced": True}, prepared
         out = dg.shuffle(df, "k", npartitions=4, client=client)
         assert "inputs" in coordinator.last_phases, coordinator.last_phases
         assert_hash_partitions(partitions(client, out), expected, "k", 4)

@@ -183,6 +183,12 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         stage fetches it (:meth:`.ShuffleService.take_inputs`)."""
         scheduler = self.scheduler
         stay = sorted(w for w in scheduler.workers if staying(scheduler, w))
+        if placed is not None and not all(staying(scheduler, w) for w, _ in placed):
+            # a read placed on a worker that left (or retires) runs wherever the scheduler puts
+            # it, and one in memory now may be released and run again elsewhere before its
+            # stage takes it (its futures let go as the caller's persist makes new ones): a
+            # stage would wait for it here for ever. The caller waits for the inputs instead.
+            return {"unplaced": True}
         who_has, nbytes = {}, {}
         taken = collections.Counter[str]()
         for i, key in enumerate(keys):
