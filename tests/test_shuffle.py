@@ -959,12 +959,55 @@ def test_outputs_from_slices_equal_outputs_from_one_gather(monkeypatch, interlea
     built = {}
     for few in (0, 10**6):
         monkeypatch.setattr(split, "FEW_SEGMENTS", few)
-        built[few] = splitter.outputs(frames, segments, bounds, outputs, {})
+        built[few] = splitter.outputs(list(frames), segments, bounds, outputs, {})
     where = owner_of_rows(pdf, "k", 6)
     for j, by_gather, by_slices in zip(outputs, built[0], built[10**6], strict=True):
         expected = pdf[where == j] if index else pdf[where == j].reset_index(drop=True)
         assert_frame_equal(by_gather, expected)
         assert_frame_equal(by_slices, expected)
+
+
+@pytest.mark.parametrize("few", [0, 10**6], ids=["gather", "slices"])
+def test_outputs_hold_at_most_two_copies_of_a_group(monkeypatch, few):
+    """A receiver builds a group's outputs out of its pieces through copies of them (joined,
+    gathered, cut); it lets each go as soon as the next is made, the pieces too (it empties
+    the caller's list), so no more than two copies of the group's rows are held at once. A
+    group of one output of half the rows (keys skewed) held four on the host, where P2P holds
+    two, and its worker of 700 MB was restarted by its nanny where P2P finished."""
+    import tracemalloc
+
+    from dask_gpudirect.shuffle import split
+
+    monkeypatch.setattr(split, "FEW_SEGMENTS", few)
+    rows, n = 400_000, 6
+    rng = np.random.default_rng(3)
+    pdf = pd.DataFrame({"k": rng.integers(0, 1000, rows), "v": rng.random(rows)})
+    inputs = np.array_split(np.arange(rows), n)
+    outputs = range(2, 5)
+    splitter = split.HashSplit(["k"], n, "host", pdf.iloc[:0])
+    tracemalloc.start()
+    try:
+        pieces, cells_of = [], []
+        for chunk in [(0, 2, 4), (1, 3, 5)]:
+            ordered, cells = splitter.split(list(chunk), [pdf.iloc[inputs[i]] for i in chunk])
+            starts = np.concatenate([[0], np.cumsum(split.output_rows(cells, n))])
+            rows_of = ordered.iloc[starts[outputs.start] : starts[outputs.stop]]
+            pieces.append(splitter.owned(rows_of))  # as received: memory of their own
+            cells_of.append((chunk, outputs.start, split.cells_for(cells, outputs)))
+            del ordered, rows_of
+        segments, sizes = split.assembly_segments(cells_of, outputs)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        group = sum(int(p.memory_usage(deep=True).sum()) for p in pieces)
+        tracemalloc.reset_peak()
+        held, _ = tracemalloc.get_traced_memory()
+        built = splitter.outputs(pieces, segments, bounds, outputs, {})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sum(len(b) for b in built) == sum(sizes)
+    assert held >= group  # the pieces were traced: the peak counts them
+    assert peak - (held - group) < 2.5 * group, (peak - held + group) / group
+    assert pieces == []
 
 
 def _days(part: pd.DataFrame) -> pd.Series:

@@ -120,6 +120,14 @@ class SpillBuffer:
             del self._data[key]
             return piece
 
+    def spill_if_full(self) -> None:
+        """Every piece in host memory to disk where ``host_full`` says the process is past its
+        spill threshold, as :meth:`update` does: asked again as the outputs are built, when
+        the pieces left wait for later groups while this one's copies are made."""
+        with self._lock:
+            if not self._closed and self.host_full():
+                self._in_host_memory.evict_until_below_target(0)
+
     def _device_to_host(self, piece: Any) -> list[_Bytes]:
         start = time.perf_counter()
         frames = _to_frames(piece)

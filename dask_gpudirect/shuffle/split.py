@@ -42,9 +42,11 @@ class Splitter(Protocol):
     outputs out of the received pieces, given the segments of them (:class:`Segments`) that
     list their rows one output after another, output ``k`` being rows ``bounds[k]`` to
     ``bounds[k + 1]`` of that list, its categorical columns' categories set to
-    ``categories``; ``meta`` is an output with no rows. ``categories_of`` gives an input's
-    categories (by column, as pandas Indexes; none where no column is categorical) and
-    ``with_categories`` sets a frame's to their union over all inputs.
+    ``categories``, and empties ``pieces`` (the caller's list) once it has copied them, so a
+    group's pieces do not live on beside its copies; ``meta`` is an output with no rows.
+    ``categories_of`` gives an input's categories (by column, as pandas Indexes; none where
+    no column is categorical) and ``with_categories`` sets a frame's to their union over all
+    inputs.
     """
 
     #: What a progress bar calls the call and its inputs.
@@ -180,9 +182,17 @@ class HashSplit:
         module = targets.module(self.target)
         if len(segments.starts) <= FEW_SEGMENTS:
             ordered = module.concat_slices(pieces, segments.slices(pieces), self.meta, self.index)
+            pieces.clear()
         else:
             positions = segments.positions(self.target)
-            ordered = module.take_rows(self.join(pieces), positions, self.index)
+            joined = self.join(pieces)
+            pieces.clear()
+            ordered = module.take_rows(joined, positions, self.index)
+            del joined
+        # The pieces, the frame joined of them, the rows in order and the outputs cut from it
+        # are each a copy of the group's rows: at most two of them are held at once (on the
+        # host, a group of one output of half the rows was four copies at once, where P2P
+        # holds two, and its worker passed the nanny's limit)
         return module.cut_frame(self.with_categories(ordered, categories), bounds, self.index)
 
     def categories_of(self, part: Any) -> dict[Any, pd.Index]:
@@ -307,7 +317,10 @@ class PermutationSplit:
         slices of it (views, as :meth:`HashSplit.outputs`' are)."""
         order = segments.positions(self.target)
         shuffled = self._permutations(np.diff(bounds), 1, outputs)
-        gathered = self.join(pieces)[order[shuffled]]
+        joined = self.join(pieces)
+        pieces.clear()  # the joined copy and the gathered one, not the pieces besides
+        gathered = joined[order[shuffled]]
+        del joined
         return [gathered[a:b] for a, b in itertools.pairwise(bounds)]
 
     def _permutations(self, lengths: np.ndarray, phase: int, chunks: Sequence[int]) -> Any:

@@ -194,6 +194,7 @@ class ShuffleRun:
             firsts = sorted(received)
             with clock("take pieces"):  # back from host or disk where spilled
                 pieces = [self.buffer.pop(f"{group}-{i}") for i in firsts]
+                self.buffer.spill_if_full()  # the later groups' pieces, not beside this one's
             with clock("order"):
                 pieces_of = [received[i] for i in firsts]
                 segments, sizes = assembly_segments(pieces_of, outputs)
