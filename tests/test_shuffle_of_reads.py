@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -279,3 +281,55 @@ def test_a_read_in_memory_whose_placed_worker_left_is_waited_for_before_its_shuf
         out = dg.shuffle(df, "k", npartitions=4, client=client)
         assert "inputs" in coordinator.last_phases, coordinator.last_phases
         assert_hash_partitions(partitions(client, out), expected, "k", 4)
+
+
+def _wait_for_event(name: str) -> None:
+    from distributed import Event
+
+    Event(name).wait()
+
+
+def test_a_read_cancelled_while_its_stage_waits_for_it_fails_the_shuffle(tmp_path):
+    """The user cancels a read (``client.cancel`` of its key) while the shuffle of it waits
+    for it: the scheduler forgets it, and a stage that waits for it on its worker (no
+    dependent of it, so not cancelled with it) waited for ever. The shuffle ends, with the
+    read's CancelledError, as a shuffle that waits for its inputs first ends; the cluster
+    shuffles on."""
+    from distributed import Event, Future
+    from distributed.client import FutureCancelledError
+
+    paths = write_files(tmp_path)
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        df = dg.read_parquet(paths, blocksize=1, client=client)
+        # each worker's one thread busy until "go": no read runs before it is cancelled
+        busy = [
+            client.submit(_wait_for_event, "go", workers=[w], pure=False) for w in client.nthreads()
+        ]
+
+        def stages() -> list:
+            return client.run_on_scheduler(
+                lambda dask_scheduler: [
+                    ts.state
+                    for ts in dask_scheduler.tasks.values()
+                    if str(ts.key).startswith("gpudirect-shuffle-")
+                ]
+            )
+
+        pool = ThreadPoolExecutor(1)  # not waited for where it hangs: the cluster closes
+        try:
+            running = pool.submit(dg.shuffle, df, "k", npartitions=4, client=client)
+            deadline = time.monotonic() + HANG_GUARD
+            while len(stages()) < 2:  # the reads and the stages submitted
+                assert not running.done(), running.exception()
+                assert time.monotonic() < deadline, "the stages never started"
+                time.sleep(0.05)
+            client.cancel([Future(key, client) for key in df.optimize().__dask_keys__()])
+            Event("go", client=client).set()
+            with pytest.raises(FutureCancelledError):
+                running.result(timeout=HANG_GUARD)
+        finally:
+            pool.shutdown(wait=False)
+        del busy
+        out = dg.shuffle(dg.read_parquet(paths, blocksize=1, client=client), "k", client=client)
+        assert_hash_partitions(partitions(client, out), per_file(paths), "k", 6)

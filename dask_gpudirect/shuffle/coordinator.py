@@ -389,20 +389,26 @@ def _watch(
 ) -> None:
     """Wait for every stage; when one fails (a lost worker's stage fails when it leaves), abort
     the rest and raise the first cause: an input's own error where one failed (its stage
-    waited for it), else the first stage's."""
+    waited for it), else the first stage's. An input cancelled meanwhile (``client.cancel``
+    of its key) ends the shuffle with its CancelledError, as where the inputs are waited for
+    first: a stage that waits for it to be computed on its worker would wait for ever (the
+    scheduler forgot it, and the stage is no dependent of it to be cancelled with it)."""
     pending = set(stages.values())
     while pending:
         wait_a_while(client, pending, WATCH_INTERVAL)
         done = {f for f in pending if f.done()}
         pending -= done
-        if all(f.status == "finished" for f in done):
+        cancelled = pending and any(f.status == "cancelled" for f in inputs)
+        if not cancelled and all(f.status == "finished" for f in done):
             shown.exchange(plan, stages, pending, inputs)
             continue
-        _end(client, plan, abort=f"shuffle {plan.id} failed on a peer")
+        why = "an input was cancelled" if cancelled else "failed on a peer"
+        _end(client, plan, abort=f"shuffle {plan.id} {why}")
         wait_a_while(client, pending, ABORT_GRACE, "ALL_COMPLETED")  # the others stop, clean up
-        worker, cause = _first_cause(stages)
-        client.cancel(list(stages.values()))
         failed = [f for f in inputs if f.status == "error"]
+        failed += [f for f in inputs if f.status == "cancelled"]
+        worker, cause = ("", "") if failed else _first_cause(stages)
+        client.cancel(list(stages.values()))
         if failed:
             _raise_error_of(failed[0])
         raise ShuffleError(
