@@ -11,15 +11,19 @@ the same collection shuffled again once that worker is gone.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import re
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, WorkerPlugin, futures_of, wait
+from distributed import Client, Event, Future, WorkerPlugin, futures_of, wait
+from distributed.client import FutureCancelledError
 from util import (
     HANG_GUARD,
     assert_hash_partitions,
@@ -289,47 +293,77 @@ def _wait_for_event(name: str) -> None:
     Event(name).wait()
 
 
+def _stage_states(dask_scheduler) -> list[str]:
+    return [
+        ts.state
+        for ts in dask_scheduler.tasks.values()
+        if str(ts.key).startswith("gpudirect-shuffle-")
+    ]
+
+
+@contextlib.contextmanager
+def shuffling_while_busy(client, df) -> Iterator[concurrent.futures.Future]:
+    """``dg.shuffle(df)`` in a thread while each worker's one thread waits for the event
+    "go": yields it once its stages were submitted (no read or stage has run), and lets the
+    workers go on leaving. Not waited for where it hangs: the test fails and the cluster
+    closes."""
+    busy = [
+        client.submit(_wait_for_event, "go", workers=[w], pure=False) for w in client.nthreads()
+    ]
+    pool = ThreadPoolExecutor(1)
+    try:
+        running = pool.submit(dg.shuffle, df, "k", npartitions=4, client=client)
+        deadline = time.monotonic() + HANG_GUARD
+        while not client.run_on_scheduler(_stage_states):
+            assert not running.done(), running.exception()
+            assert time.monotonic() < deadline, "the stages never started"
+            time.sleep(0.05)
+        yield running
+    finally:
+        Event("go", client=client).set()
+        pool.shutdown(wait=False)
+        del busy
+
+
 def test_a_read_cancelled_while_its_stage_waits_for_it_fails_the_shuffle(tmp_path):
     """The user cancels a read (``client.cancel`` of its key) while the shuffle of it waits
     for it: the scheduler forgets it, and a stage that waits for it on its worker (no
     dependent of it, so not cancelled with it) waited for ever. The shuffle ends, with the
     read's CancelledError, as a shuffle that waits for its inputs first ends; the cluster
     shuffles on."""
-    from distributed import Event, Future
-    from distributed.client import FutureCancelledError
-
     paths = write_files(tmp_path)
     with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
         df = dg.read_parquet(paths, blocksize=1, client=client)
-        # each worker's one thread busy until "go": no read runs before it is cancelled
-        busy = [
-            client.submit(_wait_for_event, "go", workers=[w], pure=False) for w in client.nthreads()
-        ]
-
-        def stages() -> list:
-            return client.run_on_scheduler(
-                lambda dask_scheduler: [
-                    ts.state
-                    for ts in dask_scheduler.tasks.values()
-                    if str(ts.key).startswith("gpudirect-shuffle-")
-                ]
-            )
-
-        pool = ThreadPoolExecutor(1)  # not waited for where it hangs: the cluster closes
-        try:
-            running = pool.submit(dg.shuffle, df, "k", npartitions=4, client=client)
-            deadline = time.monotonic() + HANG_GUARD
-            while len(stages()) < 2:  # the reads and the stages submitted
-                assert not running.done(), running.exception()
-                assert time.monotonic() < deadline, "the stages never started"
-                time.sleep(0.05)
+        with shuffling_while_busy(client, df) as running:
             client.cancel([Future(key, client) for key in df.optimize().__dask_keys__()])
-            Event("go", client=client).set()
-            with pytest.raises(FutureCancelledError):
-                running.result(timeout=HANG_GUARD)
-        finally:
-            pool.shutdown(wait=False)
-        del busy
+        with pytest.raises(FutureCancelledError):
+            running.result(timeout=HANG_GUARD)
         out = dg.shuffle(dg.read_parquet(paths, blocksize=1, client=client), "k", client=client)
         assert_hash_partitions(partitions(client, out), per_file(paths), "k", 6)
+
+
+def test_a_held_read_whose_copy_is_dropped_before_its_stage_takes_it(tmp_path):
+    """A read the user holds (persisted) on two workers (``client.replicate``, or a copy a
+    task elsewhere fetched) when a shuffle of it plans: Dask's memory manager drops extra
+    copies every 2 s, and the one dropped may be where the shuffle planned to take it. The
+    stage waited for it to be computed on its worker, for ever; it now takes it from where
+    it is."""
+    paths = write_files(tmp_path)
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        df = dg.read_parquet(paths, blocksize=1, client=client)
+        held = df.persist()
+        wait(held)
+        keys = [f.key for f in futures_of(held)]
+        client.replicate(futures_of(held))
+        first = sorted(client.nthreads())[0]  # the holder a stage takes an input from
+        with shuffling_while_busy(client, df) as running:
+            client.run_on_scheduler(_drop_copies, first, keys)
+        out = running.result(timeout=HANG_GUARD)
+        assert_hash_partitions(partitions(client, out), per_file(paths), "k", 4)
+
+
+def _drop_copies(worker: str, keys: list, dask_scheduler=None) -> None:
+    """As Dask's active memory manager drops extra copies of ``keys``: those on ``worker``."""
+    dask_scheduler.request_remove_replicas(worker, keys, stimulus_id=f"test-drop-{time.time()}")

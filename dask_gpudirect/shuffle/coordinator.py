@@ -234,7 +234,7 @@ def _plan(
         group,
         engine,
         then,
-        placed=bool(prepared["placed"]),
+        computing=frozenset(prepared["computing"]),
     )
     if engine == "rapidsmpf":
         plan = _on_rapidsmpf(client, plan, {w: limit["rapidsmpf"] for w, limit in limits.items()})

@@ -173,8 +173,10 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         worker that holds one (the workers', asked at once, each given ``timeout`` seconds,
         the client's ``gpudirect.shuffle.timeout``: a stopped worker answers never). With
         ``placed`` (the worker that computes each input, and its bytes read) the inputs need
-        not be computed yet: ``unplaced`` where one of those workers has left, so its input
-        may run elsewhere.
+        not be computed yet: ``computing`` lists those that are not, which each stage waits
+        for on its worker (one in memory is taken from wherever it is then: Dask's memory
+        manager may drop the copy planned on), or ``unplaced`` where one of those workers has
+        left, so its input may run elsewhere.
 
         A worker that is retiring (``closing_gracefully``: ``retire_workers``, a cluster that
         scales down) is given no task, so no stage may be pinned to it: a placed input there
@@ -189,7 +191,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             # stage takes it (its futures let go as the caller's persist makes new ones): a
             # stage would wait for it here for ever. The caller waits for the inputs instead.
             return {"unplaced": True}
-        who_has, nbytes = {}, {}
+        who_has, nbytes, computing = {}, {}, []
         taken = collections.Counter[str]()
         for i, key in enumerate(keys):
             ts = scheduler.tasks.get(key)
@@ -206,9 +208,8 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
                 nbytes[key] = ts.nbytes
             elif placed is not None:
                 worker, nbytes[key] = placed[i]
-                if not staying(scheduler, worker):  # gone or retiring: it runs elsewhere
-                    return {"unplaced": True}
                 who_has[key] = [worker]
+                computing.append(key)
             else:
                 raise ShuffleError(f"shuffle input {key!r} is no longer in memory: run it again")
         holders = sorted({workers[0] for workers in who_has.values()})
@@ -241,7 +242,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             "who_has": who_has,
             "nbytes": nbytes,
             "rooms": dict(zip(holders, rooms, strict=True)),
-            "placed": placed is not None,
+            "computing": computing,
         }
 
     def shuffle_started(

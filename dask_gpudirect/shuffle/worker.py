@@ -95,7 +95,9 @@ class Exchange:
     engine: str = "distributed"  # who moves the pieces (see .engines)
     then: Callable[[Any], Any] | None = None  # applied to each output as it is built
     op_id: int = 0  # the rapidsmpf engine's Shuffler op id, unique among shuffles in flight
-    placed: bool = False  # inputs computed on their workers as the stages run: each waits
+    # placed inputs not computed when the shuffle was planned: each stage waits for its own
+    # (one in memory then is taken from wherever it is, as the stage reads it)
+    computing: frozenset = frozenset()
 
     def outputs_of(self, worker: str) -> range:
         """The output partitions ``worker`` builds: one contiguous run."""
@@ -721,9 +723,9 @@ class ShuffleService:
         sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
         for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
             keys = [inputs[i][0] for i in indices]
-            if exchange.placed:
+            if waited := [key for key in keys if key in exchange.computing]:
                 with clock("wait for inputs"):
-                    self.on_loop(self.computed_here, run, keys)
+                    self.on_loop(self.computed_here, run, waited)
             with clock("split"):
                 parts = self.take_inputs(keys)
                 for i, part in zip(indices, parts, strict=True):
