@@ -83,8 +83,8 @@ def outputs_by(few: int, n: int, meta, received: tuple) -> list:
 
     frames, segments, bounds = received
     kept, split.FEW_SEGMENTS = split.FEW_SEGMENTS, few
-    try:
-        return splitter(n, meta).outputs(frames, segments, bounds, range(n), {})
+    try:  # a copy of the list: ``outputs`` empties it, and each timed repeat reuses the pieces
+        return splitter(n, meta).outputs(list(frames), segments, bounds, range(n), {})
     finally:
         split.FEW_SEGMENTS = kept
 

@@ -352,6 +352,10 @@ def test_a_held_read_whose_copy_is_dropped_before_its_stage_takes_it(tmp_path):
     paths = write_files(tmp_path)
     with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
         client.wait_for_workers(2)
+        # the test drops the copies itself, where the stage plans to take them: the memory
+        # manager's own tick (every 2 s) in between would drop either copy first, and then
+        # _drop_copies would fail on a replica that is gone, or drop a key's last one
+        client.amm.stop()
         df = dg.read_parquet(paths, blocksize=1, client=client)
         held = df.persist()
         wait(held)
@@ -365,5 +369,8 @@ def test_a_held_read_whose_copy_is_dropped_before_its_stage_takes_it(tmp_path):
 
 
 def _drop_copies(worker: str, keys: list, dask_scheduler=None) -> None:
-    """As Dask's active memory manager drops extra copies of ``keys``: those on ``worker``."""
+    """As Dask's active memory manager drops extra copies of ``keys``: those on ``worker``
+    (never a last copy: each must be on ``worker`` and one other)."""
+    held = {key: {ws.address for ws in dask_scheduler.tasks[key].who_has or ()} for key in keys}
+    assert all(worker in h and len(h) > 1 for h in held.values()), held
     dask_scheduler.request_remove_replicas(worker, keys, stimulus_id=f"test-drop-{time.time()}")

@@ -64,8 +64,8 @@ MAX_CLOSED = 1000
 #: The scheduler's stream op by which a finished stage reports the outputs its worker keeps:
 #: ``shuffle_id``, ``keys`` and their ``nbytes``.
 BUILT = "gpudirect-shuffle-built"
-#: A chunk (and a group of outputs) is at most this share of the target's memory: a split holds
-#: about three copies of it, and the worker its inputs and outputs besides.
+#: On the device target, a chunk (and a group of outputs) is at most this share of the GPU's
+#: memory: a split holds about three copies of it, and the worker its inputs and outputs besides.
 CHUNK_SHARE = 16
 #: On the host target, of the worker's memory limit: there a stage holds about six chunks at
 #: once outside the worker's managed memory (the inputs taken, the split copy, the sends in
@@ -719,7 +719,8 @@ class ShuffleService:
         """This worker's inputs a chunk at a time, split: ``(indices, ordered, cells,
         offsets)``, the rows of output ``j`` being ``ordered[offsets[j]:offsets[j + 1]]``.
         Each chunk's inputs are let go once split, so the worker may spill them; placed inputs
-        are waited for, a chunk at a time, as this worker computes them."""
+        not computed when the shuffle planned (``exchange.computing``) are waited for, a chunk
+        at a time, as this worker computes them; the others are taken from wherever they are."""
         sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
         for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
             keys = [inputs[i][0] for i in indices]
