@@ -173,10 +173,10 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         worker that holds one (the workers', asked at once, each given ``timeout`` seconds,
         the client's ``gpudirect.shuffle.timeout``: a stopped worker answers never). With
         ``placed`` (the worker that computes each input, and its bytes read) the inputs need
-        not be computed yet: ``computing`` lists those that are not, which each stage waits
-        for on its worker (one in memory is taken from wherever it is then: Dask's memory
-        manager may drop the copy planned on), or ``unplaced`` where one of those workers has
-        left, so its input may run elsewhere.
+        not be computed yet: ``computing`` lists those that are not (by index), which each
+        stage waits for on its worker (one in memory is taken from wherever it is then: Dask's
+        memory manager may drop the copy planned on), or ``unplaced`` where one of those
+        workers has left, so its input may run elsewhere.
 
         A worker that is retiring (``closing_gracefully``: ``retire_workers``, a cluster that
         scales down) is given no task, so no stage may be pinned to it: a placed input there
@@ -209,7 +209,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             elif placed is not None:
                 worker, nbytes[key] = placed[i]
                 who_has[key] = [worker]
-                computing.append(key)
+                computing.append(i)
             else:
                 raise ShuffleError(f"shuffle input {key!r} is no longer in memory: run it again")
         holders = sorted({workers[0] for workers in who_has.values()})

@@ -95,9 +95,9 @@ class Exchange:
     engine: str = "distributed"  # who moves the pieces (see .engines)
     then: Callable[[Any], Any] | None = None  # applied to each output as it is built
     op_id: int = 0  # the rapidsmpf engine's Shuffler op id, unique among shuffles in flight
-    # placed inputs not computed when the shuffle was planned: each stage waits for its own
-    # (one in memory then is taken from wherever it is, as the stage reads it)
-    computing: frozenset = frozenset()
+    # placed inputs (by index) not computed when the shuffle was planned: each stage waits
+    # for its own (one in memory then is taken from wherever it is, as the stage reads it)
+    computing: frozenset[int] = frozenset()
 
     def outputs_of(self, worker: str) -> range:
         """The output partitions ``worker`` builds: one contiguous run."""
@@ -724,7 +724,7 @@ class ShuffleService:
         sizes = {i: nbytes for i, (_, nbytes) in inputs.items()}
         for indices in _chunks(sizes, self.batches(exchange.target)["chunk"]):
             keys = [inputs[i][0] for i in indices]
-            if waited := [key for key in keys if key in exchange.computing]:
+            if waited := [inputs[i][0] for i in indices if i in exchange.computing]:
                 with clock("wait for inputs"):
                     self.on_loop(self.computed_here, run, waited)
             with clock("split"):
