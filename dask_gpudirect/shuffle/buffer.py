@@ -108,8 +108,7 @@ class SpillBuffer:
             if self._closed:
                 raise ShuffleError(f"shuffle {self.shuffle} has ended here", secondary=True)
             self._data.update(pieces)
-            if self.host_full():
-                self._in_host_memory.evict_until_below_target(0)
+            self._spill_if_full()
 
     def pop(self, key: str) -> Any:
         """The piece ``key``, taken from the tier that holds it. zict's own ``pop`` moves a
@@ -125,8 +124,14 @@ class SpillBuffer:
         spill threshold, as :meth:`update` does: asked again as the outputs are built, when
         the pieces left wait for later groups while this one's copies are made."""
         with self._lock:
-            if not self._closed and self.host_full():
-                self._in_host_memory.evict_until_below_target(0)
+            if not self._closed:
+                self._spill_if_full()
+
+    def _spill_if_full(self) -> None:
+        """Every piece in host memory to disk where the process is past its spill threshold;
+        the caller holds the lock."""
+        if self.host_full():
+            self._in_host_memory.evict_until_below_target(0)
 
     def _device_to_host(self, piece: Any) -> list[_Bytes]:
         start = time.perf_counter()
