@@ -271,8 +271,9 @@ def test_a_read_in_memory_whose_placed_worker_left_is_waited_for_before_its_shuf
         victim = sorted(client.nthreads())[0]
         client.restart_workers([victim], timeout=HANG_GUARD)  # a new worker at a new address
         wait(held)  # its reads read again by the workers there are, and held
-        graph = df.optimize().__dask_graph__()
-        placed = [placed_read(graph[key]) for key in df.optimize().__dask_keys__()]
+        optimized = df.optimize()
+        graph = optimized.__dask_graph__()
+        placed = [placed_read(graph[key]) for key in optimized.__dask_keys__()]
         assert victim in {worker for worker, _ in placed}
         prepared = client.sync(
             client.scheduler.gpudirect_shuffle_prepare,
@@ -288,8 +289,6 @@ def test_a_read_in_memory_whose_placed_worker_left_is_waited_for_before_its_shuf
 
 
 def _wait_for_event(name: str) -> None:
-    from distributed import Event
-
     Event(name).wait()
 
 
