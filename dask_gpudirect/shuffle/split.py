@@ -180,6 +180,8 @@ class HashSplit:
         pieces in one concatenate; many (thousands of small inputs) are gathered in one pass
         from the pieces joined."""
         module = targets.module(self.target)
+        if module.CUT_COPIES and sum(segments.lengths) >= LONG_SEGMENT * len(segments.lengths):
+            return self._each_output(pieces, segments, bounds, categories)
         if len(segments.starts) <= FEW_SEGMENTS:
             ordered = module.concat_slices(pieces, segments.slices(pieces), self.meta, self.index)
             pieces.clear()
@@ -194,6 +196,30 @@ class HashSplit:
         # host, a group of one output of half the rows was four copies at once, where P2P
         # holds two, and its worker passed the nanny's limit)
         return module.cut_frame(self.with_categories(ordered, categories), bounds, self.index)
+
+    def _each_output(
+        self,
+        pieces: list,
+        segments: Segments,
+        bounds: np.ndarray,
+        categories: dict[Any, pd.Index],
+    ) -> list:
+        """Each output copied straight out of the pieces, one after another: one copy of the
+        group's rows beside the pieces, where joining, ordering and cutting made three, up to
+        1.6 of them held at once on the host (a group of one output of half the rows then
+        took a worker of 700 MB past its nanny's limit). For long segments only: each costs a
+        slice."""
+        module = targets.module(self.target)
+        built = []
+        for part in segments.cut(bounds):
+            slices = part.slices(pieces) or [(0, 0, 0)]
+            rows = module.concat_slices(pieces, slices, self.meta, self.index)
+            if len(slices) == 1:  # a view of its piece
+                rows = module.copied(rows)
+            built.append(self.with_categories(rows, categories))
+            del rows
+        pieces.clear()
+        return built
 
     def categories_of(self, part: Any) -> dict[Any, pd.Index]:
         """The categories of ``part``'s unordered categorical columns (an ordered column's
@@ -350,6 +376,10 @@ def _grouped_by_output(drawn: np.ndarray, n: int, target: TargetName) -> tuple[A
     return positions, np.stack([j, k, lengths])[:, by_output]
 
 
+#: Rows a segment holds on average from which, where the target's cut copies (the host's),
+#: :meth:`HashSplit.outputs` copies each output out of the pieces on its own.
+LONG_SEGMENT = 1 << 15
+
 #: Segments up to which :meth:`HashSplit.outputs` copies slices of the pieces rather than
 #: gathering from their join: each slice costs cuDF about 0.2 ms, the second copy of 1 GiB 5 ms.
 FEW_SEGMENTS = 16
@@ -363,6 +393,24 @@ class Segments:
 
     starts: np.ndarray
     lengths: np.ndarray
+
+    def cut(self, bounds: np.ndarray) -> list[Segments]:
+        """The segments of each output, output ``k`` being rows ``bounds[k]`` to
+        ``bounds[k + 1]`` of the list: a segment that runs on into the next output cut in two."""
+        ends = np.cumsum(self.lengths)
+        out = []
+        for a, b in itertools.pairwise(bounds.tolist()):
+            first = int(np.searchsorted(ends, a, side="right"))
+            last = int(np.searchsorted(ends, b, side="left")) + 1 if b > a else first
+            starts = self.starts[first:last].copy()
+            lengths = self.lengths[first:last].copy()
+            if len(starts):
+                skip = a - (int(ends[first]) - int(self.lengths[first]))
+                starts[0] += skip
+                lengths[0] -= skip
+                lengths[-1] -= int(ends[last - 1]) - b
+            out.append(Segments(starts, lengths))
+        return out
 
     def positions(self, target: TargetName) -> Any:
         """The row positions the segments list, made on ``target``."""

@@ -448,6 +448,11 @@ def cut_frame(
     return frame._split([int(b) for b in bounds[1:-1]], keep_index=index)
 
 
+#: Whether :func:`cut_frame`'s outputs are copies: slices here, so joining and cutting a group
+#: holds no more than copying each output out of the pieces would.
+CUT_COPIES = False
+
+
 def copied(frame: cudf.DataFrame) -> cudf.DataFrame:
     """``frame`` in memory of its own (a slice of a frame shares the frame's)."""
     return frame.copy()

@@ -85,9 +85,9 @@ def concat_frames(
 ) -> pd.DataFrame:
     """``frames`` end to end (Dask's concat: categories unioned, as the device target's),
     labelled 0, 1, 2... without ``index``."""
-    if len(frames) > 1:
-        return concat(frames, ignore_index=not index)
-    return frames[0] if index else _relabelled(frames[0])
+    joined = concat(frames, ignore_index=not index) if len(frames) > 1 else frames[0]
+    # Dask's pandas concat keeps the frames' labels whatever ``ignore_index`` says
+    return joined if index else _relabelled(joined)
 
 
 def concat_slices(
@@ -145,6 +145,9 @@ def copied(part: pd.DataFrame, arrow: list[int] | None = None) -> pd.DataFrame:
         part.isetitem(i, part.iloc[:, i].array.take(positions))
     return part
 
+
+#: Whether :func:`cut_frame`'s outputs are copies (the device's share the frame's memory).
+CUT_COPIES = True
 
 #: Rows per slice below which :func:`cut_frame` joins a frame's blocks before slicing it.
 SMALL_SLICE_ROWS = 1 << 15
