@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import dask
 import numpy as np
 import pandas as pd
 import pytest
@@ -373,3 +374,65 @@ def _drop_copies(worker: str, keys: list, dask_scheduler=None) -> None:
     held = {key: {ws.address for ws in dask_scheduler.tasks[key].who_has or ()} for key in keys}
     assert all(worker in h and len(h) > 1 for h in held.values()), held
     dask_scheduler.request_remove_replicas(worker, keys, stimulus_id=f"test-drop-{time.time()}")
+
+
+def _fails_once(part: pd.DataFrame, marks: str) -> pd.DataFrame:
+    """``part`` unchanged, but the first time a partition is computed it raises: a transient
+    fault, as a flaky storage read makes one. A file per partition remembers that it failed."""
+    mark = os.path.join(marks, f"failed-{int(part['v'].iloc[0])}")
+    if not os.path.exists(mark):
+        open(mark, "w").close()
+        raise OSError("transient")
+    return part
+
+
+@pytest.mark.timeout(HANG_GUARD)
+def test_a_read_retried_after_a_transient_fault_is_shuffled(tmp_path):
+    """``dask.annotate(retries=...)`` around the shuffle of a read that fails once per
+    partition: the scheduler runs each read again on its worker, and the shuffle takes it,
+    where its stage had failed the shuffle at the read's first error (the worker cannot know
+    the scheduler retries it). The stage itself is not retried (it would find its run ended)."""
+    paths = write_files(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        df = dg.read_parquet(paths, blocksize=1, client=client)
+        flaky = df.map_partitions(_fails_once, str(marks), meta=df._meta)
+        with dask.annotate(retries=2):
+            out = dg.shuffle(flaky, "k", npartitions=4, client=client)
+        assert len(os.listdir(marks)) == len(paths)  # every read did fail once
+        assert_hash_partitions(partitions(client, out), per_file(paths), "k", 4)
+
+
+def test_a_read_that_fails_for_good_under_retries_raises_its_own_error(tcp, tmp_path):
+    """Retries spent, the read's own error reaches the caller, as without retries."""
+    paths = write_files(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    df = dg.read_parquet(paths, blocksize=1, client=tcp)
+    flaky = df.map_partitions(_fails_once, str(marks), meta=df._meta)
+    with dask.annotate(retries=0), pytest.raises(OSError, match="transient"):
+        dg.shuffle(flaky, "k", npartitions=4, client=tcp)
+
+
+def test_a_shuffle_under_resources_its_reads_ask_for_finishes(tmp_path):
+    """``dask.annotate(resources={"X": 1})`` on workers of one ``X``: the reads ask for it, and
+    the stages, which wait for those reads while seceded, must not hold it (a task holds its
+    resources until it ends, seceded or not): no read would ever run and the shuffle waited
+    for ever."""
+    paths = write_files(tmp_path)
+    with (  # the caller's thread outlives the client, whose close ends a shuffle that hangs
+        ThreadPoolExecutor(1) as caller,
+        start_cluster("tcp", n_workers=2, threads=1, resources={"X": 1}) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2)
+
+        def shuffled():
+            with dask.annotate(resources={"X": 1}):
+                df = dg.read_parquet(paths, blocksize=1, client=client)
+                return dg.shuffle(df, "k", npartitions=4, client=client)
+
+        out = caller.submit(shuffled).result(timeout=120)  # before the fix: never
+        assert_hash_partitions(partitions(client, out), per_file(paths), "k", 4)

@@ -18,6 +18,7 @@ client hands back futures of those outputs.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import dataclasses
 import logging
@@ -26,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import dask
 from dask.typing import Key
 from dask.utils import format_bytes
 from distributed import Client, Future
@@ -251,6 +253,11 @@ def _plan(
 
 #: The stages' Dask priority: above the default (0) of the inputs they wait for.
 STAGE_PRIORITY = 1
+#: What a stage does not take from the caller's ``dask.annotate`` (which its inputs do):
+#: ``resources``, which a stage would hold for its whole run, seceded or not, so the inputs
+#: it waits for, asking the same, never run on a worker of one such resource; ``retries``, as
+#: a stage run again finds its shuffle ended on its worker, and its error hides the cause.
+NOT_FOR_STAGES = ("resources", "retries")
 
 
 def _start(
@@ -276,20 +283,28 @@ def _start(
     after the first (seen on an H200), and the exchange waits for the last.
     """
 
+    # the caller's dask.annotate, less what a stage must not take
+    kept = {k: v for k, v in dask.get_annotations().items() if k not in NOT_FOR_STAGES}
+
+    def submit_stages() -> dict[str, Future]:
+        with dask.annotate(**kept):
+            return {
+                w: client.submit(
+                    _stage,
+                    plan,
+                    _Inputs({i: (future.key, nbytes[future.key]) for i, future in parts.items()}),
+                    workers=[w],
+                    allow_other_workers=False,
+                    pure=False,
+                    key=f"gpudirect-shuffle-{plan.id}-{i}",
+                    priority=STAGE_PRIORITY,
+                )
+                for i, (w, parts) in enumerate(sorted(on_worker.items()))
+            }
+
     async def submit() -> dict[str, Future]:
-        stages = {
-            w: client.submit(
-                _stage,
-                plan,
-                _Inputs({i: (future.key, nbytes[future.key]) for i, future in parts.items()}),
-                workers=[w],
-                allow_other_workers=False,
-                pure=False,
-                key=f"gpudirect-shuffle-{plan.id}-{i}",
-                priority=STAGE_PRIORITY,
-            )
-            for i, (w, parts) in enumerate(sorted(on_worker.items()))
-        }
+        # in a context of its own: the caller's annotations (a ContextVar) replaced by ``kept``
+        stages = contextvars.Context().run(submit_stages)
         await client.scheduler.gpudirect_shuffle_start(
             shuffle_id=plan.id,
             client=client.id,
@@ -390,19 +405,25 @@ def _watch(
     """Wait for every stage; when one fails (a lost worker's stage fails when it leaves), abort
     the rest and raise the first cause: an input's own error where one failed (its stage
     waited for it), else the first stage's. An input cancelled meanwhile (``client.cancel``
-    of its key) ends the shuffle with its CancelledError, as where the inputs are waited for
-    first: a stage that waits for it to be computed on its worker would wait for ever (the
-    scheduler forgot it, and the stage is no dependent of it to be cancelled with it)."""
+    of its key) ends the shuffle with its CancelledError, and one that failed with its own
+    error, as where the inputs are waited for first: a stage that waits for it to be computed
+    on its worker would wait for ever (the scheduler forgot it, or holds its error, and the
+    stage is no dependent of it to fail with it). Only the client hears that an input failed
+    for good: the worker's stage cannot tell a last failure from one the scheduler retries
+    (``dask.annotate(retries=...)``)."""
     pending = set(stages.values())
     while pending:
         wait_a_while(client, pending, WATCH_INTERVAL)
         done = {f for f in pending if f.done()}
         pending -= done
-        cancelled = pending and any(f.status == "cancelled" for f in inputs)
-        if not cancelled and all(f.status == "finished" for f in done):
+        # an input cancelled, or erred for good (its retries spent): its stage waits for it
+        lost = (
+            next((f.status for f in inputs if f.status in _LOST_INPUT), None) if pending else None
+        )
+        if not lost and all(f.status == "finished" for f in done):
             shown.exchange(plan, stages, pending, inputs)
             continue
-        why = "an input was cancelled" if cancelled else "failed on a peer"
+        why = _LOST_INPUT[lost] if lost else "failed on a peer"
         _end(client, plan, abort=f"shuffle {plan.id} {why}")
         wait_a_while(client, pending, ABORT_GRACE, "ALL_COMPLETED")  # the others stop, clean up
         failed = [f for f in inputs if f.status == "error"]
@@ -416,6 +437,10 @@ def _watch(
             "cluster is still usable: run the shuffle again (it will use the workers that "
             "remain)."
         )
+
+
+#: An input's status that ends the shuffle while its stage waits for it, and why.
+_LOST_INPUT = {"cancelled": "an input was cancelled", "error": "an input failed"}
 
 
 def _raise_error_of(future: Future) -> NoReturn:

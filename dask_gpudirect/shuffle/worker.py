@@ -490,19 +490,14 @@ class ShuffleService:
             self.input_changed = asyncio.Event()
 
     async def computed_here(self, run: ShuffleRun, keys: list[Key]) -> None:
-        """Wait until each of ``keys`` (inputs placed on this worker) is in its memory; raise
-        where one failed (the client then raises the input's own error)."""
+        """Wait until each of ``keys`` (inputs placed on this worker) is in its memory. An
+        input that fails here is waited for too: only the scheduler knows whether it runs
+        again (``dask.annotate(retries=...)``), and where it does not, the client, told of its
+        error, aborts the shuffle and raises that error (:func:`.coordinator._watch`)."""
         self.awaited.update(keys)
         try:
             while True:
                 tasks = [self.worker.state.tasks.get(key) for key in keys]
-                failed = [ts for ts in tasks if ts is not None and ts.state == "error"]
-                if failed:
-                    raise ShuffleError(
-                        f"shuffle {run.id}: input {failed[0].key!r} failed on "
-                        f"{self.worker.address}: {failed[0].exception_text}",
-                        secondary=True,
-                    )
                 if all(ts is not None and ts.state == "memory" for ts in tasks):
                     return
                 await run.unless_failed(self.input_changed.wait())
