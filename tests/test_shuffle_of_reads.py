@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -436,3 +437,70 @@ def test_a_shuffle_under_resources_its_reads_ask_for_finishes(tmp_path):
 
         out = caller.submit(shuffled).result(timeout=120)  # before the fix: never
         assert_hash_partitions(partitions(client, out), per_file(paths), "k", 4)
+
+
+def _gate(part: pd.DataFrame) -> pd.DataFrame:
+    assert Event("gpudirect-test-read-go").wait(timeout=HANG_GUARD)
+    return part
+
+
+def _fixed_ports(cluster, count: int) -> None:
+    """``count`` workers on the cluster, each on a port of its own that its restarts keep
+    (``dask worker --worker-port``)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    (spec,) = cluster.new_worker_spec().values()
+    for i, port in enumerate(ports):
+        cluster.worker_spec[f"fixed-{i}"] = {
+            **spec,
+            "options": {**spec["options"], "worker_port": port},
+        }
+    cluster.sync(cluster._correct_state)
+
+
+def test_a_read_whose_worker_restarted_at_its_address_is_waited_for(tmp_path, monkeypatch):
+    """The read's worker (a fixed port) restarts while the shuffle persists the read: placement
+    lets the read run anywhere, it runs on the other worker, and the worker comes back at the
+    same address before the shuffle plans. The planning's "placed worker left" check compared
+    addresses, so a stage on the restarted worker waited for ever for a read it never ran."""
+    (path,) = write_files(tmp_path, count=1)
+    with start_cluster("tcp", n_workers=0, threads=1) as cluster, Client(cluster) as client:
+        _fixed_ports(cluster, 2)
+        client.wait_for_workers(2)
+        df = dg.read_parquet(path, client=client)
+        df = df.map_partitions(_gate, meta=df._meta)  # fused into the read: held as it runs
+        optimized = df.optimize()
+        graph = optimized.__dask_graph__()
+        ((victim, _),) = [placed_read(graph[key]) for key in optimized.__dask_keys__()]
+        persist, prepare = client.persist, coordinator._prepare
+        go = Event("gpudirect-test-read-go", client=client)
+
+        def restarted_around_persist(*args, **kwargs):
+            with ThreadPoolExecutor(1) as pool:
+                restart = pool.submit(client.restart_workers, [victim], timeout=HANG_GUARD)
+                while victim in client.nthreads():  # gone: the scheduler lets the read go
+                    assert not restart.done(), restart.result()
+                    time.sleep(0.05)
+                persisted = persist(*args, **kwargs)
+                restart.result()  # back at the same address
+            assert victim in client.nthreads()
+            return persisted
+
+        def prepared(*args, **kwargs):
+            result = prepare(*args, **kwargs)
+            go.set()  # the read finishes only once the shuffle planned
+            return result
+
+        monkeypatch.setattr(client, "persist", restarted_around_persist)
+        monkeypatch.setattr(coordinator, "_prepare", prepared)
+        pool = ThreadPoolExecutor(1)
+        try:
+            call = pool.submit(dg.shuffle, df, "k", npartitions=3, client=client)
+            out = call.result(timeout=60)  # the shuffle takes about a second
+        finally:
+            pool.shutdown(wait=False)
+        assert_hash_partitions(partitions(client, out), per_file([path]), "k", 3)

@@ -208,6 +208,11 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
                 nbytes[key] = ts.nbytes
             elif placed is not None:
                 worker, nbytes[key] = placed[i]
+                if ts is not None and ts.worker_restrictions != {worker}:
+                    # its worker left since the graph came (placement let the read go
+                    # anywhere) and one joined at the same address (a fixed --worker-port):
+                    # the read may run elsewhere, and a stage there would wait for ever
+                    return {"unplaced": True}
                 who_has[key] = [worker]
                 computing.append(i)
             else:
