@@ -197,3 +197,49 @@ def test_a_skewed_group_holds_one_copy_beside_its_pieces(index, monkeypatch):
         built, splitter.outputs(pieces, segments, bounds, range(2), {}), strict=True
     ):
         pd.testing.assert_frame_equal(got, want)
+
+
+def _arrow_buffers(frame: pd.DataFrame) -> list[tuple[int, int]]:
+    """The address ranges of the Arrow buffers of ``frame``'s columns and index."""
+    arrays = [frame.iloc[:, i].array for i in range(frame.shape[1])] + [frame.index.array]
+    chunks = [
+        chunk
+        for array in arrays
+        if isinstance(array, pd.arrays.ArrowExtensionArray)
+        for chunk in array._pa_array.iterchunks()
+    ]
+    return [(b.address, b.address + b.size) for c in chunks for b in c.buffers() if b]
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_outputs_copied_out_of_the_pieces_hold_none_of_them(index, monkeypatch):
+    """Outputs each copied out of the pieces (long segments) are in memory of their own, as
+    cut ones are: pandas' concat of an output's slices of several pieces copies no Arrow
+    array (it chunks them), so each output held every piece it had rows of, and its spill
+    freed none of them while the group's other outputs lived."""
+    from dask_gpudirect.shuffle import split
+    from dask_gpudirect.shuffle.split import HashSplit, assembly_segments, cells_of
+
+    monkeypatch.setattr(split, "LONG_SEGMENT", 1)  # the each-output path at a test's size
+    rows = 1_000
+    meta = pd.DataFrame({"k": np.array([], "int64"), "s": pd.Series([], dtype="str")})
+    splitter = HashSplit(["k"], 2, "host", meta, index=index)
+    pieces, received = [], []
+    for i in range(4):  # each output has rows of every piece: slices of four
+        labels = pd.Index([f"r{i}-{j}" for j in range(rows)], dtype="str")
+        pieces.append(
+            pd.DataFrame(
+                {"k": np.arange(rows), "s": pd.Series([f"v{i}-{j}" for j in range(rows)])},
+                index=labels if index else None,
+            ).astype({"s": "str"})
+        )
+        received.append(((i,), 0, cells_of(np.array([[rows // 2, rows // 2]]))))
+    held = [r for p in pieces for r in _arrow_buffers(p)]
+    assert held  # the test's strings are Arrow's
+    segments, sizes = assembly_segments(received, range(2))
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    built = splitter.outputs(list(pieces), segments, bounds, range(2), {})
+    for out in built:
+        shared = [(a, b) for a, b in _arrow_buffers(out) for c, d in held if a < d and c < b]
+        assert not shared, f"an output shares {len(shared)} Arrow buffers with the pieces"
+        assert len(out) == 2 * rows

@@ -213,9 +213,7 @@ class HashSplit:
         built = []
         for part in segments.cut(bounds):
             slices = part.slices(pieces) or [(0, 0, 0)]
-            rows = module.concat_slices(pieces, slices, self.meta, self.index)
-            if len(slices) == 1:  # a view of its piece
-                rows = module.copied(rows)
+            rows = module.concat_owned(pieces, slices, self.meta, self.index)
             built.append(self.with_categories(rows, categories))
             del rows
         pieces.clear()

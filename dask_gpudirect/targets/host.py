@@ -101,6 +101,30 @@ def concat_slices(
     return concat_frames([frames[k].iloc[a:b] for k, a, b in slices], meta, index)
 
 
+def concat_owned(
+    frames: list[pd.DataFrame],
+    slices: list[tuple[int, int, int]],
+    meta: pd.DataFrame,
+    index: bool = True,
+) -> pd.DataFrame:
+    """:func:`concat_slices` in memory of its own: one slice is a view of its frame, and
+    pandas' concat of several chunks their Arrow arrays (strings, ``str`` among them) and
+    copies none, so an output built so held every piece it had rows of, and its spill freed
+    none of them while its neighbours lived (see :func:`cut_frame`)."""
+    rows = concat_slices(frames, slices, meta, index)
+    if len(slices) == 1:
+        return copied(rows)
+    arrow = _arrow_columns(rows)
+    labels = _arrow_index(rows.index)  # chunked too (a NumPy one was copied)
+    if arrow or labels:
+        positions = np.arange(len(rows))
+        if labels:
+            rows.index = rows.index[positions]
+        for i in arrow:
+            rows.isetitem(i, rows.iloc[:, i].array.take(positions))
+    return rows
+
+
 def take_rows(frame: pd.DataFrame, order: np.ndarray, index: bool = True) -> pd.DataFrame:
     """Rows ``order`` of ``frame``, labelled 0, 1, 2... without ``index``."""
     taken = frame.take(order)
@@ -124,6 +148,13 @@ def cut_frame(frame: pd.DataFrame, bounds: np.ndarray, index: bool = True) -> li
     arrow = _arrow_columns(frame)
     parts = [copied(frame.iloc[a:b], arrow) for a, b in itertools.pairwise(bounds)]
     return parts if index else [_relabelled(part) for part in parts]
+
+
+def _arrow_index(index: pd.Index) -> bool:
+    """Whether ``index`` keeps its labels in an Arrow array (a MultiIndex keeps codes)."""
+    return not isinstance(index, pd.MultiIndex) and isinstance(
+        index.array, pd.arrays.ArrowExtensionArray
+    )
 
 
 def _arrow_columns(frame: pd.DataFrame) -> list[int]:
