@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import glob
 import os
 import signal
 import sys
@@ -38,7 +39,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from dask.sizeof import sizeof
-from distributed import CancelledError, Client, futures_of, get_worker, wait
+from distributed import CancelledError, Client, Event, futures_of, get_worker, wait
 from util import (
     HANG_GUARD,
     RECEIVE,
@@ -936,6 +937,111 @@ def test_worker_killed_mid_shuffle(cluster):
     out = dg.shuffle(dd.concat(halves), "k", client=cluster)
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
     assert set(shuffle_records(cluster)["worker"]) == {new, survivor}
+
+
+# --- client.restart() mid-shuffle ----------------------------------------------------------------
+
+
+def hold_in_task(started: str, release: str):
+    """A function of one partition that sets the Event ``started`` and holds its worker's
+    thread until ``release`` is set (an input's map_partitions, or a then=)."""
+
+    def hold(part):
+        Event(started).set()
+        Event(release).wait(HANG_GUARD)
+        return part
+
+    return hold
+
+
+def hold_receive(dask_worker, started: str, release: str) -> None:
+    """Make this worker set the Event ``started`` on each shuffle message it is sent and hold
+    the message until ``release`` is set: the exchange stays in flight. The wait runs in a
+    thread, so the worker's event loop goes on (heartbeats, the restart's close)."""
+    service = shuffle_service(dask_worker)
+
+    def hold() -> None:
+        client = dask_worker._get_client()  # the worker's own: no task, so no get_client()
+        Event(started, client=client).set()
+        Event(release, client=client).wait(HANG_GUARD)
+
+    async def receive(**msg):
+        await asyncio.to_thread(hold)
+        return await service.receive(**msg)
+
+    dask_worker.handlers[RECEIVE] = receive
+
+
+def spill_directories(directory: str) -> list[str]:
+    """The shuffle spill directories left in ``directory`` (a worker's, maybe gone)."""
+    return glob.glob(os.path.join(directory, "gpudirect-shuffle-*"))
+
+
+@pytest.mark.parametrize("moment", ["inputs", "exchange", "outputs"])
+def test_a_restart_mid_shuffle_cancels_it(moment):
+    """``client.restart()`` while a shuffle is in flight cancels it as it cancels every task:
+    the call raises Distributed's CancelledError, as its P2P shuffle does, no worker (nor the
+    scheduler) keeps anything of it, and the next shuffle runs on the restarted workers. Held
+    (by Events) while its inputs are still computed, mid-exchange (each message held by its
+    receiver), and while the stages build their outputs (in then=). On a cluster of its own,
+    with the module's spilling limits: the restart gives the workers new addresses."""
+    limits = {
+        "gpudirect.shuffle.host-limit": HOST_LIMIT,
+        "gpudirect.shuffle.disk-limit": DISK_LIMIT,
+    }
+    with (
+        start_cluster("tcp", threads=1, config=limits) as lc,
+        Client(lc, set_as_default=False) as client,
+    ):
+        client.wait_for_workers(2)
+        ensure_plugins(client)
+        plugin = lc.scheduler.plugins["gpudirect-shuffle"]
+        started, release = Event(client=client), Event(client=client)
+        hold = hold_in_task(started.name, release.name)
+        pdf = frame(2000, keys=97, seed=23)
+        kwargs = {}
+        if moment == "inputs":  # every input waits for release
+            df = dd.from_pandas(pdf, npartitions=4).map_partitions(hold, meta=pdf.iloc[:0])
+        else:
+            df = client.persist(dd.from_pandas(pdf, npartitions=4))
+            with client.as_current():
+                wait(df)
+        if moment == "exchange":
+            client.run(hold_receive, started=started.name, release=release.name)
+        elif moment == "outputs":
+            kwargs = {"then": hold, "meta": pdf.iloc[:0]}
+        pids = set(client.run(os.getpid).values())
+        directories = client.run(lambda dask_worker: dask_worker.local_directory)
+
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(dg.shuffle, df, "k", npartitions=4, client=client, **kwargs)
+            try:
+                deadline = time.monotonic() + HANG_GUARD
+                while not started.wait(timeout=1):
+                    assert not running.done(), running.exception()
+                    assert time.monotonic() < deadline, f"the shuffle never reached its {moment}"
+                # the stages start once the inputs are computed; then a run (and its spill
+                # directory) on each worker
+                assert len(plugin.active) == (0 if moment == "inputs" else 1), plugin.active
+                if moment != "inputs":
+                    assert all(map(spill_directories, directories.values()))
+                client.restart(timeout=HANG_GUARD)  # a loaded machine's workers come back late
+                # distributed.CancelledError is concurrent.futures'; the call raises its
+                # FuturesCancelledError
+                with pytest.raises(CancelledError):
+                    running.result(timeout=HANG_GUARD)
+            finally:
+                release.set()
+
+        assert pids.isdisjoint(client.run(os.getpid).values())  # new worker processes
+        assert not plugin.active and not plugin.reports and not plugin.op_ids
+        assert not [key for key in lc.scheduler.tasks if "gpudirect-shuffle" in str(key)]
+        wait_until_clean(client)
+        assert not any(client.run(outputs_kept).values())
+        assert not [d for d in directories.values() if spill_directories(d)]
+        df = client.persist(dd.from_pandas(pdf, npartitions=4))
+        out = dg.shuffle(df, "k", npartitions=4, client=client)
+        assert_hash_partitions(partitions(client, out), pdf, "k", 4)
 
 
 # --- options that are refused ------------------------------------------------------------------
