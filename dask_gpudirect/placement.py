@@ -30,7 +30,7 @@ from typing import Any
 from dask.task_spec import DataNode, Task
 from dask.typing import Key
 from distributed import Scheduler, SchedulerPlugin, Status
-from distributed.scheduler import TaskStateState
+from distributed.scheduler import TaskState, TaskStateState
 
 from .errors import InputError
 from .formats import parquet
@@ -260,11 +260,14 @@ class PlacementPlugin(SchedulerPlugin):
             if found == set():  # no worker found every file it loads: it fails at once
                 ts.run_spec = Task(ts.key, unreadable_together, *_apart(shards))
                 continue
-            # gone or retiring already: the others that found its files (else any worker)
-            able = _restriction(scheduler, shards, found)
+            # gone or retiring already: the others that found its files (else any worker); of
+            # those, where the caller restricted it too, the ones the caller allows
+            able = _pin(scheduler, ts, shards, found)
             if able:
                 ts.worker_restrictions = able
                 ts.loose_restrictions = False
+            # else the caller's own restrictions, if any, stand: where those workers did not
+            # find its files, the read there fails naming the file, rather than wait for ever
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         """The shards placed on ``worker`` may now run on the other workers that found their
@@ -283,7 +286,10 @@ class PlacementPlugin(SchedulerPlugin):
             named = {w for shard in shards for w in (shard.worker, *shard.readers)}
             if not shards or not held <= named:
                 continue  # not a restriction placement made
-            ts.worker_restrictions = _restriction(scheduler, shards, _found(shards), worker)
+            able = _pin(scheduler, ts, shards, _found(shards), worker)
+            # none: the caller's own restrictions, if any, as the caller gave them
+            ts.worker_restrictions = able or _callers_workers(scheduler, ts)
+            ts.loose_restrictions = not able and _loose(ts)
             if ts.state == "no-worker":
                 again[ts.key] = "waiting"
         if again:
@@ -306,19 +312,84 @@ def _restriction(
     shards: tuple[Shard, ...],
     found: set[str] | None,
     gone: str | None = None,
+    fits: Callable[[str], bool] = lambda worker: True,
 ) -> set[str] | None:
     """Where a task that loads ``shards`` may run: the worker placement chose for the first of
-    them that is in the cluster, not retiring (not ``gone``), and found every file the task
-    loads (``found``, as :func:`_found` gives it; a task of one read: its own worker); else the
-    others that found them all and are in the cluster, not retiring; None (any worker) where
-    none of those is left, or every worker found them."""
+    them that is in the cluster, not retiring (not ``gone``), ``fits`` the task (the caller's
+    own restrictions: :func:`_fits`) and found every file the task loads (``found``, as
+    :func:`_found` gives it; a task of one read: its own worker); else the others that found
+    them all, fit it and are in the cluster, not retiring; None (any worker the caller's
+    restrictions allow) where none of those is left, or every worker found them."""
     for worker in dict.fromkeys(shard.worker for shard in shards):
         if worker is not None and worker != gone and staying(scheduler, worker):
-            if found is None or worker in found:
+            if (found is None or worker in found) and fits(worker):
                 return {worker}
     if found is None:
         return None
-    return {w for w in found if w != gone and staying(scheduler, w)} or None
+    return {w for w in found if w != gone and staying(scheduler, w) and fits(w)} or None
+
+
+def _pin(
+    scheduler: Scheduler,
+    ts: TaskState,
+    shards: tuple[Shard, ...],
+    found: set[str] | None,
+    gone: str | None = None,
+) -> set[str] | None:
+    """:func:`_restriction` among the workers the caller's own restrictions of ``ts`` allow
+    (:func:`_fits`); where the caller's workers were only preferred (``allow_other_workers``)
+    and none of them found its files, among the others that have the resources it asks for.
+    None where every worker found them: the caller's restrictions alone then stand."""
+    able = _restriction(scheduler, shards, found, gone, _fits(scheduler, ts))
+    if able is None and found is not None and _loose(ts):
+        able = _restriction(scheduler, shards, found, gone, _fits(scheduler, ts, strict=False))
+    return able
+
+
+def _loose(ts: TaskState) -> bool:
+    """Whether the caller let ``ts`` run on other workers than those it named
+    (``allow_other_workers``), as its annotations keep it."""
+    annotations = ts.annotations or {}
+    return bool(annotations.get("allow_other_workers", annotations.get("loose_restrictions")))
+
+
+def _callers_workers(scheduler: Scheduler, ts: TaskState) -> set[str] | None:
+    """The worker addresses the caller restricted ``ts`` to (``dask.annotate(workers=...)``,
+    ``client.compute(..., workers=...)``), as Distributed keeps them in its annotations (its
+    ``worker_restrictions`` are placement's once the plugin has pinned it); None where none. A
+    name that is no address is a host, which Distributed keeps in ``host_restrictions``."""
+    annotations = ts.annotations or {}
+    named = annotations.get("workers", annotations.get("restrictions"))
+    if not named:
+        return None
+    addresses = set()
+    for name in [named] if isinstance(named, str) else named:
+        try:
+            addresses.add(scheduler.coerce_address(name))
+        except ValueError:
+            pass  # a host name
+    return addresses or None
+
+
+def _fits(scheduler: Scheduler, ts: TaskState, strict: bool = True) -> Callable[[str], bool]:
+    """Whether a worker meets the caller's own restrictions of ``ts``: the resources it asks
+    for (``dask.annotate(resources=...)``, which only some workers may have) and, ``strict``,
+    the workers or hosts it was restricted to. Pinned to a worker without them, a read waited
+    in ``no-worker`` for ever; pinned to another than the caller named, it ignored them (Dask's
+    own readers run where they say)."""
+    needs = ts.resource_restrictions or {}
+    workers = _callers_workers(scheduler, ts) if strict else None
+    hosts = {scheduler.coerce_hostname(h) for h in ts.host_restrictions or ()} if strict else set()
+
+    def fits(worker: str) -> bool:
+        ws = scheduler.workers.get(worker)
+        if ws is None:
+            return False
+        if any(ws.resources.get(name, 0) < amount for name, amount in needs.items()):
+            return False
+        return not (workers or hosts) or worker in (workers or ()) or ws.host in hosts
+
+    return fits
 
 
 def _apart(shards: tuple[Shard, ...]) -> tuple[str, str]:

@@ -10,12 +10,21 @@ import dataclasses
 import os
 import pickle
 
+import dask
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distributed import wait
-from util import assert_same_frame, compute, expected_parquet, shards_of
+from distributed import Client, futures_of, wait
+from util import (
+    HANG_GUARD,
+    assert_same_frame,
+    compute,
+    expected_parquet,
+    shards_of,
+    start_cluster,
+)
 
 import dask_gpudirect as dg
 from dask_gpudirect import compat
@@ -248,3 +257,76 @@ def test_a_partition_of_small_files_carries_their_common_parts_once(tcp, tmp_pat
     assert len(pickle.dumps(graph)) < 0.7 * sum(len(pickle.dumps(s)) for s in shards)
     files = sorted(tmp_path.iterdir())
     assert_same_frame(compute(tcp, df), expected_parquet(files))
+
+
+def _held_by(client, collection) -> set[str]:
+    """The workers that hold ``collection``'s pieces once it is computed (waits at most 120 s:
+    a read pinned to a worker it cannot run on waits in ``no-worker`` for ever)."""
+    futures = futures_of(collection)
+    wait(futures, timeout=120)
+    return {w for holders in client.who_has(futures).values() for w in holders}
+
+
+def _small_files(tmp_path) -> tuple[list[str], pd.DataFrame, list[str], np.ndarray]:
+    """Six Parquet files and six ``.npy`` files, and what each holds end to end."""
+    frames = [pd.DataFrame({"v": np.arange(k * 1000, (k + 1) * 1000)}) for k in range(6)]
+    parquets = [str(tmp_path / f"p{k}.parquet") for k in range(6)]
+    arrays = [f.v.to_numpy() for f in frames]
+    npys = [str(tmp_path / f"a{k}.npy") for k in range(6)]
+    for frame, path, array, npy in zip(frames, parquets, arrays, npys, strict=True):
+        frame.to_parquet(path, index=False)
+        np.save(npy, array)
+    return parquets, pd.concat(frames), npys, np.concatenate(arrays)
+
+
+@pytest.mark.timeout(HANG_GUARD)
+def test_reads_under_resources_only_some_workers_have_run_on_those(tmp_path):
+    """``dask.annotate(resources={"GPU": 1})`` where one of two workers has a GPU: Dask's own
+    readers run on it. Placement pinned half the reads (and chunks) to the other worker, where
+    they waited in ``no-worker`` for ever; the shuffle of them too."""
+    parquets, frame, npys, array = _small_files(tmp_path)
+    with start_cluster("tcp", n_workers=0, threads=1) as cluster, Client(cluster) as client:
+        (spec,) = cluster.new_worker_spec().values()
+        with_gpu = {**spec["options"], "resources": {"GPU": 1}}
+        cluster.worker_spec.update(gpu={**spec, "options": with_gpu}, cpu=spec)
+        cluster.sync(cluster._correct_state)
+        client.wait_for_workers(2)
+        (gpu,) = (w for w, i in client.scheduler_info()["workers"].items() if i["resources"])
+        with dask.annotate(resources={"GPU": 1}):
+            df = client.persist(dg.read_parquet(parquets, blocksize=1, client=client))
+            arr = client.persist(dg.read_binary(npys, blocksize=1, client=client))
+            assert _held_by(client, df) == _held_by(client, arr) == {gpu}  # before: TimeoutError
+            out = dg.shuffle(df, "v", npartitions=3, client=client)
+            shuffled = dg.shuffle_array(arr, seed=1, client=client)
+        assert_same_frame(df.compute(), frame)
+        assert (arr.compute() == array).all()
+        got = out.compute().sort_values("v").reset_index(drop=True)
+        assert_same_frame(got, frame.reset_index(drop=True))
+        assert (np.sort(shuffled.compute()) == array).all()
+
+
+def test_reads_the_caller_restricts_to_a_worker_run_on_it(tcp, tmp_path):
+    """``client.persist(df, workers=[a])`` and ``dask.annotate(workers=[a])``: Dask's own
+    readers run on ``a``, and so do these (the files are on a disk every worker sees).
+    Placement pinned half of them to the other worker instead. With ``allow_other_workers``
+    ``a`` is only preferred (Dask's work stealing may move such a task): the data is checked.
+    Each case reads files of its own: the same read again would reuse the tasks (keys) of
+    the one before, restrictions and all, until the scheduler forgets them."""
+    a = workers_of(tcp)[0]
+    for case in ("persist", "annotate", "loose"):
+        (tmp_path / case).mkdir()
+        parquets, frame, npys, array = _small_files(tmp_path / case)
+        reads = [
+            dg.read_parquet(parquets, blocksize=1, client=tcp),
+            dg.read_binary(npys, blocksize=1, client=tcp),
+        ]
+        if case == "persist":
+            df, arr = tcp.persist(reads, workers=[a])
+        else:
+            with dask.annotate(workers=[a], allow_other_workers=case == "loose"):
+                df, arr = tcp.persist(reads)
+        held = [_held_by(tcp, df), _held_by(tcp, arr)]
+        if case != "loose":
+            assert held == [{a}, {a}], case  # before: both workers
+        assert_same_frame(df.compute(), frame)
+        assert (arr.compute() == array).all()
