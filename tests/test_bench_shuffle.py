@@ -285,6 +285,20 @@ def test_bench_shuffle_refuses_rapidsmpf_on_the_host_target():
     assert "--methods rapidsmpf: runs on GPU workers only" in result.output
 
 
+def test_bench_shuffle_leaves_out_rapidsmpf_where_it_is_not_installed(monkeypatch):
+    """On GPU workers without RapidsMPF the default run measured every other method and then
+    exited non-zero for the one it could not import (seen on an H100 without the peers'
+    wheels); now that method is "not run", naming what to install, as bench etl's cudf-polars
+    is. (Its packages are made missing here: the device target cannot run on this machine.)"""
+    from dask_gpudirect.bench.shuffle import _one_method
+    from dask_gpudirect.shuffle import engines
+
+    monkeypatch.setitem(engines.RAPIDSMPF_MODULES, "no_such_module_here", "no-such-package")
+    record, timed_out = _one_method(None, "rapidsmpf", None, [], {}, lambda: 60.0, {})
+    assert record["status"] == "not run" and not timed_out
+    assert "no-such-package" in record["note"] and "dask-gpudirect[rapidsmpf]" in record["note"]
+
+
 def _bench(args: list[str], tmp_path) -> tuple[dict, str, str]:
     """``bench shuffle ARGS`` on the host target, as a user runs it: its JSON, Markdown and
     output."""

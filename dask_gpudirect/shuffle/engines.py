@@ -56,7 +56,7 @@ def choose(
                 "is GPU-only) and these partitions are pandas: use engine='distributed' or "
                 "'auto'",
             )
-        missing = [pkg for mod, pkg in RAPIDSMPF_MODULES.items() if not _installed(mod)]
+        missing = rapidsmpf_missing()
         if missing:
             raise InputError(
                 None,
@@ -92,6 +92,11 @@ def holds(engine: str, share: int, room: dict[str, int], spilling: bool = True) 
     if not spilling:
         return share <= room["device"]
     return share <= room["device"] + room["host"] + (room["disk"] if engine == "distributed" else 0)
+
+
+def rapidsmpf_missing() -> list[str]:
+    """The packages the ``rapidsmpf`` engine needs that are not installed here."""
+    return [pkg for mod, pkg in RAPIDSMPF_MODULES.items() if not _installed(mod)]
 
 
 def _installed(module: str) -> bool:
