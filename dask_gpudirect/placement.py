@@ -265,6 +265,10 @@ class PlacementPlugin(SchedulerPlugin):
             able = _pin(scheduler, ts, shards, found)
             if able:
                 ts.worker_restrictions = able
+                # Distributed lets a task run on its worker restrictions or its hosts: kept,
+                # the caller's hosts let the read run on any worker there (the one placement
+                # chose is among them), not the one a shuffle's stage waits for it on
+                ts.host_restrictions = None
                 ts.loose_restrictions = False
             # else the caller's own restrictions, if any, stand: where those workers did not
             # find its files, the read there fails naming the file, rather than wait for ever
@@ -288,7 +292,9 @@ class PlacementPlugin(SchedulerPlugin):
                 continue  # not a restriction placement made
             able = _pin(scheduler, ts, shards, _found(shards), worker)
             # none: the caller's own restrictions, if any, as the caller gave them
-            ts.worker_restrictions = able or _callers_workers(scheduler, ts)
+            workers, hosts = _callers(scheduler, ts)
+            ts.worker_restrictions = able or workers or None
+            ts.host_restrictions = None if able else hosts or None
             ts.loose_restrictions = not able and _loose(ts)
             if ts.state == "no-worker":
                 again[ts.key] = "waiting"
@@ -353,22 +359,27 @@ def _loose(ts: TaskState) -> bool:
     return bool(annotations.get("allow_other_workers", annotations.get("loose_restrictions")))
 
 
-def _callers_workers(scheduler: Scheduler, ts: TaskState) -> set[str] | None:
-    """The worker addresses the caller restricted ``ts`` to (``dask.annotate(workers=...)``,
-    ``client.compute(..., workers=...)``), as Distributed keeps them in its annotations (its
-    ``worker_restrictions`` are placement's once the plugin has pinned it); None where none. A
-    name that is no address is a host, which Distributed keeps in ``host_restrictions``."""
+def _callers(scheduler: Scheduler, ts: TaskState) -> tuple[set[str], set[str]]:
+    """The worker addresses and the hosts the caller restricted ``ts`` to
+    (``dask.annotate(workers=...)``, ``client.compute(..., workers=...)``), as Distributed
+    reads its annotations (its ``worker_restrictions`` and ``host_restrictions`` are
+    placement's once the plugin has pinned it); both empty where none. A name that is no
+    address or alias of a worker here counts as a host, as Distributed counts it: a worker
+    that left named by its ``name`` (an int where ``LocalCluster`` names them, kept as its
+    string: Distributed's hosts are strings) then matches no worker, and the task waits for
+    it, as Distributed's own restriction to it does."""
     annotations = ts.annotations or {}
     named = annotations.get("workers", annotations.get("restrictions"))
-    if not named:
-        return None
-    addresses = set()
-    for name in [named] if isinstance(named, str) else named:
+    addresses: set[str] = set()
+    hosts: set[str] = set()
+    for name in [named] if isinstance(named, str) else named or ():
         try:
             addresses.add(scheduler.coerce_address(name))
-        except ValueError:
-            pass  # a host name
-    return addresses or None
+        except ValueError:  # a host name (or the string name of a worker that left)
+            hosts.add(name)
+        except TypeError:  # the name of a worker that left, not a string: no host's
+            hosts.add(str(name))
+    return addresses, hosts
 
 
 def _fits(scheduler: Scheduler, ts: TaskState, strict: bool = True) -> Callable[[str], bool]:
@@ -378,8 +389,8 @@ def _fits(scheduler: Scheduler, ts: TaskState, strict: bool = True) -> Callable[
     in ``no-worker`` for ever; pinned to another than the caller named, it ignored them (Dask's
     own readers run where they say)."""
     needs = ts.resource_restrictions or {}
-    workers = _callers_workers(scheduler, ts) if strict else None
-    hosts = {scheduler.coerce_hostname(h) for h in ts.host_restrictions or ()} if strict else set()
+    workers, named_hosts = _callers(scheduler, ts) if strict else (set(), set())
+    hosts = {scheduler.coerce_hostname(h) for h in named_hosts}
 
     def fits(worker: str) -> bool:
         ws = scheduler.workers.get(worker)
@@ -387,7 +398,7 @@ def _fits(scheduler: Scheduler, ts: TaskState, strict: bool = True) -> Callable[
             return False
         if any(ws.resources.get(name, 0) < amount for name, amount in needs.items()):
             return False
-        return not (workers or hosts) or worker in (workers or ()) or ws.host in hosts
+        return not (workers or hosts) or worker in workers or ws.host in hosts
 
     return fits
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
+import time
 
 import dask
 import numpy as np
@@ -16,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from distributed import Client, futures_of, wait
+from distributed import Client, Event, futures_of, wait
 from util import (
     HANG_GUARD,
     assert_same_frame,
@@ -330,3 +331,34 @@ def test_reads_the_caller_restricts_to_a_worker_run_on_it(tcp, tmp_path):
             assert held == [{a}, {a}], case  # before: both workers
         assert_same_frame(df.compute(), frame)
         assert (arr.compute() == array).all()
+
+
+def _gated(part):
+    assert Event("gpudirect-test-placement-go").wait(timeout=HANG_GUARD)
+    return part
+
+
+@pytest.mark.timeout(HANG_GUARD)
+def test_reads_restricted_by_worker_names_run_on_when_one_of_those_leaves(tmp_path):
+    """``workers=[0, 1]``: LocalCluster's worker names, which Distributed takes as aliases.
+    Worker 1 retires while reads pinned to it wait: placement looked the caller's names up
+    again, 1 no longer an alias (Distributed drops it first) nor a string, and the TypeError
+    ended its ``remove_worker``: the reads stayed restricted to the worker gone, for ever."""
+    parquets, frame, _, _ = _small_files(tmp_path)
+    with start_cluster("tcp", n_workers=2, threads=1) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        by_name = {i["name"]: w for w, i in client.scheduler_info()["workers"].items()}
+        go = Event("gpudirect-test-placement-go", client=client)
+        df = dg.read_parquet(parquets, blocksize=1, client=client)
+        df = df.map_partitions(_gated, meta=df._meta)  # fused into the read: held as it runs
+        placed = {shard.worker for shard in shards_of(df.optimize()).values()}
+        assert placed == set(by_name.values())  # some on worker 1
+        df = client.persist(df, workers=[0, 1])
+        deadline = time.monotonic() + 120
+        while not client.processing([by_name[1]])[by_name[1]]:  # its graph came, 1 reads
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        client.retire_workers([by_name[1]], close_workers=True)
+        go.set()
+        wait(futures_of(df), timeout=120)  # before the fix: TimeoutError
+        assert_same_frame(df.compute(), frame)

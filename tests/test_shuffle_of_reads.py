@@ -11,6 +11,7 @@ the same collection shuffled again once that worker is gone.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import os
@@ -504,3 +505,43 @@ def test_a_read_whose_worker_restarted_at_its_address_is_waited_for(tmp_path, mo
         finally:
             pool.shutdown(wait=False)
         assert_hash_partitions(partitions(client, out), per_file([path]), "k", 3)
+
+
+def _late_reads(scheduler, seconds: float) -> None:
+    """Make ``scheduler`` (a LocalCluster's, in this process) take each graph of reads
+    ``seconds`` late off its client's stream: the shuffle's planning request, on a comm of
+    its own, then comes first."""
+    handler = scheduler.stream_handlers["update-graph"]
+
+    async def late(**msg):
+        if any("read-parquet" in str(key) for key in msg.get("keys", ())):
+            await asyncio.sleep(seconds)
+        return await handler(**msg)
+
+    scheduler.stream_handlers["update-graph"] = late
+
+
+@pytest.mark.parametrize("where", ["worker", "host"])
+def test_a_shuffle_of_reads_the_caller_restricts_finishes(tmp_path, where):
+    """``dask.annotate(workers=[a])`` (or the host of every worker) around ``dg.shuffle`` of a
+    read. Placement pins a read among the workers the caller allows, which need not be the one
+    it was placed on; the shuffle planned before the read's graph came (its persist goes on the
+    batched stream) took the placed worker as the read's, and its stage there waited for ever.
+    Under a host the pin did not hold: Distributed runs a task on its workers or its hosts."""
+    paths = write_files(tmp_path)
+    with (  # the caller's thread outlives the client, whose close ends a shuffle that hangs
+        ThreadPoolExecutor(1) as caller,
+        start_cluster("tcp", n_workers=2, threads=1) as cluster,
+        Client(cluster) as client,
+    ):
+        client.wait_for_workers(2)
+        a = sorted(client.nthreads())[0]
+        _late_reads(cluster.scheduler, 1.0 if where == "worker" else 0.0)
+
+        def shuffled():
+            with dask.annotate(workers=[a] if where == "worker" else ["127.0.0.1"]):
+                df = dg.read_parquet(paths, blocksize=1, client=client)
+                return dg.shuffle(df, "k", npartitions=3, client=client)
+
+        out = caller.submit(shuffled).result(timeout=120)  # before the fix: never
+        assert_hash_partitions(partitions(client, out), per_file(paths), "k", 3)

@@ -47,6 +47,8 @@ PUBLISHED = "gpudirect-shuffle-published"
 #: How many published shuffles the scheduler remembers the outputs of: a caller interrupted
 #: as the publish's reply came ends its shuffle right after.
 MAX_PUBLISHED = 16
+#: The longest the scheduler waits for the graph of a shuffle's placed inputs as it plans.
+ARRIVAL_WAIT = 10.0
 
 
 class ShuffleWorkerPlugin(WorkerPlugin):
@@ -114,6 +116,21 @@ def _lost_output(shuffle_id: str, worker: str) -> NoReturn:
         f"an output of shuffle {shuffle_id} was lost with worker {worker}, which held it: "
         "run the shuffle again (the cluster is still usable)"
     )
+
+
+async def _arrived(scheduler: Scheduler, keys: list[Key]) -> bool:
+    """Whether the scheduler knows every one of ``keys``, waiting up to :data:`ARRIVAL_WAIT`
+    seconds. The caller's persist of the reads goes on its batched stream, the planning's
+    request on a comm of its own, and may come first: placement pins a read only once its
+    graph is here, and not always to the worker it was placed on (the caller's ``workers=``,
+    ``resources`` that worker lacks), so a stage planned there waited for ever for a read
+    that ran on another."""
+    deadline = time() + ARRIVAL_WAIT
+    while any(key not in scheduler.tasks for key in keys):
+        if time() > deadline:  # the caller waits for the inputs, which fail with the cause
+            return False
+        await asyncio.sleep(0.005)
+    return True
 
 
 def service(worker: Worker | None = None) -> ShuffleService:
@@ -184,6 +201,8 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         holder that stays, else to the staying worker with the fewest inputs so far, whose
         stage fetches it (:meth:`.ShuffleService.take_inputs`)."""
         scheduler = self.scheduler
+        if placed is not None and not await _arrived(scheduler, keys):
+            return {"unplaced": True}
         stay = sorted(w for w in scheduler.workers if staying(scheduler, w))
         if placed is not None and not all(staying(scheduler, w) for w, _ in placed):
             # a read placed on a worker that left (or retires) runs wherever the scheduler puts
