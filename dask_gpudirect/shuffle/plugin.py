@@ -228,9 +228,10 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             elif placed is not None:
                 worker, nbytes[key] = placed[i]
                 if ts is not None and ts.worker_restrictions != {worker}:
-                    # its worker left since the graph came (placement let the read go
-                    # anywhere) and one joined at the same address (a fixed --worker-port):
-                    # the read may run elsewhere, and a stage there would wait for ever
+                    # not pinned to the worker planned: placement chose another (the caller's
+                    # workers= or resources), or the worker left (placement let the read go
+                    # anywhere) and one joined at its address (a fixed --worker-port). The
+                    # read may run elsewhere, and a stage there would wait for ever
                     return {"unplaced": True}
                 who_has[key] = [worker]
                 computing.append(i)
