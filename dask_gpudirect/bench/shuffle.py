@@ -514,15 +514,15 @@ def _one_method(
     if method == "raw":
         if len(addresses) < 2:
             return _record("raw", "not run", note="needs two workers"), False
-    if method == "rapidsmpf" and (missing := engines.rapidsmpf_missing()):
-        # as bench etl leaves out cudf-polars where it is missing: the rest still measured
-        note = f"{' and '.join(missing)} not installed: pip install 'dask-gpudirect[rapidsmpf]'"
-        return _record("rapidsmpf", "not run", note=note), False
         nbytes = opts["raw_mib"] << 20
         _log(f"measuring raw: a {nbytes / 1e9:.2f} GB buffer, budget {budget():.0f} s")
         run = pair_transfer(client, addresses[0], addresses[1], nbytes, inputs.target)
         after = partial(wait_released, client, 0)  # the raw transfer runs before the frame
         return _measure("raw", run, nbytes, 1, opts["repeat"], budget(), after)
+    if method == "rapidsmpf" and (missing := engines.rapidsmpf_missing()):
+        # as bench etl leaves out cudf-polars where it is missing: the rest still measured
+        note = f"{' and '.join(missing)} not installed: pip install 'dask-gpudirect[rapidsmpf]'"
+        return _record("rapidsmpf", "not run", note=note), False
     if inputs.collection is None:
         _log(f"making the {inputs.data} ({inputs.rows} rows, {inputs.partitions} partitions)")
         into["data"] = inputs.make()
