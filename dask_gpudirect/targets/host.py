@@ -114,15 +114,8 @@ def concat_owned(
     rows = concat_slices(frames, slices, meta, index)
     if len(slices) == 1:
         return copied(rows)
-    arrow = _arrow_columns(rows)
-    labels = _arrow_index(rows.index)  # chunked too (a NumPy one was copied)
-    if arrow or labels:
-        positions = np.arange(len(rows))
-        if labels:
-            rows.index = rows.index[positions]
-        for i in arrow:
-            rows.isetitem(i, rows.iloc[:, i].array.take(positions))
-    return rows
+    # the index chunked too where it is Arrow's (a NumPy one was copied)
+    return _taken(rows, _arrow_columns(rows), _arrow_index(rows.index))
 
 
 def take_rows(frame: pd.DataFrame, order: np.ndarray, index: bool = True) -> pd.DataFrame:
@@ -169,11 +162,20 @@ def copied(part: pd.DataFrame, arrow: list[int] | None = None) -> pd.DataFrame:
     ``arrow``: :func:`_arrow_columns` of ``part``, where the caller has them."""
     arrow = _arrow_columns(part) if arrow is None else arrow
     part = part.copy()
-    positions = np.arange(len(part))
-    if not isinstance(part.index, pd.RangeIndex):  # a copy's index is a view of the slice's
-        part.index = part.index[positions]  # (take returns a view for all positions)
-    for i in arrow:
-        part.isetitem(i, part.iloc[:, i].array.take(positions))
+    # a copy's index is a view of the slice's
+    return _taken(part, arrow, not isinstance(part.index, pd.RangeIndex))
+
+
+def _taken(part: pd.DataFrame, arrow: list[int], index: bool) -> pd.DataFrame:
+    """``part`` with its ``arrow`` columns, and its index where ``index``, copied by a take of
+    every row (``take`` of an index returns a view for all positions; ``index[positions]``
+    copies)."""
+    if arrow or index:
+        positions = np.arange(len(part))
+        if index:
+            part.index = part.index[positions]
+        for i in arrow:
+            part.isetitem(i, part.iloc[:, i].array.take(positions))
     return part
 
 
