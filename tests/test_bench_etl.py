@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -329,3 +330,44 @@ def test_bad_options_are_named(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_an_interrupted_run_names_every_method_it_did_not_measure(tmp_path):
+    """Ctrl-C (or ``timeout -s INT``) in the middle: the tables kept what was measured and left
+    out the methods not reached, cudf-polars' among them on a GPU, as if never asked for; each is
+    now a "not run" row saying the run was interrupted, and the command exits 130."""
+    out = {ext: tmp_path / f"etl.{ext}" for ext in ("json", "md")}
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "etl", "--target", "host"]
+    cmd += ["--dir", str(tmp_path / "data"), "--gib", str(1 / 1024), "--files", "4"]
+    cmd += ["--keys", "16", "--repeat", "1", "--no-progress"]
+    cmd += ["--json", str(out["json"]), "--markdown", str(out["md"])]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stderr:  # the bench's log: interrupt once its second method starts
+            seen.append(line)
+            if "2^4 keys: measuring combine" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        else:
+            pytest.fail("the bench ended before its second method:\n" + "".join(seen[-40:]))
+        rest = proc.communicate(timeout=HANG_GUARD)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, "".join(seen[-20:]) + rest[-4000:]
+
+    result = json.loads(out["json"].read_text())
+    assert result["interrupted"] is True
+    by = {(r["query"], r["key"]): r for r in result["records"]}
+    planned = [("2^4 keys", m) for m in METHODS] + [("unique-key", m) for m in METHODS]
+    planned += [("scan", m) for m in SCAN_METHODS]
+    assert sorted(by) == sorted(planned)  # every asked-for method has its row
+    assert by["2^4 keys", "gpudirect"]["status"] == "ok"
+    untouched = [by[q, m] for q, m in planned[len(METHODS) :]]  # the queries after the first
+    assert {(r["status"], r["note"]) for r in untouched} == {("not run", "interrupted")}
+    markdown = out["md"].read_text()
+    rows = [r for r in markdown.splitlines() if r.startswith(("| unique-key |", "| scan |"))]
+    assert len(rows) == len(untouched), markdown
+    assert all(" not run [" in r for r in rows), markdown
+    assert "] interrupted" in markdown

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import threading
@@ -261,3 +262,41 @@ def test_the_records_check_counts_the_chunks_not_the_declared_shape(tcp):
     short = tcp.persist(da.concatenate([chunk(5), chunk(1)]))  # declares 10, holds 6
     with pytest.raises(RuntimeError, match="the chunks hold 6 records, the files hold 10"):
         records_check(10)(short)
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_an_interrupted_run_names_what_it_did_not_measure(tmp_path):
+    """Ctrl-C in the middle: the paths not reached (Dask's read after dg's) were left out of
+    the tables; each is now a "not run" row saying the run was interrupted, and it exits 130."""
+    out_json, out_md = tmp_path / "read.json", tmp_path / "read.md"
+    size = str(1 / 1024)
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "read", "--target", "host"]
+    cmd += ["--dir", str(tmp_path / "data"), "--binary-gib", size, "--parquet-gib", size]
+    cmd += ["--files", "2", "--repeat", "1", "--no-drop-cache", "--no-baselines"]
+    cmd += ["--no-progress", "--json", str(out_json), "--markdown", str(out_md)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stderr:  # the bench's log: interrupt as dg's Parquet read starts
+            seen.append(line)
+            if "measuring dg-parquet (warm)" in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        else:
+            pytest.fail("the bench ended before dg's Parquet read:\n" + "".join(seen[-40:]))
+        rest = proc.communicate(timeout=HANG_GUARD)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, "".join(seen[-20:]) + rest[-4000:]
+
+    result = json.loads(out_json.read_text())
+    by = {(r["key"], r["cache"]): r for r in result["records"]}
+    planned = [k for k in read_report.ORDER if k[0] != "h2d-concurrent"]  # one worker
+    assert sorted(by) == sorted(planned)
+    assert by["dg-binary", "warm"]["status"] == "ok"
+    dask_warm = by["dask-default", "warm"]
+    assert (dask_warm["status"], dask_warm["note"]) == ("not run", "interrupted")
+    row = next(
+        r for r in out_md.read_text().splitlines() if r.startswith("| dask.dataframe.read_parquet")
+    )
+    assert "| warm | not run [" in row, row

@@ -61,6 +61,7 @@ from .common import (
     shuffle_engine,
     stage_phases,
     ucx_record,
+    unreached,
     wait_released,
 )
 from .datasets import dataset, key_column
@@ -572,6 +573,12 @@ def etl(
     except Exception as exc:  # the cluster did not start, say: still report what ran
         result["error"] = f"{type(exc).__name__}: {exc}"
         _log(f"stopped: {result['error']}")
+    if result.get("interrupted") or result.get("error"):  # name what was not measured
+        order = (*RUN_ORDER, *OWN_CLUSTER)
+        planned = [(m, q) for q in result["queries"] for m in _methods(chosen, q, order)]
+        why, missing = unreached(result, planned, ("key", "query"))
+        for method, query in missing:
+            result["records"].append({**_record(method, "not run", note=why), "query": query})
     result["checks"] = checks_of(result, target, workers)
     finish(result, target, print_result, (json_path, md_path, markdown, plot_path))
     wrong = disagreeing(result["checks"])

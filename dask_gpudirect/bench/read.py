@@ -64,6 +64,7 @@ from .common import (
     output_options,
     progress_bar,
     result_head,
+    unreached,
     visible_devices,
 )
 from .datasets import dataset, filesystem
@@ -341,6 +342,7 @@ def read(
     tmp = None
     if root is None:
         tmp = root = tempfile.mkdtemp(prefix="dask-gpudirect-bench-")
+    planned = [k for k in ORDER if workers > 1 or k[0] != "h2d-concurrent"]
     try:
         if remote:
             from . import remote_read
@@ -350,7 +352,6 @@ def read(
             with progress_bar("read", result["records"], len(remote_read.KEYS), progress):
                 remote_read.run(result, opts, os.path.abspath(root), target)
         else:
-            planned = [k for k in ORDER if workers > 1 or k[0] != "h2d-concurrent"]
             with progress_bar("read", result["records"], len(planned), progress):
                 _run(result, opts, os.path.abspath(root), target, gpus)
     except KeyboardInterrupt:  # e.g. `timeout -s INT`: keep and write what was measured
@@ -362,6 +363,11 @@ def read(
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    if not remote and (result.get("interrupted") or result.get("error")):
+        why, missing = unreached(result, planned, ("key", "cache"))
+        result["records"] += [
+            record(key, cache, status="not run", note=why) for key, cache in missing
+        ]
     if remote:
         from . import remote_read
 

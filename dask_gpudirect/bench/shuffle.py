@@ -70,6 +70,7 @@ from .common import (
     shuffle_engine,
     stage_phases,
     ucx_record,
+    unreached,
     wait_released,
 )
 from .shuffle_report import (
@@ -709,12 +710,10 @@ def shuffle(
     except Exception as exc:  # the cluster did not start, say: still report what ran
         result["error"] = f"{type(exc).__name__}: {exc}"
         _log(f"stopped: {result['error']}")
-    done = {(r["key"], r["partitions"]) for r in result["records"]}
-    why = "interrupted" if result.get("interrupted") else result.get("error", "not reached")
-    for n in opts["partitions"]:
-        for key in opts["methods"]:
-            if (key, n) not in done:
-                result["records"].append({**_record(key, "not run", note=why), "partitions": n})
+    planned = [(key, n) for n in opts["partitions"] for key in opts["methods"]]
+    why, missing = unreached(result, planned, ("key", "partitions"))
+    for key, n in missing:
+        result["records"].append({**_record(key, "not run", note=why), "partitions": n})
     result["records"].sort(key=lambda r: (r["partitions"], METHODS.index(r["key"])))
     result["checks"] = checks_of(result["records"], target, workers, data)
     finish(result, target, print_result, (json_path, md_path, markdown, plot_path))
