@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import click
 import pytest
 from click.testing import CliRunner
 from pandas.testing import assert_frame_equal
-from util import GC, HANG_GUARD, PLACED_PHASES, clear_ledgers, compute
+from util import GC, HANG_GUARD, PLACED_PHASES, clear_ledgers, compute, interrupt_at
 
 from dask_gpudirect import ledger_report
 from dask_gpudirect.bench.datasets import dataset
@@ -342,20 +341,8 @@ def test_an_interrupted_run_names_every_method_it_did_not_measure(tmp_path):
     cmd += ["--dir", str(tmp_path / "data"), "--gib", str(1 / 1024), "--files", "4"]
     cmd += ["--keys", "16", "--repeat", "1", "--no-progress"]
     cmd += ["--json", str(out["json"]), "--markdown", str(out["md"])]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        seen = []
-        for line in proc.stderr:  # the bench's log: interrupt once its second method starts
-            seen.append(line)
-            if "2^4 keys: measuring combine" in line:
-                proc.send_signal(signal.SIGINT)
-                break
-        else:
-            pytest.fail("the bench ended before its second method:\n" + "".join(seen[-40:]))
-        rest = proc.communicate(timeout=HANG_GUARD)[1]
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, "".join(seen[-20:]) + rest[-4000:]
+    code, log = interrupt_at(cmd, "2^4 keys: measuring combine")  # once its second method starts
+    assert code == 130, log[-4000:]
 
     result = json.loads(out["json"].read_text())
     assert result["interrupted"] is True

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-from util import HANG_GUARD
+from util import HANG_GUARD, interrupt_at
 
 from dask_gpudirect.bench import ceilings, read_report, shuffle_report
 from dask_gpudirect.bench._baselines import copy_group, record
@@ -274,20 +273,8 @@ def test_an_interrupted_run_names_what_it_did_not_measure(tmp_path):
     cmd += ["--dir", str(tmp_path / "data"), "--binary-gib", size, "--parquet-gib", size]
     cmd += ["--files", "2", "--repeat", "1", "--no-drop-cache", "--no-baselines"]
     cmd += ["--no-progress", "--json", str(out_json), "--markdown", str(out_md)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        seen = []
-        for line in proc.stderr:  # the bench's log: interrupt as dg's Parquet read starts
-            seen.append(line)
-            if "measuring dg-parquet (warm)" in line:
-                proc.send_signal(signal.SIGINT)
-                break
-        else:
-            pytest.fail("the bench ended before dg's Parquet read:\n" + "".join(seen[-40:]))
-        rest = proc.communicate(timeout=HANG_GUARD)[1]
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, "".join(seen[-20:]) + rest[-4000:]
+    code, log = interrupt_at(cmd, "measuring dg-parquet (warm)")  # as dg's Parquet read starts
+    assert code == 130, log[-4000:]
 
     result = json.loads(out_json.read_text())
     by = {(r["key"], r["cache"]): r for r in result["records"]}

@@ -565,3 +565,22 @@ def write_one_row_folders(root, folders) -> None:
     for folder, x in folders:
         os.makedirs(os.path.join(root, folder), exist_ok=True)
         pq.write_table(pa.table({"x": [x]}), os.path.join(root, folder, "part.parquet"))
+
+
+def interrupt_at(cmd: list[str], marker: str) -> tuple[int, str]:
+    """Run the command ``cmd``, send it SIGINT (Ctrl-C) once its stderr shows ``marker``, and
+    wait for it to end: its exit code and the stderr it wrote."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stderr:
+            seen.append(line)
+            if marker in line:
+                proc.send_signal(signal.SIGINT)
+                break
+        else:
+            raise AssertionError(f"ended before {marker!r}:\n" + "".join(seen[-40:]))
+        seen.append(proc.communicate(timeout=HANG_GUARD)[1])
+    finally:
+        proc.kill()
+    return proc.returncode, "".join(seen)
