@@ -18,7 +18,7 @@ import time
 import pytest
 from util import HANG_GUARD, interrupt_at
 
-from dask_gpudirect.bench import ceilings, read_report, shuffle_report
+from dask_gpudirect.bench import ceilings, read_report, remote_read, shuffle_report
 from dask_gpudirect.bench._baselines import copy_group, record
 from dask_gpudirect.bench.tables import judged_text
 
@@ -287,3 +287,24 @@ def test_an_interrupted_run_names_what_it_did_not_measure(tmp_path):
         r for r in out_md.read_text().splitlines() if r.startswith("| dask.dataframe.read_parquet")
     )
     assert "| warm | not run [" in row, row
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_an_interrupted_remote_run_names_what_it_did_not_measure(tmp_path):
+    """The same over HTTP: the paths after the one interrupted are "not run" rows."""
+    out_json, out_md = tmp_path / "read.json", tmp_path / "read.md"
+    size = str(1 / 1024)
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "read", "--remote", "--target", "host"]
+    cmd += ["--dir", str(tmp_path / "data"), "--binary-gib", size, "--parquet-gib", size]
+    cmd += ["--files", "2", "--repeat", "1", "--no-progress"]
+    cmd += ["--json", str(out_json), "--markdown", str(out_md)]
+    code, log = interrupt_at(cmd, "measuring cudf-url")
+    assert code == 130, log[-4000:]
+
+    result = json.loads(out_json.read_text())
+    by = {r["key"]: r for r in result["records"]}
+    assert sorted(by) == sorted(remote_read.KEYS)
+    assert by["server"]["status"] == "ok"
+    for key in ("dask-url", "dg-parquet", "dg-binary"):
+        assert (by[key]["status"], by[key]["note"]) == ("not run", "interrupted"), by[key]
+    assert "| dg-parquet | not run |" in out_md.read_text()

@@ -342,14 +342,17 @@ def read(
     tmp = None
     if root is None:
         tmp = root = tempfile.mkdtemp(prefix="dask-gpudirect-bench-")
-    planned = [k for k in ORDER if workers > 1 or k[0] != "h2d-concurrent"]
+    if remote:
+        from . import remote_read
+
+        planned = [(key, "warm") for key in remote_read.KEYS]
+    else:
+        planned = [k for k in ORDER if workers > 1 or k[0] != "h2d-concurrent"]
     try:
         if remote:
-            from . import remote_read
-
             names = device_names() if target == "device" else []
             result["device"] = names[0] if names else None
-            with progress_bar("read", result["records"], len(remote_read.KEYS), progress):
+            with progress_bar("read", result["records"], len(planned), progress):
                 remote_read.run(result, opts, os.path.abspath(root), target)
         else:
             with progress_bar("read", result["records"], len(planned), progress):
@@ -363,14 +366,12 @@ def read(
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    if not remote and (result.get("interrupted") or result.get("error")):
+    if result.get("interrupted") or result.get("error"):  # name what was not measured
         why, missing = unreached(result, planned, ("key", "cache"))
         result["records"] += [
             record(key, cache, status="not run", note=why) for key, cache in missing
         ]
     if remote:
-        from . import remote_read
-
         result["checks"] = remote_read.checks_of(result["records"])
         outputs = (json_path, md_path, remote_read.markdown, None)
         return finish(result, target, remote_read.print_result, outputs)
