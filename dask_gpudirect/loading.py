@@ -2,7 +2,7 @@
 
 Each reads through the worker's :class:`~dask_gpudirect.plugin.GPUDirectPlugin` (its targets,
 roots and ledger) and raises an :class:`~dask_gpudirect.errors.InputError` that names the file,
-saying also where a shard was read when its planned worker had left.
+saying also where a shard was read when that was not the worker placement chose.
 """
 
 from __future__ import annotations
@@ -72,11 +72,16 @@ def unreadable_together(path: str, problem: str) -> None:
 
 
 def elsewhere(shard: Shard, here: str, exc: InputError) -> InputError:
-    """``exc``, saying why the shard was read here when placement chose a worker now gone."""
+    """``exc``, saying that the shard was read on another worker than placement chose, and the
+    two ways that happens: the chosen one left, or the caller's restrictions on the read (a
+    ``workers=`` or ``resources=`` of ``persist``, ``compute`` or ``dask.annotate``) sent it
+    away. A worker cannot tell which: it was said to have left where it had not."""
     if shard.worker in (None, here):
         return exc
     return InputError(
         shard.path,
-        f"{exc.problem} (read on {here} because {shard.worker}, where placement put it, "
-        "left the cluster; read_* again places it on the workers there now)",
+        f"{exc.problem} (read on {here}, not on {shard.worker} where placement put it: that "
+        "worker left the cluster, or the restrictions the read was computed with "
+        "(workers=, resources=) sent it away; read_* again places it on the workers there "
+        "now, and restrictions must allow a worker that can read the file)",
     )

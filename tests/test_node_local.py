@@ -148,6 +148,24 @@ def test_one_name_with_different_files_on_two_hosts_is_an_error(hosts, files):
         dg.read_binary(f"{LOCAL}/nowhere.npy", client=client)
 
 
+def test_a_read_the_caller_sends_away_from_its_files_says_so(hosts, files):
+    """``persist(workers=[a])`` of reads of b's files: no worker the caller allows can see them,
+    so they run on a and fail naming a file; the error said b "left the cluster" (b is alive,
+    and the next read of its files works)."""
+    cluster, client = hosts
+    (a, _), (b,) = on_host(cluster, client, "a"), on_host(cluster, client, "b")
+    arr = dg.read_binary(f"{LOCAL}/b-*.npy", client=client)
+    with pytest.raises(dg.InputError) as info:
+        compute(client, client.persist(arr, workers=[a]))
+    message = str(info.value)
+    assert info.value.path in files["b"], message
+    assert f"read on {a}, not on {b} where placement put it" in message
+    assert "the restrictions the read was computed with (workers=, resources=)" in message
+    assert b in client.nthreads()  # and reads there (of other keys than the failed ones) work
+    got = compute(client, dg.read_parquet(f"{LOCAL}/b-*.parquet", client=client))
+    assert sorted(got["id"]) == list(range(3 * ROWS, 5 * ROWS))
+
+
 def test_host_killed_while_loading_its_files_names_them(hosts, files):
     """Host b dies (worker and nanny) as it starts reading: its files are on no other disk, so
     the load fails with an InputError naming one of them, and host a keeps working.
@@ -164,7 +182,7 @@ def test_host_killed_while_loading_its_files_names_them(hosts, files):
         compute(client, arr)
     message = str(info.value)
     assert info.value.path in files["b"], message
-    assert f"because {b}, where placement put it, left the cluster; read_* again" in message
+    assert f"not on {b} where placement put it: that worker left the cluster" in message
     assert "no such file" in message.lower()
     assert b not in client.nthreads()
     again = dg.read_binary(f"{LOCAL}/a-*.npy", client=client)
