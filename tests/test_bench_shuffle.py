@@ -10,9 +10,15 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
+import threading
 
 import pytest
 from util import CLIENT_PHASES, GC, HANG_GUARD, UCX_CPU_ENV, UCX_PROGRESS_ENV
+
+from dask_gpudirect.bench import timing
+from dask_gpudirect.bench.shuffle_report import checks_of, markdown
+from dask_gpudirect.bench.timing import _record, _summarise
 
 METHODS = ["gpudirect", "dask-gpudirect", "tasks", "p2p", "raw"]
 #: The ledger path of a host transfer between the two workers, by protocol.
@@ -475,3 +481,128 @@ def test_bench_shuffle_places_partitions_dealt_or_in_blocks(tmp_path):
     result, markdown, _ = _bench([*args, "--placement", "blocks"], tmp_path)
     assert [s["data"]["placement"] for s in result["sweep"]] == ["blocks", "blocks"]
     assert "4, 6 partitions, placed in blocks of consecutive ones on the workers" in markdown
+
+
+# --- what the reports say: only what was measured, as measured -------------------------------
+
+
+def _shuffle(cmd_prefix: list[str], args: list[str], tmp_path) -> tuple[int, dict, str, str]:
+    out_json, out_md = tmp_path / "out.json", tmp_path / "out.md"
+    cmd = [*cmd_prefix, "shuffle", "--target", "host", "--workers", "2", *args]
+    cmd += ["--no-progress", "--json", str(out_json), "--markdown", str(out_md)]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
+    assert out_json.exists(), proc.stdout[-4000:] + proc.stderr[-6000:]
+    return proc.returncode, json.loads(out_json.read_text()), out_md.read_text(), proc.stderr
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_a_sweeps_table_marks_figures_of_fewer_runs_than_its_note_says(tmp_path):
+    """The sweep's table says "Seconds: the median warm run"; a record of the first (cold) run
+    only (--repeat 0 here; a budget or Ctrl-C after one run does the same) must say so, as the
+    one-count table's footnote does (it showed the cold run as if it were the warm median)."""
+    args = ["--gib", str(1 / 1024), "--partitions", "2,4", "--methods", "gpudirect"]
+    code, result, md, err = _shuffle(
+        [sys.executable, "-m", "dask_gpudirect.bench"], [*args, "--repeat", "0"], tmp_path
+    )
+    assert code == 0, err[-6000:]
+    recs = [r for r in result["records"] if r["key"] == "gpudirect"]
+    assert [r["status"] for r in recs] == ["ok", "ok"], recs
+    assert all(r["stopped"] == "the first (cold) run only" for r in recs), recs
+    rows = [line for line in md.splitlines() if line.startswith(("| 2 |", "| 4 |"))]
+    assert len(rows) == 2, md
+    assert all(row.rstrip(" |").endswith("[1]") for row in rows), md
+    assert "[1] the first (cold) run only" in md, md
+
+
+def _ok(key: str, seconds: float, partitions: int | None = None) -> dict:
+    rec = _summarise(key, [{"seconds": seconds}] * 3, 10**9, 2, "", "")
+    return rec if partitions is None else {**rec, "partitions": partitions}
+
+
+def test_a_sweeps_growth_is_over_the_fewest_partitions_or_not_shown():
+    """ "x: the time over the method's own time at the fewest partitions": where that count
+    failed, the next count's cell said 1.0x (over itself) while the check said "not run"."""
+    records = [
+        {**_record("gpudirect", "error", note="boom"), "partitions": 8},
+        _ok("gpudirect", 2.0, 64),
+        _ok("gpudirect", 4.0, 512),
+    ]
+    checks = checks_of(records, "host", 2)
+    assert checks[0]["result"] == "not run"
+    result = {"records": records, "target": "host", "options": {}, "checks": checks}
+    md = markdown(result | {"device": "CPU", "date": "-", "command": "-"})
+    rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| ")}
+    assert "error" in rows["| 8"], md
+    for n in ("| 64", "| 512"):
+        assert rows[n].endswith("GB/s, - |"), md  # no growth over a count that did not run
+
+
+@pytest.mark.parametrize("status", ["not run", "error"])
+def test_no_verdict_on_the_faster_of_dasks_shuffles_where_one_did_not_run(status):
+    """dg against "the faster of Dask's shuffles" passed on the task shuffle alone where P2P
+    was not run (--time-limit) or failed: P2P may have been the faster."""
+    records = [
+        _ok("gpudirect", 0.1),
+        _ok("tasks", 1.0),
+        _record("p2p", status, note="--time-limit reached"),
+    ]
+    (check,) = checks_of(records, "device", 2)
+    assert check["check"] == "faster of Dask's shuffles" and check["baseline"] == "tasks"
+    assert check["ratio"] == pytest.approx(10.0)  # measured against the task shuffle: shown
+    assert check["result"] == "not run", check
+    # both ran: judged as before
+    (both,) = checks_of([*records[:2], _ok("p2p", 2.0)], "device", 2)
+    assert both["result"] == "pass"
+
+
+@pytest.mark.parametrize("budget", [0.0, -3.0])
+def test_a_method_left_no_time_is_not_run(budget):
+    """--time-limit's budget is taken after the input is made: where making it used what was
+    left, the method was "timed out" with a bound of "< -0.250 GB/s" (or a TypeError, an error
+    record and a failed run, at exactly 0 s)."""
+    release = threading.Event()
+
+    def run_once() -> dict:
+        release.wait(30)
+        return {"seconds": 1.0, "note": ""}
+
+    try:
+        rec, timed_out = timing._measure("gpudirect", run_once, 10**9, 2, 1, budget, lambda: None)
+    finally:
+        release.set()
+    assert rec["status"] == "not run" and not timed_out, rec
+    assert "GB/s" not in rec["note"], rec
+
+
+INJECT = """
+import sys
+
+if __name__ == "__main__":
+    from dask_gpudirect.bench import shuffle
+
+    def ledger(client):
+        raise KeyboardInterrupt  # Ctrl-C as dg's ledger is read, after its runs
+
+    shuffle._ledger = ledger
+    from dask_gpudirect.bench import bench
+
+    bench(sys.argv[1:])
+"""
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_ctrl_c_as_dgs_ledger_is_read_keeps_dgs_runs(tmp_path):
+    """The ledger is read after dg.shuffle's runs: Ctrl-C there made dg's record "not run,
+    interrupted", its measured runs lost. The Ctrl-C is raised by a stand-in for the ledger's
+    read (a signal cannot be timed to land in it)."""
+    script = tmp_path / "inject.py"
+    script.write_text(textwrap.dedent(INJECT))
+    args = ["--gib", str(1 / 1024), "--partitions", "4", "--methods", "gpudirect,tasks"]
+    code, result, md, err = _shuffle(
+        [sys.executable, str(script)], [*args, "--repeat", "1"], tmp_path
+    )
+    assert code == 130, err[-6000:]
+    by = {r["key"]: r for r in result["records"]}
+    assert by["gpudirect"]["status"] == "ok" and len(by["gpudirect"]["runs"]) == 2, by
+    assert (by["tasks"]["status"], by["tasks"]["note"]) == ("not run", "interrupted")

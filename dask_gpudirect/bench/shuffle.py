@@ -528,12 +528,17 @@ def _one_method(
         _log(f"making the {inputs.data} ({inputs.rows} rows, {inputs.partitions} partitions)")
         into["data"] = inputs.make()
         _log(f"{inputs.data}: {inputs.nbytes / 1e9:.3f} GB")
+    if budget() < min(MIN_BUDGET_S, opts["method_timeout"]):  # making the input took it
+        return _record(method, "not run", note="--time-limit reached"), False
     _log(f"measuring {method}: budget {budget():.0f} s")
     run = _shuffle_run(client, inputs, method, opts["ignore_index"], opts["keep_order"])
     after = partial(wait_released, client, inputs.held)
     out = _measure(method, run, inputs.nbytes, opts["workers"], opts["repeat"], budget(), after)
     if method == "gpudirect" and out[0]["status"] == "ok" and not out[1]:
-        into["ledger"] = _ledger(client)
+        try:
+            into["ledger"] = _ledger(client)
+        except KeyboardInterrupt:  # the runs are measured: they are the method's record
+            raise _Interrupted(out[0]) from None
     return out
 
 

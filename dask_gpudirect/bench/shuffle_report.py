@@ -145,6 +145,9 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
     if dask:
         base = max(ran, key=lambda r: r["gbps_per_gpu"]) if ran else dask[0]
         pairs.append(("faster of Dask's shuffles", base, TARGET_VS_DASK))
+    # the faster of Dask's shuffles is not known where one of them failed or was left out
+    # (one that timed out took longer than its budget): its ratio is shown, not judged
+    unknown = [r["key"] for r in dask if r["status"] in ("not run", "error")]
     if "raw" in by:
         pairs.append(("raw single-buffer transfer", by["raw"], TARGET_VS_RAW))
     if "rapidsmpf" in by:  # which engine is faster: no target, the figure sets the default
@@ -157,6 +160,8 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
         if dg["status"] == "ok" and base["status"] == "ok":
             ratio = dg["gbps_per_gpu"] / base["gbps_per_gpu"]
         verdict = judge(ratio, want)
+        if name == "faster of Dask's shuffles" and unknown and want is not None:
+            verdict = "not run"
         out.append(
             {
                 "check": name,
@@ -324,32 +329,42 @@ SCALING_NOTE = (
 )
 
 
-def _scaling_rows(result: dict) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """One row per partition count, one cell per method: seconds, GB/s, growth."""
+def _scaling_rows(
+    result: dict,
+) -> tuple[tuple[str, ...], list[tuple[str, ...]], list[str]]:
+    """One row per partition count, one cell per method: seconds, GB/s, growth; and the
+    footnotes: why a cell has no figure, and where a figure is of fewer runs than asked."""
     records = result["records"]
     methods = [m for m in METHODS if any(r["key"] == m for r in records)]
     by = {(r["key"], r["partitions"]): r for r in records}
     header = ("partitions", *(label_of(m, result["target"], data_of(result)) for m in methods))
     rows: list[tuple[str, ...]] = []
-    first: dict[str, float] = {}
-    for n in counts_of(records):
+    notes: list[str] = []
+    counts = counts_of(records)
+    for n in counts:
         cells = [str(n)]
         for m in methods:
             rec = by.get((m, n))
             if rec is None or rec["status"] != "ok":
-                cells.append(rec["status"] if rec else "not run")
+                status = rec["status"] if rec else "not run"
+                why = (rec or {}).get("note") or "no reason given"
+                cells.append(f"{status} [{footnote(notes, why)}]")
                 continue
-            first.setdefault(m, rec["seconds"])
-            cells.append(
-                f"{rec['seconds']:.2f} s, {figure_text(rec['gbps_per_gpu'])} GB/s, "
-                f"{rec['seconds'] / first[m]:.1f}x"
-            )
+            # the growth is over the method's time at the fewest partitions, where that ran
+            fewest = by.get((m, counts[0]))
+            growth = "-"
+            if fewest is not None and fewest["status"] == "ok":
+                growth = f"{rec['seconds'] / fewest['seconds']:.1f}x"
+            cell = f"{rec['seconds']:.2f} s, {figure_text(rec['gbps_per_gpu'])} GB/s, {growth}"
+            if rec.get("stopped"):
+                cell += f" [{footnote(notes, rec['stopped'])}]"
+            cells.append(cell)
         rows.append(tuple(cells))
-    return header, rows
+    return header, rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
 
 
 def _sweep_markdown(result: dict) -> str:
-    header, rows = _scaling_rows(result)
+    header, rows, notes = _scaling_rows(result)
     counts = ", ".join(map(str, counts_of(result["records"])))
     made = [s["data"]["bytes"] for s in result.get("sweep", []) if s.get("data")]
     data = made[0] if made else None
@@ -367,6 +382,7 @@ def _sweep_markdown(result: dict) -> str:
         "",
         *markdown_table(header, rows),
         "",
+        *([*(f"{n}  " for n in notes), ""] if notes else []),
         *(
             [*markdown_table(SWEEP_CHECK_HEADER, _check_rows(result)), ""]
             if result["checks"]
@@ -419,13 +435,13 @@ def markdown(result: dict) -> str:
 
 def print_result(result: dict) -> None:
     if is_sweep(result["records"]):
-        header, rows = _scaling_rows(result)
+        header, rows, notes = _scaling_rows(result)
         title = f"bench shuffle by partition count: {_device_line(result)}, {_setup_line(result)}"
         print_table(
             title,
             header,
             rows,
-            [SCALING_NOTE.format(data=data_of(result)) + between_runs_note(result)],
+            [*notes, SCALING_NOTE.format(data=data_of(result)) + between_runs_note(result)],
             right=header[1:],
         )
         if result["checks"]:  # none where dg did not run

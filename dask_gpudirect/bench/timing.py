@@ -87,6 +87,8 @@ def _measure(
     run; ``after`` runs between runs (release, wait). Returns the record, and whether a run timed
     out (the caller must then restart the cluster). ``bench`` names the progress lines.
     """
+    if budget <= 0:  # no time was left for it: nothing ran, nothing timed out
+        return _record(key, "not run", note=f"no time left of its budget ({budget:.0f} s)"), False
     deadline = time.monotonic() + budget
     runs: list[dict] = []
     note, stop = "", ""  # what the runs say; why fewer runs than asked
