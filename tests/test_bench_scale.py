@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from util import HANG_GUARD
+from util import HANG_GUARD, interrupt_at
 
 from dask_gpudirect.bench import scale
 from dask_gpudirect.bench.common import child_env
@@ -275,3 +275,19 @@ def test_gpu_scale_script_on_the_host_target(tmp_path):
     last = proc.stdout[proc.stdout.rindex("| workers |") :].rstrip().splitlines()
     assert last[2].startswith("| 2 | ") and "[1] no GPU  " in last
     assert last[-1] == "- 2 workers: dg-binary 1.00, dg-parquet 1.00"
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_an_interrupted_run_exits_130_with_the_table_of_what_ran(tmp_path):
+    """Ctrl-C as the first run starts: the table says the runs were interrupted, and the exit is
+    130 as the other benches' (it was 1, "not every run finished", as for a failed run)."""
+    out_json = tmp_path / "scale.json"
+    cmd = [sys.executable, "-m", "dask_gpudirect.bench", "scale", "--target", "host"]
+    cmd += ["--gpus", "1,2", "--dir", str(tmp_path / "data"), "--runs-dir", str(tmp_path / "r")]
+    cmd += ["--read-args", READ_ARGS, "--shuffle-args", SHUFFLE_ARGS, "--json", str(out_json)]
+    code, log = interrupt_at(cmd, "(limit ")
+    assert code == 130, log[-4000:]
+    result = json.loads(out_json.read_text())
+    assert result["interrupted"] is True
+    for run in result["runs"]:  # the one running when Ctrl-C came, and those not started
+        assert "interrupted" in (run["status"], run["note"]), run

@@ -412,6 +412,8 @@ def scale(
     result["rows"] = rows_of(result)
     write_outputs(result, json_path, md_path, markdown, plot_path)
     print_result(result)
+    if result.get("interrupted"):  # as the other benches and a shell say Ctrl-C: 130
+        raise SystemExit(130)
     failed = [
         f"{r['bench']} on {r['gpus']}"
         for r in result["runs"]
