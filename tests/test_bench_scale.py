@@ -291,3 +291,25 @@ def test_an_interrupted_run_exits_130_with_the_table_of_what_ran(tmp_path):
     assert result["interrupted"] is True
     for run in result["runs"]:  # the one running when Ctrl-C came, and those not started
         assert "interrupted" in (run["status"], run["note"]), run
+
+
+def test_a_figure_of_fewer_runs_than_asked_says_why():
+    """A child's record cut short (its budget, Ctrl-C) is not the median of the warm runs the
+    table's note speaks of: its cell says so (it showed the figure alone)."""
+    shuffle = {
+        "records": [
+            {"key": "gpudirect", "status": "ok", "gbps_per_gpu": 5.0, "stopped": "budget reached"},
+            {"key": "tasks", "status": "ok", "gbps_per_gpu": 1.0},
+        ],
+        "checks": [],
+    }
+    result = {
+        "target": "host",
+        "options": {"gpus": [2]},
+        "runs": [{"bench": "shuffle", "gpus": 2, "status": "ok", "note": "", "result": shuffle}],
+    }
+    result["rows"] = rows_of(result)
+    (cells,), notes = table(result)
+    assert cells[6] == f"{figure_text(5.0)} [1]", cells
+    assert figure_text(1.0) in cells[8] and "[" not in cells[8], cells
+    assert notes == ["[1] budget reached"]

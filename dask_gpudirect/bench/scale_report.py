@@ -15,11 +15,13 @@ def count_text(n: int, opts: dict) -> str:
 
 
 def _cell(rec: dict | None, field: str = "gbps") -> dict | None:
-    """A figure of a child's record: its value where it ran, else its status and why."""
+    """A figure of a child's record: its value where it ran, else its status and why; and why
+    it is of fewer runs than asked (``stopped``: a budget or Ctrl-C), where it is."""
     if rec is None:
         return None
     value = rec.get(field) if rec.get("status") == "ok" else None
-    return {"value": value, "status": rec.get("status"), "note": rec.get("note") or ""}
+    note, stopped = rec.get("note") or "", rec.get("stopped") or ""
+    return {"value": value, "status": rec.get("status"), "note": note, "stopped": stopped}
 
 
 def _read_figures(result: dict) -> dict:
@@ -109,7 +111,10 @@ def table(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         if cell is None:
             return "-"
         if cell["value"] is not None:
-            return figure_text(cell["value"])
+            stopped = cell.get("stopped")  # not in results written before it was kept
+            return figure_text(cell["value"]) + (
+                f" [{footnote(notes, stopped)}]" if stopped else ""
+            )
         return f"{cell['status']} [{footnote(notes, cell['note'] or 'no reason given')}]"
 
     def ratio(value: float | None, suffix: str = "") -> str:
