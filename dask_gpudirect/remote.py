@@ -388,7 +388,7 @@ class Object:
         try:
             if self._handle is not None:
                 return self._handle.read_at(length, offset)
-            return _http_range(self.path, offset, length, self.version)
+            return _http_range(self.path, offset, length, self.size, self.version)
         except Exception as exc:  # pyarrow: OSError, ArrowException; urllib: URLError...
             failure = error(self.path, exc, self.store)
         raise failure  # outside the handler: see _opened
@@ -510,11 +510,12 @@ def _http_first_byte(url: str) -> tuple[int, str]:
     return int(size), _version(headers)
 
 
-def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
-    """Bytes ``offset .. offset + length`` of ``url``, checked to be of ``version``. A reply
-    that comes whole but shorter (a server that caps its ranges) is followed by a request for
-    the rest; a body cut short (the connection dropped) is asked for again from where it
-    stopped, after the same backoff as a failed request, ``retries`` times at most."""
+def _http_range(url: str, offset: int, length: int, size: int, version: str) -> bytes:
+    """Bytes ``offset .. offset + length`` of ``url``, checked to be of an object of ``size``
+    bytes and ``version``. A reply that comes whole but shorter (a server that caps its ranges)
+    is followed by a request for the rest; a body cut short (the connection dropped) is asked
+    for again from where it stopped, after the same backoff as a failed request, ``retries``
+    times at most."""
     settings = Settings.current()
     data = bytearray()
     cuts = 0
@@ -523,7 +524,7 @@ def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
         asked = f"bytes={start}-{offset + length - 1}"
         before, whole = len(data), False
         with _retried(urllib.request.Request(url, headers={"Range": asked})) as response:
-            _check_range(url, response, asked, start, version)
+            _check_range(url, response, asked, start, size, version)
             try:
                 data += response.read(length - len(data))
                 whole = not response.length  # all the body its Content-Length announced
@@ -544,11 +545,12 @@ def _http_range(url: str, offset: int, length: int, version: str) -> bytes:
 
 
 def _check_range(
-    url: str, response: http.client.HTTPResponse, asked: str, start: int, version: str
+    url: str, response: http.client.HTTPResponse, asked: str, start: int, size: int, version: str
 ) -> None:
-    """That ``response`` holds the ranged bytes of ``url`` asked for, from ``start``, of
-    ``version``: a reply that starts elsewhere (its Content-Range) read as asked would be
-    other bytes, unnoticed."""
+    """That ``response`` holds the ranged bytes of ``url`` asked for, from ``start``, of an
+    object of ``size`` bytes and ``version``: a reply that starts elsewhere (its
+    Content-Range) read as asked would be other bytes, and a size other than the HEAD's (a
+    server whose HEAD disagrees with its GET) a file read cut short, both unnoticed."""
     if response.status != 206:
         raise InputError(url, f"the server does not serve byte ranges (HTTP {response.status})")
     _check_identity(url, response.headers)
@@ -559,6 +561,14 @@ def _check_range(
     first = (served or "").removeprefix("bytes ").partition("-")[0]
     if served is not None and first != str(start):
         raise InputError(url, f"the server answered {served!r} to a request for {asked}")
+    total = (served or "").rpartition("/")[2]  # "*": a size the server does not know
+    if total.isdigit() and int(total) != size:
+        raise InputError(
+            url,
+            f"its size is {size} bytes by the HEAD request, {total} by a ranged GET's "
+            f"Content-Range ({served!r}): the server's HEAD and GET disagree, or it changed "
+            "while it was read",
+        )
 
 
 def _check_identity(url: str, headers: email.message.Message | Mapping[str, str]) -> None:

@@ -115,7 +115,8 @@ def s3(local_data):
 
 class _FaultyRangeHandler(RangeHandler):
     """The benchmark's ranged server, able to fail: 503s, connections cut mid-body, HEAD
-    requests refused (405), ranges served otherwise than asked, as the reply's
+    requests refused (405) or answered with another Content-Length than the file's, ranges
+    served otherwise than asked, as the reply's
     Content-Range says: at most ``cap`` bytes, or from the multiple of ``align`` below, and
     files served as stored with a ``Content-Encoding`` (as S3 serves an object uploaded
     gzip-compressed with that header, whatever the request's Accept-Encoding)."""
@@ -124,6 +125,11 @@ class _FaultyRangeHandler(RangeHandler):
         if self.server.encoding:
             self.send_header("Content-Encoding", self.server.encoding)
         super().end_headers()
+
+    def send_header(self, keyword, value):
+        if keyword == "Content-Length" and self.command == "HEAD" and self.server.head_length:
+            value = str(self.server.head_length)  # a HEAD answered otherwise than the GET
+        super().send_header(keyword, value)
 
     def do_HEAD(self):
         if self.server.no_head:
@@ -185,6 +191,7 @@ def http_url(tmp_path_factory, local_data):
         server.no_head = False  # whether HEAD requests are refused
         server.cap = server.align = 0  # bytes a range reply holds at most; where ranges start
         server.encoding = None  # the Content-Encoding every reply names
+        server.head_length = None  # the Content-Length HEAD replies give, where not the file's
         yield base_url(server), root, server
 
 

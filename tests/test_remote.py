@@ -488,6 +488,24 @@ def test_http_reply_of_other_bytes_than_asked_is_an_error(tcp, http_url):
     np.testing.assert_array_equal(compute(tcp, whole), np.arange(1000, dtype="<i4"))
 
 
+def test_http_head_of_another_size_than_the_ranges_is_an_error(tcp, http_url):
+    """A HEAD whose Content-Length is not the size every ranged GET's Content-Range gives (a
+    proxy or framework that answers HEAD itself): the read was planned from the HEAD's size,
+    and a raw file came back cut to it, its last records dropped without an error."""
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    server.head_length = 2000  # of 4000 bytes
+    try:
+        with pytest.raises(InputError, match=r"2000 bytes by the HEAD request, 4000 by") as excinfo:
+            compute(tcp, dg.read_binary(url, dtype="<i4", client=tcp))
+    finally:
+        server.head_length = None
+    assert url in _message(excinfo)
+    np.testing.assert_array_equal(
+        compute(tcp, dg.read_binary(url, dtype="<i4", client=tcp)), np.arange(1000, dtype="<i4")
+    )
+
+
 def test_http_object_served_encoded_is_an_error(tcp, http_url):
     """An object served with a Content-Encoding (stored gzip-compressed, as S3 serves one
     uploaded with that header): its ranges are of the compressed bytes, which were read as
