@@ -312,6 +312,13 @@ def error(url: str, exc: BaseException, store: Store) -> InputError | ConfigErro
         return exc
     text = store.scrub(str(exc))
     if isinstance(exc, urllib.error.HTTPError):
+        if exc.code >= 500 or exc.code == 429:  # what _retried sends again, until it gives up
+            retries = Settings.current().retries
+            return InputError(
+                url,
+                f"the server kept throttling or failing (HTTP {exc.code}) "
+                f"through gpudirect.remote.retries ({retries}) retries",
+            )
         causes = {404: "not found", 403: "access denied", 401: "access denied (unauthorized)"}
         return InputError(url, f"{causes.get(exc.code, 'request failed')} (HTTP {exc.code})")
     if isinstance(exc, (urllib.error.URLError, ConnectionError, http.client.HTTPException)):

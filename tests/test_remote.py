@@ -434,7 +434,8 @@ def test_http_server_error_at_compute_reaches_the_client_as_an_input_error(tcp, 
     server.fail_next = 100
     try:
         with worker_config(tcp, {"gpudirect.remote.retries": 1}):
-            with pytest.raises(InputError, match=r"request failed \(HTTP 503\)") as excinfo:
+            throttled = r"the server kept throttling or failing \(HTTP 503\) through gpudirect"
+            with pytest.raises(InputError, match=throttled) as excinfo:
                 compute(tcp, arr)
     finally:
         server.fail_next = 0
