@@ -450,10 +450,12 @@ def _version(headers: email.message.Message) -> str:
 
 def _retried(request: urllib.request.Request) -> http.client.HTTPResponse:
     """``request`` sent, sent again after a 5xx, a 429 or a dropped connection, waiting
-    ``gpudirect.remote.backoff`` and twice as long each time, ``retries`` times at most."""
+    ``gpudirect.remote.backoff`` and twice as long each time, or as long as the server's
+    Retry-After asks where that is longer (up to ``timeout``), ``retries`` times at most."""
     settings = Settings.current()
     attempt = 0
     while True:
+        asked = 0.0
         try:
             response: http.client.HTTPResponse = urllib.request.urlopen(
                 request, timeout=settings.timeout
@@ -462,16 +464,26 @@ def _retried(request: urllib.request.Request) -> http.client.HTTPResponse:
         except urllib.error.HTTPError as exc:
             if (exc.code < 500 and exc.code != 429) or attempt == settings.retries:
                 raise
+            asked = min(_retry_after(exc.headers), settings.timeout)
+            exc.close()  # its connection, now, not when it is collected
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             if attempt == settings.retries:
                 raise
-        _back_off(settings, attempt)
+        _back_off(settings, attempt, asked)
         attempt += 1
 
 
-def _back_off(settings: Settings, retry: int) -> None:
-    """Wait before retry ``retry`` (from 0): ``gpudirect.remote.backoff``, doubled each time."""
-    time.sleep(settings.backoff * 2**retry)
+def _retry_after(headers: email.message.Message | None) -> float:
+    """The seconds a throttled reply's Retry-After asks to wait: 0 where it names none, or a
+    date (not followed)."""
+    value = (headers.get("Retry-After") if headers is not None else None) or ""
+    return float(value.strip()) if value.strip().isdigit() else 0.0
+
+
+def _back_off(settings: Settings, retry: int, at_least: float = 0.0) -> None:
+    """Wait before retry ``retry`` (from 0): ``gpudirect.remote.backoff``, doubled each time,
+    or ``at_least`` seconds where that is longer."""
+    time.sleep(max(settings.backoff * 2**retry, at_least))
 
 
 #: HEAD answers after which a GET of the first byte is asked for the size, as fsspec does: a

@@ -11,7 +11,9 @@ import http.client
 import http.server
 import io
 import json
+import math
 import threading
+import time
 
 import numpy as np
 import pandas as pd
@@ -138,6 +140,15 @@ class _FaultyRangeHandler(RangeHandler):
         super().do_HEAD()
 
     def send_head(self):
+        if self.server.busy_for:  # a server that asks for a pause: 503s with Retry-After
+            now = time.monotonic()
+            until = self.server.busy_until = self.server.busy_until or now + self.server.busy_for
+            if now < until:
+                self.send_response(503)
+                self.send_header("Retry-After", str(math.ceil(until - now)))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
         if self.server.fail_next > 0:  # a server that is briefly unwell: 503, then fine
             self.server.fail_next -= 1
             self.send_error(503)
@@ -192,6 +203,8 @@ def http_url(tmp_path_factory, local_data):
         server.cap = server.align = 0  # bytes a range reply holds at most; where ranges start
         server.encoding = None  # the Content-Encoding every reply names
         server.head_length = None  # the Content-Length HEAD replies give, where not the file's
+        server.busy_for = 0.0  # seconds from the next request that it answers 503, Retry-After
+        server.busy_until = None  # when that ends (set by the first such request)
         yield base_url(server), root, server
 
 

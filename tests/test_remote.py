@@ -442,6 +442,21 @@ def test_http_server_error_at_compute_reaches_the_client_as_an_input_error(tcp, 
     assert url in _message(excinfo)
 
 
+def test_http_retries_wait_as_long_as_the_servers_retry_after_asks(tcp, http_url):
+    """A server that answers 503 with ``Retry-After: 1`` for a second: the retries, 10 ms
+    apart, all came within it and the read failed; they now wait what it asks."""
+    base, _, server = http_url
+    arr = dg.read_binary(f"{base}/raw.bin", dtype="<i4", client=tcp)  # planned before the pause
+    server.busy_for = 1.0
+    try:
+        settings = {"gpudirect.remote.retries": 2, "gpudirect.remote.backoff": "10ms"}
+        with worker_config(tcp, settings):
+            got = compute(tcp, arr)
+    finally:
+        server.busy_for, server.busy_until = 0.0, None
+    np.testing.assert_array_equal(got, np.arange(1000, dtype="<i4"))
+
+
 def test_http_connection_cut_mid_read_is_resumed_then_an_error(tcp, http_url):
     base, _, server = http_url
     url = f"{base}/raw.bin"
