@@ -65,10 +65,11 @@ class _Inputs:
     open: it walks a dict argument looking for futures, about 40 ms for a thousand inputs."""
 
     by_index: dict[int, tuple[Key, int]]
+    stage: str  # the stage task's own key: its worker ends the run if the task is cancelled
 
 
 def _stage(exchange: Exchange, inputs: _Inputs) -> int:
-    return service().stage(exchange, inputs.by_index)
+    return service().stage(exchange, inputs.by_index, inputs.stage)
 
 
 def _end(client: Client, plan: Exchange, abort: str | None = None) -> None:
@@ -287,20 +288,22 @@ def _start(
     kept = {k: v for k, v in dask.get_annotations().items() if k not in NOT_FOR_STAGES}
 
     def submit_stages() -> dict[str, Future]:
+        stages = {}
         with dask.annotate(**kept):
-            return {
-                w: client.submit(
+            for i, (w, parts) in enumerate(sorted(on_worker.items())):
+                key = f"gpudirect-shuffle-{plan.id}-{i}"
+                inputs = {n: (f.key, nbytes[f.key]) for n, f in parts.items()}
+                stages[w] = client.submit(
                     _stage,
                     plan,
-                    _Inputs({i: (future.key, nbytes[future.key]) for i, future in parts.items()}),
+                    _Inputs(inputs, key),
                     workers=[w],
                     allow_other_workers=False,
                     pure=False,
-                    key=f"gpudirect-shuffle-{plan.id}-{i}",
+                    key=key,
                     priority=STAGE_PRIORITY,
                 )
-                for i, (w, parts) in enumerate(sorted(on_worker.items()))
-            }
+        return stages
 
     async def submit() -> dict[str, Future]:
         # in a context of its own: the caller's annotations (a ContextVar) replaced by ``kept``

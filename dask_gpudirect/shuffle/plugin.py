@@ -66,7 +66,7 @@ class ShuffleWorkerPlugin(WorkerPlugin):
         worker.stream_handlers[PUBLISHED] = self.service.published
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
-        self.service.task_changed(key)
+        self.service.task_changed(key, start, finish)
 
     def teardown(self, worker: Worker) -> None:
         metrics.unexport(worker, self.service.ledger)
@@ -279,6 +279,13 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         shuffle = _Active(client, set(participants), stages)
         if shuffle_id in self.ended:
             self._tell(shuffle, shuffle_id, "the caller's call ended before it started", True)
+            return
+        if client not in self.scheduler.clients:
+            # its client left (killed, closed) before this reached us, on a comm of its own:
+            # ``remove_client`` found nothing to end, and nothing else will end it
+            self._forget(shuffle_id)
+            reason = f"client {client} left the cluster before shuffle {shuffle_id} started"
+            self._tell(shuffle, shuffle_id, reason, True)
             return
         self.active[shuffle_id] = shuffle
         gone = sorted(set(participants) - set(self.scheduler.workers))

@@ -77,6 +77,10 @@ HOST_CHUNK_SHARE = 64
 #: Bytes on the wire from one worker are at most this share of the target's memory.
 IN_FLIGHT_SHARE = 8
 
+#: Why a run ends whose stage task the scheduler released while it ran: its client left (before
+#: the scheduler heard of the shuffle, which would otherwise end it), or cancelled it.
+STAGE_CANCELLED = "its stage task was cancelled (its client left the cluster, or cancelled it)"
+
 #: What a message carries per group of the receiver's outputs: ``(group, first, cells, rows)``.
 Piece = tuple[int, int, Cells, Any]
 
@@ -370,6 +374,8 @@ class ShuffleService:
         # inputs that stages wait to be computed here (how many stages wait for each), and
         # an event set when one of them changes state (then replaced by a fresh one)
         self.awaited: collections.Counter[Key] = collections.Counter()
+        # the key of each stage task running here -> its shuffle
+        self.stages: dict[Key, str] = {}
         self.input_changed = asyncio.Event()
         # where received pieces are kept (and spilled), one message after another
         self.store_thread = ThreadPoolExecutor(1, thread_name_prefix="gpudirect-shuffle-store")
@@ -482,9 +488,12 @@ class ShuffleService:
             self._drop_built(shuffle_id)
         self.store_thread.shutdown(wait=False, cancel_futures=True)
 
-    def task_changed(self, key: Key) -> None:
+    def task_changed(self, key: Key, start: str | None = None, finish: str | None = None) -> None:
         """A task of this worker changed state (the plugin's hook): wake the stages waiting for
-        it where it is one of their inputs."""
+        it where it is one of their inputs; end the run of a stage the scheduler released
+        while it runs (Distributed cannot stop the task: it would go on to the end)."""
+        if finish == "released" and start in ("executing", "long-running") and key in self.stages:
+            self.abort(self.stages[key], STAGE_CANCELLED)
         if key in self.awaited:
             self.input_changed.set()
             self.input_changed = asyncio.Event()
@@ -523,9 +532,14 @@ class ShuffleService:
                 f"shuffle {shuffle_id} has ended here: {self.closed[shuffle_id]}", secondary=True
             )
 
-    def stage_run(self, shuffle_id: str, target: TargetName) -> ShuffleRun:
+    def stage_run(self, shuffle_id: str, target: TargetName, key: Key | None = None) -> ShuffleRun:
         run = self.run(shuffle_id, target)
         run.staged = True
+        if key is not None:
+            self.stages[key] = shuffle_id
+            task = self.worker.state.tasks.get(key)
+            if task is not None and task.state == "cancelled":  # released before it got here
+                self.abort(shuffle_id, STAGE_CANCELLED)
         return run
 
     def close(self, shuffle_id: str, reason: str) -> None:
@@ -597,7 +611,9 @@ class ShuffleService:
         return used > memory.memory_spill_fraction * memory.memory_limit
 
     # --- the stage task (worker thread) -------------------------------------------------------
-    def stage(self, exchange: Exchange, inputs: dict[int, tuple[Key, int]]) -> int:
+    def stage(
+        self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], key: Key | None = None
+    ) -> int:
         """Split and send this worker's inputs (input ``i``: its key and bytes), then build the
         output partitions it owns and keep them (:meth:`report_built`); the number of outputs
         built. The inputs are not the task's dependencies, which the worker would hold in
@@ -608,7 +624,7 @@ class ShuffleService:
         # one-thread workers would otherwise each hold a worker the other needs.
         secede()
         clock = Phases()
-        run = self.on_loop(self.stage_run, exchange.id, exchange.target)
+        run = self.on_loop(self.stage_run, exchange.id, exchange.target, key)
         try:
             if exchange.engine == "rapidsmpf":
                 from .rapidsmpf_engine import exchange_on_rapidsmpf
@@ -620,6 +636,8 @@ class ShuffleService:
             return built
         finally:
             self.on_loop(self.close, exchange.id, "finished")
+            if key is not None:
+                self.stages.pop(key, None)
             clock.count_collections()
             self.last_phases = dict(clock.seconds)
             logger.info("shuffle %s on %s: %s", exchange.id, self.worker.address, clock)
