@@ -567,10 +567,25 @@ def write_one_row_folders(root, folders) -> None:
         pq.write_table(pa.table({"x": [x]}), os.path.join(root, folder, "part.parquet"))
 
 
+#: Runs its arguments as a command with SIGINT's default disposition (exec keeps it; not a
+#: ``preexec_fn``, unsafe in a process with threads).
+_SIGINT_DEFAULT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def interrupt_at(cmd: list[str], marker: str) -> tuple[int, str]:
     """Run the command ``cmd``, send it SIGINT (Ctrl-C) once its stderr shows ``marker``, and
-    wait for it to end: its exit code and the stderr it wrote."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait for it to end: its exit code and the stderr it wrote. The command gets SIGINT's default
+    disposition: a test process started in the background (``cmd &`` in a script, as CI may
+    start it) ignores SIGINT, its children would too, and Python raises no KeyboardInterrupt."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_DEFAULT, *cmd],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         seen = []
         for line in proc.stderr:
