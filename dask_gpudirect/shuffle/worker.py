@@ -492,8 +492,9 @@ class ShuffleService:
         """A task of this worker changed state (the plugin's hook): wake the stages waiting for
         it where it is one of their inputs; end the run of a stage the scheduler released
         while it runs (Distributed cannot stop the task: it would go on to the end)."""
-        if finish == "released" and start in ("executing", "long-running") and key in self.stages:
-            self.abort(self.stages[key], STAGE_CANCELLED)
+        running = self.stages.get(key)
+        if running is not None and finish == "released" and start in ("executing", "long-running"):
+            self.abort(running, STAGE_CANCELLED)
         if key in self.awaited:
             self.input_changed.set()
             self.input_changed = asyncio.Event()
@@ -636,8 +637,8 @@ class ShuffleService:
             return built
         finally:
             self.on_loop(self.close, exchange.id, "finished")
-            if key is not None:
-                self.stages.pop(key, None)
+            if key is not None:  # on the loop, where the transition hook reads it
+                self.on_loop(self.stages.pop, key, None)
             clock.count_collections()
             self.last_phases = dict(clock.seconds)
             logger.info("shuffle %s on %s: %s", exchange.id, self.worker.address, clock)
