@@ -430,7 +430,7 @@ def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
 def unreached(result: dict, planned: Sequence[tuple], fields: Sequence[str]) -> tuple[str, list]:
     """Why a run left measurements out ("interrupted", or the error that stopped it; "not
     reached" where it ran to the end) and the ``planned`` ones (values of ``fields``) that have
-    no record: each gets a "not run" record, so that a table names what was not measured."""
+    no record, for the caller to record as "not run": a table then names what was not measured."""
     why = "interrupted" if result.get("interrupted") else result.get("error") or "not reached"
     done = {tuple(r.get(f) for f in fields) for r in result["records"]}
     return why, [p for p in planned if p not in done]
