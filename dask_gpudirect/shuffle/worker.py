@@ -533,14 +533,15 @@ class ShuffleService:
                 f"shuffle {shuffle_id} has ended here: {self.closed[shuffle_id]}", secondary=True
             )
 
-    def stage_run(self, shuffle_id: str, target: TargetName, key: Key | None = None) -> ShuffleRun:
+    def stage_run(self, shuffle_id: str, target: TargetName, key: Key) -> ShuffleRun:
+        """The run of the stage task ``key``, which ends if the task is cancelled (now, or
+        later: :meth:`task_changed`)."""
         run = self.run(shuffle_id, target)
         run.staged = True
-        if key is not None:
-            self.stages[key] = shuffle_id
-            task = self.worker.state.tasks.get(key)
-            if task is not None and task.state == "cancelled":  # released before it got here
-                self.abort(shuffle_id, STAGE_CANCELLED)
+        self.stages[key] = shuffle_id
+        task = self.worker.state.tasks.get(key)
+        if task is not None and task.state == "cancelled":  # released before it got here
+            self.abort(shuffle_id, STAGE_CANCELLED)
         return run
 
     def close(self, shuffle_id: str, reason: str) -> None:
@@ -612,15 +613,14 @@ class ShuffleService:
         return used > memory.memory_spill_fraction * memory.memory_limit
 
     # --- the stage task (worker thread) -------------------------------------------------------
-    def stage(
-        self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], key: Key | None = None
-    ) -> int:
+    def stage(self, exchange: Exchange, inputs: dict[int, tuple[Key, int]], key: Key) -> int:
         """Split and send this worker's inputs (input ``i``: its key and bytes), then build the
         output partitions it owns and keep them (:meth:`report_built`); the number of outputs
         built. The inputs are not the task's dependencies, which the worker would hold in
         memory until the task ends: each chunk's are taken from the worker's memory (or its
         spill) when it is split, and let go after. ``exchange.engine`` says who moves the
-        pieces: this module, or RapidsMPF (:mod:`.rapidsmpf_engine`)."""
+        pieces: this module, or RapidsMPF (:mod:`.rapidsmpf_engine`). ``key``: the stage's own
+        task, whose cancel ends the run."""
         # Out of the worker's thread count while it waits on peers: two shuffles at once on
         # one-thread workers would otherwise each hold a worker the other needs.
         secede()
@@ -637,8 +637,7 @@ class ShuffleService:
             return built
         finally:
             self.on_loop(self.close, exchange.id, "finished")
-            if key is not None:  # on the loop, where the transition hook reads it
-                self.on_loop(self.stages.pop, key, None)
+            self.on_loop(self.stages.pop, key, None)  # on the loop, where the hook reads it
             clock.count_collections()
             self.last_phases = dict(clock.seconds)
             logger.info("shuffle %s on %s: %s", exchange.id, self.worker.address, clock)
