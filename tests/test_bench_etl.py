@@ -358,3 +358,47 @@ def test_an_interrupted_run_names_every_method_it_did_not_measure(tmp_path):
     assert len(rows) == len(untouched), markdown
     assert all(" not run [" in r for r in rows), markdown
     assert "] interrupted" in markdown
+
+
+_POLARS_FAILS = """
+import sys, types
+if __name__ == "__main__":
+    for name in ("cudf_polars", "cudf_polars.engine", "cudf_polars.engine.dask",
+                 "cudf_polars.engine.hardware_binding"):
+        sys.modules[name] = types.ModuleType(name)
+    class DaskEngine:
+        def __init__(self, **kw):
+            raise RuntimeError("cudf-polars engine cannot start")
+    sys.modules["cudf_polars.engine.dask"].DaskEngine = DaskEngine
+    sys.modules["cudf_polars.engine.hardware_binding"].HardwareBindingPolicy = lambda **kw: None
+    import dask_gpudirect.bench.etl as etl
+    etl.DEVICE_ONLY = ("rapidsmpf",)  # cudf-polars let run on the host target
+    etl.gpu_count = lambda: 1
+    real = etl.start_cluster
+    etl.start_cluster = lambda target, *a, **k: real("host", *a, **k)
+    etl.etl.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.timeout(HANG_GUARD + 60)
+def test_cudf_polars_failing_first_leaves_the_dask_methods_measured(tmp_path):
+    """cudf-polars runs first: its engine failing to start stopped the run, every Dask-run
+    method "not run" and cudf-polars itself not named as failed; it is an error and the rest
+    are measured, as when it ran last. cudf-polars needs a GPU: a stand-in whose engine fails
+    to start takes its place, let run on the host target."""
+    script = tmp_path / "polars_fails.py"
+    script.write_text(_POLARS_FAILS)
+    out = tmp_path / "etl.json"
+    cmd = [sys.executable, str(script), "--target", "host", "--dir", str(tmp_path / "data")]
+    cmd += ["--gib", str(1 / 1024), "--files", "2", "--keys", "16", "--repeat", "1"]
+    cmd += ["--methods", "polars,gpudirect,tasks", "--no-progress", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_GUARD, env=env)
+    assert proc.returncode == 1, proc.stderr[-4000:]  # a failed measurement
+    result = json.loads(out.read_text())
+    assert "error" not in result, result.get("error")
+    by = {(r["query"], r["key"]): r for r in result["records"]}
+    assert {by[q, "polars"]["status"] for q in ("2^4 keys", "unique-key", "scan")} == {"error"}
+    for query in ("2^4 keys", "unique-key", "scan"):
+        for method in ("gpudirect", "tasks"):
+            assert by[query, method]["status"] == "ok", by[query, method]

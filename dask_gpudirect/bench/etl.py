@@ -335,7 +335,16 @@ def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: dict) 
     """cudf-polars' methods in a cluster of their own, then the Dask-run methods in one;
     ``nbytes``: each query's bytes read."""
     if any(m in opts["methods"] for m in OWN_CLUSTER):
-        _run_polars(result, opts, paths, nbytes)
+        try:
+            _run_polars(result, opts, paths, nbytes)
+        except Exception as exc:  # its cluster or engine did not start: the others still run
+            why = f"{type(exc).__name__}: {exc}"
+            _log(f"cudf-polars failed: {why}")
+            done = {r["query"] for r in result["records"] if r["key"] == "polars"}
+            for query in result["queries"]:
+                if query not in done:
+                    rec = _record("polars", "error", note=why)
+                    result["records"].append({**rec, "query": query})
     _run_dask(result, opts, target, paths, nbytes)
 
 
