@@ -476,8 +476,15 @@ def _retried(request: urllib.request.Request) -> http.client.HTTPResponse:
 def _retry_after(headers: email.message.Message | None) -> float:
     """The seconds a throttled reply's Retry-After asks to wait: 0 where it names none, or a
     date (not followed)."""
-    value = (headers.get("Retry-After") if headers is not None else None) or ""
-    return float(value.strip()) if value.strip().isdigit() else 0.0
+    seconds = _count((headers.get("Retry-After") if headers is not None else None) or "")
+    return float(seconds or 0)
+
+
+def _count(text: str) -> int | None:
+    """``text`` as the whole number an HTTP header writes (ASCII digits), else None: ``str``'s
+    ``isdigit`` also takes digits ``int`` cannot read ("\xb2", a latin-1 header's superscript)."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _back_off(settings: Settings, retry: int, at_least: float = 0.0) -> None:
@@ -493,13 +500,13 @@ _NO_HEAD = (403, 405, 501)
 
 def _http_head(url: str) -> tuple[int, str]:
     """``url``'s size and version by a HEAD request, or by a GET of its first byte where the
-    server answers no HEAD or one without a Content-Length."""
+    server answers no HEAD or one without a Content-Length (or one that is not a number)."""
     try:
         with _retried(urllib.request.Request(url, method="HEAD")) as response:
             _check_identity(url, response.headers)
-            length = response.headers.get("Content-Length")
-            if length is not None:
-                return int(length), _version(response.headers)
+            length = _count(response.headers.get("Content-Length") or "")
+            if length is not None:  # else (none, or not a number) the GET of the first byte's
+                return length, _version(response.headers)
     except urllib.error.HTTPError as exc:
         if exc.code not in _NO_HEAD:
             raise
@@ -521,12 +528,12 @@ def _http_first_byte(url: str) -> tuple[int, str]:
     if status == 200:
         raise InputError(url, "the server does not serve byte ranges (HTTP 200)")
     _check_identity(url, headers)
-    size = (headers.get("Content-Range") or "").rpartition("/")[2]
-    if not size.isdigit():
+    size = _count((headers.get("Content-Range") or "").rpartition("/")[2])
+    if size is None:
         raise InputError(
             url, "the server gives no size: no Content-Length to a HEAD, no Content-Range to a GET"
         )
-    return int(size), _version(headers)
+    return size, _version(headers)
 
 
 def _http_range(url: str, offset: int, length: int, size: int, version: str) -> bytes:
@@ -580,8 +587,8 @@ def _check_range(
     first = (served or "").removeprefix("bytes ").partition("-")[0]
     if served is not None and first != str(start):
         raise InputError(url, f"the server answered {served!r} to a request for {asked}")
-    total = (served or "").rpartition("/")[2]  # "*": a size the server does not know
-    if total.isdigit() and int(total) != size:
+    total = _count((served or "").rpartition("/")[2])  # None for "*": a size not known
+    if total is not None and total != size:
         raise InputError(
             url,
             f"its size is {size} bytes by the HEAD request, {total} by a ranged GET's "
