@@ -427,13 +427,17 @@ def result_head(benchmark: str, target: str, gpus: int, opts: dict) -> dict:
     }
 
 
-def unreached(result: dict, planned: Sequence[tuple], fields: Sequence[str]) -> tuple[str, list]:
-    """Why a run left measurements out ("interrupted", or the error that stopped it; "not
-    reached" where it ran to the end) and the ``planned`` ones (values of ``fields``) that have
-    no record, for the caller to record as "not run": a table then names what was not measured."""
-    why = "interrupted" if result.get("interrupted") else result.get("error") or "not reached"
-    done = {tuple(r.get(f) for f in fields) for r in result["records"]}
-    return why, [p for p in planned if p not in done]
+def stop_reason(result: dict) -> str:
+    """Why a run left measurements out: "interrupted", the error that stopped it, or "not
+    reached" where it ran to the end."""
+    return "interrupted" if result.get("interrupted") else result.get("error") or "not reached"
+
+
+def unrecorded(records: list[dict], planned: Sequence[tuple], fields: Sequence[str]) -> list:
+    """The ``planned`` measurements (values of ``fields``) that have no record among
+    ``records``, for the caller to record as not measured: a table then names them."""
+    done = {tuple(r.get(f) for f in fields) for r in records}
+    return [p for p in planned if p not in done]
 
 
 def finish(result: dict, target: str, print_result: Callable[[dict], None], outputs: tuple) -> None:

@@ -60,8 +60,9 @@ from .common import (
     result_head,
     shuffle_engine,
     stage_phases,
+    stop_reason,
     ucx_record,
-    unreached,
+    unrecorded,
     wait_released,
 )
 from .datasets import dataset, key_column
@@ -340,11 +341,9 @@ def _run(result: dict, opts: dict, target: str, paths: list[str], nbytes: dict) 
         except Exception as exc:  # its cluster or engine did not start: the others still run
             why = f"{type(exc).__name__}: {exc}"
             _log(f"cudf-polars failed: {why}")
-            done = {r["query"] for r in result["records"] if r["key"] == "polars"}
-            for query in result["queries"]:
-                if query not in done:
-                    rec = _record("polars", "error", note=why)
-                    result["records"].append({**rec, "query": query})
+            planned = [("polars", query) for query in result["queries"]]
+            for _, query in unrecorded(result["records"], planned, ("key", "query")):
+                result["records"].append({**_record("polars", "error", note=why), "query": query})
     _run_dask(result, opts, target, paths, nbytes)
 
 
@@ -587,8 +586,8 @@ def etl(
     if result.get("interrupted") or result.get("error"):  # name what was not measured
         order = (*RUN_ORDER, *OWN_CLUSTER)
         planned = [(m, q) for q in result["queries"] for m in _methods(chosen, q, order)]
-        why, missing = unreached(result, planned, ("key", "query"))
-        for method, query in missing:
+        why = stop_reason(result)
+        for method, query in unrecorded(result["records"], planned, ("key", "query")):
             result["records"].append({**_record(method, "not run", note=why), "query": query})
     result["checks"] = checks_of(result, target, workers)
     finish(result, target, print_result, (json_path, md_path, markdown, plot_path))

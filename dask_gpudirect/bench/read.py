@@ -64,7 +64,8 @@ from .common import (
     output_options,
     progress_bar,
     result_head,
-    unreached,
+    stop_reason,
+    unrecorded,
     visible_devices,
 )
 from .datasets import dataset, filesystem
@@ -367,7 +368,8 @@ def read(
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     if result.get("interrupted") or result.get("error"):  # name what was not measured
-        why, missing = unreached(result, planned, ("key", "cache"))
+        why = stop_reason(result)
+        missing = unrecorded(result["records"], planned, ("key", "cache"))
         result["records"] += [
             record(key, cache, status="not run", note=why) for key, cache in missing
         ]

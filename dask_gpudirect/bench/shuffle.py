@@ -69,8 +69,9 @@ from .common import (
     result_head,
     shuffle_engine,
     stage_phases,
+    stop_reason,
     ucx_record,
-    unreached,
+    unrecorded,
     wait_released,
 )
 from .shuffle_report import (
@@ -716,8 +717,8 @@ def shuffle(
         result["error"] = f"{type(exc).__name__}: {exc}"
         _log(f"stopped: {result['error']}")
     planned = [(key, n) for n in opts["partitions"] for key in opts["methods"]]
-    why, missing = unreached(result, planned, ("key", "partitions"))
-    for key, n in missing:
+    why = stop_reason(result)
+    for key, n in unrecorded(result["records"], planned, ("key", "partitions")):
         result["records"].append({**_record(key, "not run", note=why), "partitions": n})
     result["records"].sort(key=lambda r: (r["partitions"], METHODS.index(r["key"])))
     result["checks"] = checks_of(result["records"], target, workers, data)

@@ -488,7 +488,7 @@ class ShuffleService:
             self._drop_built(shuffle_id)
         self.store_thread.shutdown(wait=False, cancel_futures=True)
 
-    def task_changed(self, key: Key, start: str | None = None, finish: str | None = None) -> None:
+    def task_changed(self, key: Key, start: str, finish: str) -> None:
         """A task of this worker changed state (the plugin's hook): wake the stages waiting for
         it where it is one of their inputs; end the run of a stage the scheduler released
         while it runs (Distributed cannot stop the task: it would go on to the end)."""
