@@ -121,16 +121,22 @@ class _FaultyRangeHandler(RangeHandler):
     served otherwise than asked, as the reply's
     Content-Range says: at most ``cap`` bytes, or from the multiple of ``align`` below, and
     files served as stored with a ``Content-Encoding`` (as S3 serves an object uploaded
-    gzip-compressed with that header, whatever the request's Accept-Encoding)."""
+    gzip-compressed with that header, whatever the request's Accept-Encoding); ETags, one
+    to HEAD and one to GET (a weak one and its strong one, as nginx gives where it compresses);
+    a Content-Range written ``bytes=a-b/n``; Retry-After as a date; ranges answered late."""
 
     def end_headers(self):
         if self.server.encoding:
             self.send_header("Content-Encoding", self.server.encoding)
+        if self.server.etags:
+            self.send_header("ETag", self.server.etags[self.command != "HEAD"])
         super().end_headers()
 
     def send_header(self, keyword, value):
         if keyword == "Content-Length" and self.command == "HEAD" and self.server.head_length:
             value = str(self.server.head_length)  # a HEAD answered otherwise than the GET
+        if keyword == "Content-Range" and self.server.range_equals:
+            value = value.replace("bytes ", "bytes=", 1)
         super().send_header(keyword, value)
 
     def do_HEAD(self):
@@ -145,7 +151,10 @@ class _FaultyRangeHandler(RangeHandler):
             until = self.server.busy_until = self.server.busy_until or now + self.server.busy_for
             if now < until:
                 self.send_response(503)
-                self.send_header("Retry-After", str(math.ceil(until - now)))
+                wait = math.ceil(until - now)
+                if self.server.retry_date:  # an HTTP-date, to the second: not before until
+                    wait = email.utils.formatdate(math.ceil(time.time() + until - now), usegmt=True)
+                self.send_header("Retry-After", str(wait))
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return None
@@ -166,6 +175,7 @@ class _FaultyRangeHandler(RangeHandler):
         if gate is not None:  # a slow server: ranged requests wait until the test opens it
             gate.arrived.release()
             gate.opened.wait()
+        time.sleep(self.server.stall)  # a server slow to answer a range
         if self.server.cut_next > 0:  # the connection drops after half the body
             self.server.cut_next -= 1
             self.send_response(206)
@@ -174,7 +184,9 @@ class _FaultyRangeHandler(RangeHandler):
             self.end_headers()
             self.close_connection = True
             return io.BytesIO(body[: len(body) // 2])
-        return super().send_range(body, start, info)
+        sent = super().send_range(body, start, info)
+        time.sleep(self.server.stall_body)  # a body slow to come: its headers sent
+        return sent
 
 
 class Gate:
@@ -205,6 +217,11 @@ def http_url(tmp_path_factory, local_data):
         server.head_length = None  # the Content-Length HEAD replies give, where not the file's
         server.busy_for = 0.0  # seconds from the next request that it answers 503, Retry-After
         server.busy_until = None  # when that ends (set by the first such request)
+        server.retry_date = False  # whether that Retry-After is an HTTP-date, not seconds
+        server.etags = None  # the ETags of HEAD and of GET replies
+        server.range_equals = False  # whether a Content-Range is written bytes=a-b/n
+        server.stall = 0.0  # seconds before a range request is answered
+        server.stall_body = 0.0  # seconds from the headers of a range reply to its body
         yield base_url(server), root, server
 
 
