@@ -33,7 +33,7 @@ import dask.config
 from . import access
 from .config import duration_seconds, positive_size, whole_number
 from .errors import ConfigError, InputError, flag
-from .stamps import CHANGED
+from .stamps import CHANGED, same_version
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -383,9 +383,10 @@ class Object:
 
     @property
     def weak_version(self) -> bool:
-        """Whether the version is only a Last-Modified time (an HTTP server without ETags):
-        a rewrite within its second keeps it."""
-        return self.version.startswith(_LAST_MODIFIED)
+        """Whether the version is only a Last-Modified time (an HTTP server without ETags),
+        which a rewrite within its second keeps, or a weak ETag (``W/"..."``), which a server
+        may keep for other bytes (Apache's, for a file modified within the second)."""
+        return self.version.startswith((_LAST_MODIFIED, "W/"))
 
     def pread(self, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
@@ -581,7 +582,7 @@ def _check_range(
         raise InputError(url, f"the server does not serve byte ranges (HTTP {response.status})")
     _check_identity(url, response.headers)
     now = _version(response.headers)
-    if now != version:
+    if not same_version(version, now):
         raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
     served = response.headers.get("Content-Range")
     first = (served or "").removeprefix("bytes ").partition("-")[0]

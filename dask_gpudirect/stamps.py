@@ -60,8 +60,19 @@ def check_version(stamp: Stamp, url: str, size: int, version: str) -> None:
     taken of (its size or version differ)."""
     if size != stamp.size:
         raise InputError(url, CHANGED.format(f"{stamp.size} bytes then, {size} now"))
-    if version != stamp.version:
+    if not same_version(stamp.version, version):
         raise InputError(url, CHANGED.format(f"{stamp.version} then, {version} now"))
+
+
+def same_version(then: str | None, now: str | None) -> bool:
+    """Whether a remote object's versions ``then`` and ``now`` are one: ETags by RFC 9110's
+    weak comparison, their opaque tags equal whether or not ``W/`` marks either weak (nginx and
+    CDNs give a HEAD ``W/"abc"`` where the GET gets ``"abc"``)."""
+    return _opaque(then) == _opaque(now)
+
+
+def _opaque(version: str | None) -> str | None:
+    return version.removeprefix("W/") if version else version
 
 
 def check_probe(stamp: Stamp, file: Source) -> None:

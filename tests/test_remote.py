@@ -696,3 +696,21 @@ def test_http_head_whose_length_is_not_a_number_is_sized_by_a_get(tcp, http_url)
         finally:
             server.head_length = None
         np.testing.assert_array_equal(got, np.arange(1000, dtype="<i4"))
+
+
+def test_http_weak_etag_to_head_and_strong_to_get_is_the_same_version(tcp, http_url):
+    """nginx (and CDNs) give a weak ETag where they may compress, a HEAD's ``W/"abc"`` beside
+    the GET's ``"abc"``: the read failed as changed since it was planned. Tags are compared as
+    RFC 9110's weak comparison does (the opaque tags); another tag is still a change."""
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    server.etags = ('W/"abc"', '"abc"')
+    try:
+        arr = dg.read_binary(url, dtype="<i4", client=tcp)
+        np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
+        server.etags = ('W/"abc"', '"abd"')
+        with pytest.raises(InputError, match=r"changed since it was planned") as excinfo:
+            compute(tcp, arr)
+    finally:
+        server.etags = None
+    assert url in _message(excinfo)
