@@ -602,12 +602,12 @@ def _check_identity(url: str, headers: email.message.Message | Mapping[str, str]
     """That ``headers`` send the object's own bytes: one stored with a ``Content-Encoding``
     (gzip-compressed, as S3 serves an object uploaded with that header whatever the request
     asks) has its size and byte ranges counted in the encoded bytes, which read as the
-    object's would be other values, unnoticed. ``aws-chunked`` names no coding of the object:
-    it framed a chunk-signed upload, and stores that keep it (S3 drops it) serve the object's
-    own bytes."""
+    object's would be other values, unnoticed. ``identity`` and ``none`` (some servers') name
+    no coding; nor does ``aws-chunked``: it framed a chunk-signed upload, and stores that keep
+    it (S3 drops it) serve the object's own bytes."""
     encoding = headers.get("Content-Encoding", "")
     codings = {c.strip().lower() for c in encoding.split(",")}
-    if codings - {"", "identity", "aws-chunked"}:
+    if codings - {"", "identity", "none", "aws-chunked"}:
         raise InputError(
             url,
             f"the server sends the object encoded (Content-Encoding: {encoding}): its byte "

@@ -714,3 +714,19 @@ def test_http_weak_etag_to_head_and_strong_to_get_is_the_same_version(tcp, http_
     finally:
         server.etags = None
     assert url in _message(excinfo)
+
+
+@pytest.mark.parametrize("encoding", ["none", "None", "IDENTITY"])
+def test_http_content_encoding_none_is_no_encoding(tcp, http_url, encoding):
+    """``Content-Encoding: none`` (some servers') names no coding, as ``identity`` does: the
+    read was refused as encoded. With a real coding beside it, still refused."""
+    base, _, server = http_url
+    server.encoding = encoding
+    try:
+        got = compute(tcp, dg.read_binary(f"{base}/raw.bin", dtype="<i4", client=tcp))
+        server.encoding = f"{encoding}, gzip"
+        with pytest.raises(InputError, match=r"encoded \(Content-Encoding: "):
+            compute(tcp, dg.read_binary(f"{base}/raw.bin", dtype="<i4", client=tcp))
+    finally:
+        server.encoding = None
+    np.testing.assert_array_equal(got, np.arange(1000, dtype="<i4"))
