@@ -16,7 +16,9 @@ from __future__ import annotations
 import configparser
 import contextlib
 import dataclasses
+import datetime
 import email.message
+import email.utils
 import functools
 import http.client
 import os
@@ -475,10 +477,19 @@ def _retried(request: urllib.request.Request) -> http.client.HTTPResponse:
 
 
 def _retry_after(headers: email.message.Message | None) -> float:
-    """The seconds a throttled reply's Retry-After asks to wait: 0 where it names none, or a
-    date (not followed)."""
-    seconds = _count((headers.get("Retry-After") if headers is not None else None) or "")
-    return float(seconds or 0)
+    """The seconds a throttled reply's Retry-After asks to wait, given as seconds or as the
+    HTTP-date to wait until: 0 where it names none, a date past, or one that cannot be read."""
+    text = (headers.get("Retry-After") if headers is not None else None) or ""
+    seconds = _count(text)
+    if seconds is not None:
+        return float(seconds)
+    try:
+        until = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return 0.0
+    if until.tzinfo is None:  # "-0000": UTC, as an HTTP-date always is
+        until = until.replace(tzinfo=datetime.UTC)
+    return max(0.0, until.timestamp() - time.time())
 
 
 def _count(text: str) -> int | None:

@@ -730,3 +730,56 @@ def test_http_content_encoding_none_is_no_encoding(tcp, http_url, encoding):
     finally:
         server.encoding = None
     np.testing.assert_array_equal(got, np.arange(1000, dtype="<i4"))
+
+
+def test_http_retries_wait_until_the_date_retry_after_names(tcp, http_url):
+    """A Retry-After that is an HTTP-date, not seconds, was taken as no wait: the retries, 10
+    ms apart, all came within the pause and the read failed; they now wait until that date."""
+    base, _, server = http_url
+    arr = dg.read_binary(f"{base}/raw.bin", dtype="<i4", client=tcp)  # planned before the pause
+    server.busy_for, server.retry_date = 1.0, True
+    try:
+        settings = {"gpudirect.remote.retries": 2, "gpudirect.remote.backoff": "10ms"}
+        with worker_config(tcp, settings):
+            got = compute(tcp, arr)
+    finally:
+        server.busy_for, server.busy_until, server.retry_date = 0.0, None, False
+    np.testing.assert_array_equal(got, np.arange(1000, dtype="<i4"))
+
+
+def test_http_retry_after_as_seconds_or_a_date():
+    """The seconds a Retry-After asks for, as a number or as an HTTP-date (which read as no wait); a
+    date past, or one that cannot be read, asks for no wait. (_retried waits that long, up to
+    ``gpudirect.remote.timeout``, whichever form it came in.)"""
+    import email.message
+    import email.utils
+
+    def asked(value: str) -> float:
+        headers = email.message.Message()
+        headers["Retry-After"] = value
+        return remote._retry_after(headers)
+
+    in_an_hour = email.utils.formatdate(time.time() + 3600, usegmt=True)
+    assert 3590 < asked(in_an_hour) <= 3600
+    assert 3590 < asked(in_an_hour.replace("GMT", "-0000")) <= 3600  # UTC, not local time
+    assert asked(email.utils.formatdate(time.time() - 3600, usegmt=True)) == 0
+    assert asked("soon") == asked("") == 0
+    assert asked("7") == 7
+
+
+def test_http_retry_after_date_is_waited_for_at_most_the_timeout(tcp, http_url):
+    """A Retry-After date an hour away is waited for ``gpudirect.remote.timeout``, as a number
+    of seconds is: the retry then fails as throttled, not an hour later."""
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    arr = dg.read_binary(url, dtype="<i4", client=tcp)
+    server.busy_for, server.retry_date = 3600.0, True
+    settings = {"gpudirect.remote.retries": 1, "gpudirect.remote.timeout": "300ms"}
+    start = time.monotonic()
+    try:
+        with worker_config(tcp, settings):
+            with pytest.raises(InputError, match=r"kept throttling or failing \(HTTP 503\)"):
+                compute(tcp, arr)
+    finally:
+        server.busy_for, server.busy_until, server.retry_date = 0.0, None, False
+    assert 0.3 <= time.monotonic() - start < 10
