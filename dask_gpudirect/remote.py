@@ -323,6 +323,13 @@ def error(url: str, exc: BaseException, store: Store) -> InputError | ConfigErro
             )
         causes = {404: "not found", 403: "access denied", 401: "access denied (unauthorized)"}
         return InputError(url, f"{causes.get(exc.code, 'request failed')} (HTTP {exc.code})")
+    if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+        settings = Settings.current()  # urllib's: to connect (its URLError), to a response
+        return InputError(
+            url,
+            f"no answer within gpudirect.remote.timeout ({settings.timeout:g}s), "
+            f"through gpudirect.remote.retries ({settings.retries}) retries",
+        )
     if isinstance(exc, (urllib.error.URLError, ConnectionError, http.client.HTTPException)):
         reason = getattr(exc, "reason", exc)
         return InputError(url, f"cannot reach the server: {store.scrub(str(reason))}")
@@ -560,7 +567,7 @@ def _http_range(url: str, offset: int, length: int, size: int, version: str) -> 
     while len(data) < length:
         start = offset + len(data)
         asked = f"bytes={start}-{offset + length - 1}"
-        before, whole = len(data), False
+        before, whole, stalled = len(data), False, False
         with _retried(urllib.request.Request(url, headers={"Range": asked})) as response:
             _check_range(url, response, asked, start, size, version)
             try:
@@ -568,13 +575,16 @@ def _http_range(url: str, offset: int, length: int, size: int, version: str) -> 
                 whole = not response.length  # all the body its Content-Length announced
             except http.client.IncompleteRead as exc:
                 data += exc.partial
-            except (ConnectionError, TimeoutError):
-                pass  # what this response gave is lost with it: asked for again
+            except (ConnectionError, TimeoutError) as exc:  # what this response gave is
+                stalled = isinstance(exc, TimeoutError)  # lost with it: asked for again
         if len(data) < length and not (whole and len(data) > before):
             if cuts == settings.retries:
+                cause = "the connection was cut"
+                if stalled:
+                    cause = f"no bytes came within gpudirect.remote.timeout ({settings.timeout:g}s)"
                 raise InputError(
                     url,
-                    f"the connection was cut after {len(data)} of {length} bytes at {offset}, "
+                    f"{cause} after {len(data)} of {length} bytes at {offset}, "
                     f"through gpudirect.remote.retries ({settings.retries}) retries",
                 )
             _back_off(settings, cuts)

@@ -783,3 +783,23 @@ def test_http_retry_after_date_is_waited_for_at_most_the_timeout(tcp, http_url):
     finally:
         server.busy_for, server.busy_until, server.retry_date = 0.0, None, False
     assert 0.3 <= time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("stall", ["stall", "stall_body"])
+def test_http_timeout_names_the_setting(tcp, http_url, stall):
+    """A server that does not answer within ``gpudirect.remote.timeout``, before a reply's
+    headers or in its body: the error named neither the timeout nor its setting ("cannot
+    read: timed out", "the connection was cut")."""
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    arr = dg.read_binary(url, dtype="<i4", client=tcp)
+    setattr(server, stall, 1.0)
+    settings = {"gpudirect.remote.retries": 0, "gpudirect.remote.timeout": "200ms"}
+    try:
+        with worker_config(tcp, settings):
+            with pytest.raises(InputError, match=r"gpudirect.remote.timeout \(0.2s\)") as excinfo:
+                compute(tcp, arr)
+    finally:
+        setattr(server, stall, 0.0)
+    assert url in _message(excinfo)
+    np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
