@@ -606,7 +606,8 @@ def _check_range(
     if not same_version(version, now):
         raise InputError(url, CHANGED.format(f"{version} then, {now} now"))
     served = response.headers.get("Content-Range")
-    first = (served or "").removeprefix("bytes ").partition("-")[0]
+    # "bytes=a-b/n" (a few servers', not RFC 9110's "bytes a-b/n"): its numbers where they are
+    first = re.sub(r"^bytes[ =]", "", served or "").partition("-")[0]
     if served is not None and first != str(start):
         raise InputError(url, f"the server answered {served!r} to a request for {asked}")
     total = _count((served or "").rpartition("/")[2])  # None for "*": a size not known

@@ -803,3 +803,20 @@ def test_http_timeout_names_the_setting(tcp, http_url, stall):
         setattr(server, stall, 0.0)
     assert url in _message(excinfo)
     np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))  # usable
+
+
+def test_http_content_range_written_with_equals_is_read(tcp, http_url):
+    """A Content-Range written ``bytes=0-9/100`` (RFC 9110 has a space): its start and size
+    are where the standard form has them, so it is read as that form; its start and size are
+    still checked."""
+    base, _, server = http_url
+    url = f"{base}/raw.bin"
+    server.range_equals = True  # shards at 800, 1600...; then 1200, 2400: not multiples of 64
+    try:
+        arr = dg.read_binary(url, dtype="<i4", blocksize="800B", client=tcp)
+        np.testing.assert_array_equal(compute(tcp, arr), np.arange(1000, dtype="<i4"))
+        server.align = 64
+        with pytest.raises(InputError, match=r"answered 'bytes=\d+-\d+/4000' to a request for"):
+            compute(tcp, dg.read_binary(url, dtype="<i4", blocksize="1200B", client=tcp))
+    finally:
+        server.range_equals, server.align = False, 0
