@@ -460,6 +460,38 @@ def test_an_interrupted_bench_exits_130(tmp_path):
     assert json.loads(out.read_text())["interrupted"] is True
 
 
+@pytest.mark.parametrize(
+    ("status", "note", "fails"),
+    [
+        ("timed out", "no run finished within its budget of 1 s", True),
+        ("not run", "--time-limit reached", True),
+        ("error", "boom", True),
+        ("not run", "needs two workers", False),  # cannot run here: nothing was left out
+    ],
+)
+def test_a_method_that_timed_out_fails_the_run(tmp_path, status, note, fails):
+    """bench shuffle and bench etl (both end in ``finish``) exited 0 where a method timed out
+    or found no time left under --time-limit, as if all was measured (bench scale exits 1);
+    the table is written and printed first."""
+    from dask_gpudirect.bench.common import finish
+
+    printed = []
+    result = {
+        "device": "CPU",
+        "records": [_ok("gpudirect", 1.0), _record("tasks", status, note=note)],
+    }
+    out = tmp_path / "r.json"
+    outputs = (str(out), None, lambda r: "", None)
+    if not fails:
+        finish(result, "host", printed.append, outputs)
+    else:
+        with pytest.raises(SystemExit) as info:
+            finish(result, "host", printed.append, outputs)
+        assert info.value.code not in (0, None), info.value.code
+        assert "1 measurement(s) failed or timed out" in str(info.value.code)
+    assert printed and json.loads(out.read_text())["records"][1]["status"] == status
+
+
 @pytest.mark.timeout(HANG_GUARD + 60)
 def test_bench_shuffle_places_partitions_dealt_or_in_blocks(tmp_path):
     """``--placement``: the input partitions dealt to the workers in turn (the default, as

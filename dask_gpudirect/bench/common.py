@@ -440,18 +440,32 @@ def unrecorded(records: list[dict], planned: Sequence[tuple], fields: Sequence[s
     return [p for p in planned if p not in done]
 
 
+#: Why a planned measurement was not run where ``--time-limit`` left no time for it.
+TIME_LIMIT_REACHED = "--time-limit reached"
+
+
+def unmeasured(records: list[dict]) -> list[dict]:
+    """The ``records`` of planned measurements that failed, timed out or found no time left
+    under ``--time-limit``: a run with any exits non-zero, as not all was measured. Not those
+    that cannot run here (a package missing, too few workers or GPUs), nor those a Ctrl-C or
+    a stopped run left out (130, or the run's own error)."""
+    failed = ("error", "failed", "timed out")
+    return [r for r in records if r["status"] in failed or r.get("note") == TIME_LIMIT_REACHED]
+
+
 def finish(result: dict, target: str, print_result: Callable[[dict], None], outputs: tuple) -> None:
     """Name the device where it was not found, write ``outputs`` (``write_outputs``' paths and
-    renderer) and print the result; then exit non-zero if a measurement or the run failed, or
-    130 where Ctrl-C stopped it (as a shell says so: ``bench ... && next`` stops)."""
+    renderer) and print the result; then exit non-zero if a measurement or the run failed (or
+    a method timed out: :func:`unmeasured`), or 130 where Ctrl-C stopped it (as a shell says
+    so: ``bench ... && next`` stops)."""
     result["device"] = result["device"] or (
         f"CPU {result['host']['cpu']}" if target == "host" else "unknown GPU"
     )
     write_outputs(result, *outputs)
     print_result(result)
-    errors = [r for r in result["records"] if r["status"] == "error"]
+    errors = unmeasured(result["records"])
     if result.get("error") or errors:
-        why = f"{len(errors)} measurement(s) failed"
+        why = f"{len(errors)} measurement(s) failed or timed out"
         if result.get("error"):
             why += f"; the run stopped: {result['error']}"
         raise SystemExit(f"{why}: see the table and the log")

@@ -33,12 +33,14 @@ import click
 from ..cuda import gpu_count
 from .common import (
     TARGET_OPTION,
+    TIME_LIMIT_REACHED,
     child_env,
     cpu_name,
     log,
     output_options,
     progress_bar,
     result_head,
+    unmeasured,
     visible_devices,
     write_outputs,
 )
@@ -214,7 +216,7 @@ def _run_all(result: dict, opts: dict, devices: list[str], deadline: float | Non
         if opts["target"] == "device" and n > len(devices):
             runs.append(_not_run(bench, n, f"{len(devices)} GPU(s) visible"))
         elif limit < MIN_LIMIT_S[bench]:
-            runs.append(_not_run(bench, n, "--time-limit reached"))
+            runs.append(_not_run(bench, n, TIME_LIMIT_REACHED))
         else:
             runs.append(_one_run(bench, n, opts, devices, limit))
             if runs[-1]["status"] == "interrupted":
@@ -414,10 +416,6 @@ def scale(
     print_result(result)
     if result.get("interrupted"):  # as the other benches and a shell say Ctrl-C: 130
         raise SystemExit(130)
-    failed = [
-        f"{r['bench']} on {r['gpus']}"
-        for r in result["runs"]
-        if r["status"] != "ok" and not r["note"].endswith("visible")
-    ]
+    failed = [f"{r['bench']} on {r['gpus']}" for r in unmeasured(result["runs"])]
     if failed:
         raise SystemExit(f"not every run finished: {', '.join(failed)}; see the table")

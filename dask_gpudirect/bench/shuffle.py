@@ -55,6 +55,7 @@ from ..shuffle import engines
 from .common import (
     GIB,
     TARGET_OPTION,
+    TIME_LIMIT_REACHED,
     cluster_options,
     counts_option,
     dask_shuffle_method,
@@ -482,7 +483,7 @@ def _run(result: dict, opts: dict, target: str, into: dict) -> None:
         )
         for method in methods:
             if deadline is not None and deadline - time.monotonic() < MIN_BUDGET_S:
-                add(_record(method, "not run", note="--time-limit reached"))
+                add(_record(method, "not run", note=TIME_LIMIT_REACHED))
                 continue
             try:
                 rec, timed_out = _one_method(client, method, inputs, addresses, opts, budget, into)
@@ -530,7 +531,7 @@ def _one_method(
         into["data"] = inputs.make()
         _log(f"{inputs.data}: {inputs.nbytes / 1e9:.3f} GB")
     if budget() < min(MIN_BUDGET_S, opts["method_timeout"]):  # making the input took it
-        return _record(method, "not run", note="--time-limit reached"), False
+        return _record(method, "not run", note=TIME_LIMIT_REACHED), False
     _log(f"measuring {method}: budget {budget():.0f} s")
     run = _shuffle_run(client, inputs, method, opts["ignore_index"], opts["keep_order"])
     after = partial(wait_released, client, inputs.held)
