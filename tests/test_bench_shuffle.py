@@ -570,6 +570,31 @@ def test_a_sweeps_growth_is_over_the_fewest_partitions_or_not_shown():
         assert rows[n].endswith("GB/s, - |"), md  # no growth over a count that did not run
 
 
+def test_a_small_growth_is_not_shown_as_zero():
+    """A time 0.04 of the fewest partitions' was shown as "0.0x" in the sweep's growth column;
+    every report's ratios are written by one helper."""
+    from dask_gpudirect.bench.scale_report import table
+    from dask_gpudirect.bench.tables import ratio_text
+
+    assert [ratio_text(v) for v in (0.04, 0.004, 1.0, 3.14159)] == [
+        "0.04x",
+        "0.004x",
+        "1.00x",
+        "3.14x",
+    ]
+    records = [_ok("gpudirect", 100.0, 8), _ok("gpudirect", 4.0, 64)]
+    result = {"records": records, "target": "host", "options": {}, "device": "CPU"}
+    md = markdown(result | {"checks": checks_of(records, "host", 2), "date": "-", "command": "-"})
+    (row,) = [line for line in md.splitlines() if line.startswith("| 64 |")]
+    assert row.endswith("GB/s, 0.04x |"), md
+    # bench scale's "dg vs faster Dask shuffle" column: 0.004 was "0.00x"
+    figures = {"ratio": 0.004, "ratio_baseline": "tasks"}
+    figures |= {k: None for k in ("dg", "raw", "tasks", "p2p")}
+    row = {"gpus": 2, "shuffle": {"status": "ok", "note": "", "figures": figures}}
+    cells, _ = table({"rows": [row]})
+    assert cells[0][-1] == "0.004x tasks", cells
+
+
 @pytest.mark.parametrize("status", ["not run", "error"])
 def test_no_verdict_on_the_faster_of_dasks_shuffles_where_one_did_not_run(status):
     """dg against "the faster of Dask's shuffles" passed on the task shuffle alone where P2P

@@ -11,12 +11,12 @@ from functools import partial
 
 from .tables import (
     between_runs_note,
-    figure_text,
     footnote,
     judge,
     judged_text,
     markdown_table,
     print_table,
+    ratio_text,
 )
 
 #: The methods, in table order.
@@ -309,9 +309,7 @@ def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
         cells = [f"{seconds[m]:.3f}" if m in seconds else "-" for m in methods]
         if ratio:
             both = "gpudirect" in seconds and "polars" in seconds
-            cells.append(
-                f"{figure_text(seconds['polars'] / seconds['gpudirect'])}x" if both else "-"
-            )
+            cells.append(ratio_text(seconds["polars"] / seconds["gpudirect"]) if both else "-")
         groups = distinct_keys(result, query)
         rows.append((query, "?" if groups is None else str(groups), *cells))
     return header, rows

@@ -6,7 +6,7 @@ anything; every figure here is one a child run measured.
 
 from __future__ import annotations
 
-from .tables import figure_text, footnote, markdown_table, print_table
+from .tables import figure_text, footnote, markdown_table, print_table, ratio_text
 
 
 def count_text(n: int, opts: dict) -> str:
@@ -118,7 +118,7 @@ def table(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
         return f"{cell['status']} [{footnote(notes, cell['note'] or 'no reason given')}]"
 
     def ratio(value: float | None, suffix: str = "") -> str:
-        return f"{value:.2f}x{suffix}" if value is not None else "-"
+        return f"{ratio_text(value)}{suffix}" if value is not None else "-"
 
     cells = []
     for row in result["rows"]:

@@ -14,6 +14,7 @@ from .tables import (
     judged_text,
     markdown_table,
     print_table,
+    ratio_text,
 )
 
 #: The methods, in table order.
@@ -354,7 +355,7 @@ def _scaling_rows(
             fewest = by.get((m, counts[0]))
             growth = "-"
             if fewest is not None and fewest["status"] == "ok":
-                growth = f"{rec['seconds'] / fewest['seconds']:.1f}x"
+                growth = ratio_text(rec["seconds"] / fewest["seconds"])
             cell = f"{rec['seconds']:.2f} s, {figure_text(rec['gbps_per_gpu'])} GB/s, {growth}"
             if rec.get("stopped"):
                 cell += f" [{footnote(notes, rec['stopped'])}]"

@@ -16,6 +16,11 @@ def figure_text(value: float) -> str:
     return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
 
 
+def ratio_text(value: float) -> str:
+    """A ratio with its ``x``, as :func:`figure_text` writes it: a small one is never "0.0x"."""
+    return f"{figure_text(value)}x"
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """Lines of a Markdown table (``|`` in cells escaped)."""
     lines = [
