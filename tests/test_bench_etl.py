@@ -261,6 +261,28 @@ def test_checks_catch_a_wrong_result_and_judge_the_gpu_target():
     assert one_gpu[1]["target"] is None and one_gpu[1]["result"] == "-"
 
 
+def test_a_figure_of_one_cold_run_is_set_against_first_runs():
+    """cudf-polars' cold run alone against dg's warm median judged dg's speed-up on a first
+    run's one-off costs; where either has no warm run, both first runs are compared."""
+    from dask_gpudirect.bench.etl_report import markdown
+    from dask_gpudirect.bench.timing import _summarise
+
+    good = {"groups": 10, "z": 500, "kz": 7000, "x": 1.5}
+    result = _result({"gpudirect": good, "polars": good}, 500, {})
+    for query in result["queries"]:
+        dg = _summarise("gpudirect", [{"seconds": s} for s in (4.0, 1.0, 1.0)], 10**9, 2, "", "")
+        polars = _summarise("polars", [{"seconds": 2.0}], 10**9, 2, "", "")
+        result["records"] += [{**dg, "query": query}, {**polars, "query": query}]
+    checks = {c["check"]: c for c in checks_of(result, "device", 2)}
+    speedup = checks["2^4 keys: dg's speed-up over cudf-polars DaskEngine"]
+    assert (speedup["ratio"], speedup["result"]) == (0.5, "miss"), speedup  # was 2.0, pass
+    assert speedup["cold"]
+    result |= {"checks": list(checks.values()), "target": "device", "options": {}}
+    md = markdown(result | {"device": "GPU", "date": "-", "command": "-"})
+    assert "speed-up over cudf-polars DaskEngine | 0.50x (first runs) | >= 1.00x | miss |" in md
+    assert "| 2^4 keys | 10 | 1.000 | 2.000 | 0.50x (first runs) |" in md, md
+
+
 def test_a_result_written_before_the_key_sweep_is_still_judged_and_written():
     """Results committed before ``--keys`` took a sweep name no queries: their group-by by a key
     of many repeats was ``many-keys``, and they still render, with no sweep table."""

@@ -595,6 +595,37 @@ def test_a_small_growth_is_not_shown_as_zero():
     assert cells[0][-1] == "0.004x tasks", cells
 
 
+def test_a_figure_of_one_cold_run_is_set_against_first_runs():
+    """Task shuffle's cold run alone (its budget took one run) against dg's warm median passed
+    dg's target on a first run's one-off costs: 5x where the first runs say 0.5x. Where either
+    has no warm run, both first runs are compared, and the ratio says so; the sweep's growth
+    too."""
+    dg = _summarise("gpudirect", [{"seconds": s} for s in (1.0, 0.1, 0.1)], 10**9, 2, "", "")
+    tasks = _summarise("tasks", [{"seconds": 0.5}], 10**9, 2, "", "")
+    (check,) = checks_of([dg, tasks], "device", 2)
+    assert check["ratio"] == pytest.approx(0.5) and check["result"] == "miss", check
+    result = {"records": [dg, tasks], "target": "device", "options": {}, "checks": [check]}
+    md = markdown(result | {"device": "GPU", "gpus": 2, "date": "-", "command": "-"})
+    assert "| faster of Dask's shuffles (tasks) | 0.50x (first runs) | >= 3.00x | miss |" in md
+    (warm,) = checks_of([dg, _ok("tasks", 0.5)], "device", 2)  # both warm: the medians
+    assert warm["ratio"] == pytest.approx(5.0) and "cold" not in warm
+    sweep = [{**dg, "partitions": 8}, {**tasks, "key": "gpudirect", "partitions": 64}]
+    (growth,) = checks_of(sweep, "host", 2)
+    assert growth["ratio"] == pytest.approx(0.5) and growth["cold"], growth
+    md = markdown(
+        {
+            "records": sweep,
+            "target": "host",
+            "options": {},
+            "checks": [growth],
+            "device": "CPU",
+            "date": "-",
+            "command": "-",
+        }
+    )
+    assert "GB/s, 0.50x (first runs) [1] |" in md, md
+
+
 @pytest.mark.parametrize("status", ["not run", "error"])
 def test_no_verdict_on_the_faster_of_dasks_shuffles_where_one_did_not_run(status):
     """dg against "the faster of Dask's shuffles" passed on the task shuffle alone where P2P

@@ -11,9 +11,10 @@ from functools import partial
 
 from .tables import (
     between_runs_note,
+    check_ratio_text,
+    comparable,
     footnote,
     judge,
-    judged_text,
     markdown_table,
     print_table,
     ratio_text,
@@ -175,9 +176,10 @@ def _speedups(
         other = by.get(base)
         if dg is None or other is None:
             continue
-        ratio = None
+        ratio, cold = None, False
         if dg["status"] == other["status"] == "ok":
-            ratio = other["seconds"] / dg["seconds"]
+            field, cold = comparable("seconds", dg, other)
+            ratio = other[field] / dg[field]
         name = "Dask's read_parquet" if query == SCAN and base == "tasks" else NAMES[base]
         out.append(
             {
@@ -187,6 +189,7 @@ def _speedups(
                 "ratio": ratio,
                 "target": goal,
                 "result": judge(ratio, goal) if right(engine, base) else "wrong result",
+                **({"cold": True} if cold else {}),
             }
         )
     return out
@@ -309,7 +312,11 @@ def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
         cells = [f"{seconds[m]:.3f}" if m in seconds else "-" for m in methods]
         if ratio:
             both = "gpudirect" in seconds and "polars" in seconds
-            cells.append(ratio_text(seconds["polars"] / seconds["gpudirect"]) if both else "-")
+            if both:
+                field, cold = comparable("seconds", by["polars"], by["gpudirect"])
+                cells.append(ratio_text(by["polars"][field] / by["gpudirect"][field], cold))
+            else:
+                cells.append("-")
         groups = distinct_keys(result, query)
         rows.append((query, "?" if groups is None else str(groups), *cells))
     return header, rows
@@ -318,7 +325,7 @@ def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
 def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
-        ratio = f"{judged_text(c['ratio'], c['target'])}x" if c["ratio"] is not None else "-"
+        ratio = check_ratio_text(c)
         want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
         rows.append((c["check"], ratio, want, c["result"]))
     return rows

@@ -6,7 +6,7 @@ judged and rendered again without measuring anything.
 
 from __future__ import annotations
 
-from .tables import footnote, judge, judged_text, markdown_table, print_table
+from .tables import check_ratio_text, footnote, judge, markdown_table, print_table
 
 LABELS = {
     "h2d-pinned": {"device": "pinned host->device copy (ceiling)"},
@@ -128,9 +128,7 @@ def _rows(result: dict) -> tuple[list[tuple[str, ...]], list[str]]:
                 rows.append((*head, "", "", ""))
                 continue
             base = SHORT.get(c["baseline"], {}).get(target, c["baseline"])
-            ratio = "-"
-            if c["ratio"] is not None:
-                ratio = f"{judged_text(c['ratio'], c['target'])}x {base}"
+            ratio = "-" if c["ratio"] is None else f"{check_ratio_text(c)} {base}"
             want = f">= {c['target']:.2f}x" if c["target"] is not None else "-"
             rows.append((*head, ratio, want, c["result"]))
     return rows, [f"[{i + 1}] {n}" for i, n in enumerate(notes)]

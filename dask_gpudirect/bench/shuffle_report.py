@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from .tables import (
     between_runs_note,
+    check_ratio_text,
+    comparable,
     figure_text,
     footnote,
     judge,
-    judged_text,
     markdown_table,
     print_table,
     ratio_text,
@@ -97,9 +98,10 @@ def _scaling_checks(records: list[dict], target: str, workers: int, data: str) -
         if not dg:
             continue
         fewest, most = dg.get(counts[0]), dg.get(counts[-1])
-        ratio = None
+        ratio, cold = None, False
         if fewest and most and fewest["status"] == most["status"] == "ok":
-            ratio = most["seconds"] / fewest["seconds"]
+            field, cold = comparable("seconds", fewest, most)
+            ratio = most[field] / fewest[field]
         want = SCALING_BOUND[target] if exchanging else None
         out.append(
             {
@@ -111,6 +113,7 @@ def _scaling_checks(records: list[dict], target: str, workers: int, data: str) -
                 "target": want,
                 "at_most": True,
                 "result": judge(ratio, want, at_most=True),
+                **({"cold": True} if cold else {}),
             }
         )
         at_256 = dg.get(256)
@@ -144,7 +147,8 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
     ran = [r for r in dask if r["status"] == "ok"]
     pairs: list[tuple[str, dict, float | None]] = []
     if dask:
-        base = max(ran, key=lambda r: r["gbps_per_gpu"]) if ran else dask[0]
+        faster = comparable("gbps_per_gpu", *ran)[0]
+        base = max(ran, key=lambda r: r[faster]) if ran else dask[0]
         pairs.append(("faster of Dask's shuffles", base, TARGET_VS_DASK))
     # the faster of Dask's shuffles is not known where one of them failed or was left out
     # (one that timed out took longer than its budget): its ratio is shown, not judged
@@ -157,9 +161,10 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
         pairs.append(("Dask's df.shuffle on dg's exchange", by["dask-gpudirect"], None))
     for name, base, factor in pairs:
         want = factor if target == "device" and workers > 1 and factor else None
-        ratio = None
+        ratio, cold = None, False
         if dg["status"] == "ok" and base["status"] == "ok":
-            ratio = dg["gbps_per_gpu"] / base["gbps_per_gpu"]
+            field, cold = comparable("gbps_per_gpu", dg, base)
+            ratio = dg[field] / base[field]
         verdict = judge(ratio, want)
         if name == "faster of Dask's shuffles" and unknown and want is not None:
             verdict = "not run"
@@ -171,6 +176,7 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
                 "ratio": ratio,
                 "target": want,
                 "result": verdict,
+                **({"cold": True} if cold else {}),
             }
         )
     return out
@@ -251,9 +257,7 @@ def _check_rows(result: dict) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for c in result["checks"]:
         unit = "" if c.get("absolute") else "x"
-        ratio = "-"
-        if c["ratio"] is not None:
-            ratio = f"{judged_text(c['ratio'], c['target'], c.get('at_most', False))}{unit}"
+        ratio = check_ratio_text(c, unit)
         bound = "<=" if c.get("at_most") else ">="
         want = f"{bound} {c['target']:.2f}{unit}" if c["target"] is not None else "-"
         plain = c.get("at_most") or c.get("absolute")
@@ -355,7 +359,8 @@ def _scaling_rows(
             fewest = by.get((m, counts[0]))
             growth = "-"
             if fewest is not None and fewest["status"] == "ok":
-                growth = ratio_text(rec["seconds"] / fewest["seconds"])
+                field, cold = comparable("seconds", rec, fewest)
+                growth = ratio_text(rec[field] / fewest[field], cold)
             cell = f"{rec['seconds']:.2f} s, {figure_text(rec['gbps_per_gpu'])} GB/s, {growth}"
             if rec.get("stopped"):
                 cell += f" [{footnote(notes, rec['stopped'])}]"

@@ -16,9 +16,33 @@ def figure_text(value: float) -> str:
     return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
 
 
-def ratio_text(value: float) -> str:
-    """A ratio with its ``x``, as :func:`figure_text` writes it: a small one is never "0.0x"."""
-    return f"{figure_text(value)}x"
+#: What a ratio of first (cold) runs says after it (:func:`comparable`).
+FIRST_RUNS = " (first runs)"
+
+
+def ratio_text(value: float, cold: bool = False) -> str:
+    """A ratio with its ``x``, as :func:`figure_text` writes it: a small one is never "0.0x";
+    ``cold``: of first runs (:func:`comparable`), which it says."""
+    return f"{figure_text(value)}x" + (FIRST_RUNS if cold else "")
+
+
+def comparable(field: str, *records: dict) -> tuple[str, bool]:
+    """Which figure of ``records`` (timed runs' records) to set against each other, like for
+    like: ``field``, the median of their warm runs, or ``first_<field>``, their first (cold)
+    runs, where any of them has no warm run (a budget, Ctrl-C or ``--repeat 0``): a cold run
+    pays once for what warm runs reuse, so a cold figure against a warm one favours the warm
+    method. And whether it is the first runs."""
+    cold = any(r.get("warm_runs", 1) == 0 for r in records)  # results before it: warm
+    return (f"first_{field}" if cold else field), cold
+
+
+def check_ratio_text(check: dict, unit: str = "x") -> str:
+    """A check's ratio as :func:`judged_text` writes it, with ``unit``, and where it is of first
+    runs, that it is; ``-`` where there is none."""
+    if check["ratio"] is None:
+        return "-"
+    text = judged_text(check["ratio"], check["target"], check.get("at_most", False)) + unit
+    return text + (FIRST_RUNS if check.get("cold") else "")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
