@@ -1,28 +1,26 @@
-"""A client process killed (SIGKILL: a Jupyter kernel that dies, a script killed) as its shuffle's
-stages start, before the scheduler has heard of the shuffle.
+"""A client process killed (SIGKILL: a Jupyter kernel that dies, a script killed, its machine
+gone) during its shuffle.
 
-The client submits the stages on its batched stream, then tells the scheduler of the shuffle
-(``gpudirect_shuffle_start``) on a comm of its own. Killed in between, the scheduler releases
-the stages (its client left) but cannot end the shuffle on the workers: it knows of none. The
-stages, cancelled but still running, finished the exchange and kept every output, which no one
-publishes or frees, for as long as the workers live; a start handled after the client's removal
-was watched for ever (its workers never retired by ``adapt``).
+The client tells the scheduler of its shuffle (``gpudirect-shuffle-start``) on its batched stream,
+before the stages' graphs. Told after them on a comm of its own, as it was, a client lost in
+between (after its stages had run, before its start arrived) left a shuffle the scheduler never
+knew: the workers kept every output, which no one publishes or frees, for as long as they live.
 
-The client is a real process, killed with SIGKILL once its stages run on both workers (one
-worker's receive is delayed to keep the exchange in flight). Which of the two comms the scheduler
-reads first is a race; each test makes one order happen: the start held on the scheduler until
-the client's removal is handled, or never sent (the client process holds it back).
+The client is a real process, killed with SIGKILL while its stages run on both workers (one
+worker's receive is delayed to keep the exchange in flight), or once they have finished and
+every comm of its own to the scheduler is cut (it holds back each shuffle call after the plan,
+so the stages' outputs wait unpublished).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import cloudpickle
@@ -30,7 +28,7 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, wait
+from distributed import Client, SchedulerPlugin, wait
 from util import (
     HANG_GUARD,
     RECEIVE,
@@ -59,16 +57,15 @@ CLIENT = textwrap.dedent(
     from distributed.core import PooledRPCCall
     import dask_gpudirect as dg
 
-    address, hold_start = sys.argv[1], sys.argv[2] == "hold"
-    if hold_start:  # killed before the start leaves: it never does
+    address, cut = sys.argv[1], sys.argv[2] == "cut"
+    if cut:  # its comms to the scheduler, not its stream, never deliver once the shuffle is planned
         real = PooledRPCCall.__getattr__
 
         def rpc(self, name):
-            if name != "gpudirect_shuffle_start":
+            if not name.startswith("gpudirect_shuffle_") or name == "gpudirect_shuffle_prepare":
                 return real(self, name)
 
             async def never(**msg):
-                print("STAGES", msg["shuffle_id"], flush=True)
                 await asyncio.sleep(3600)
 
             return never
@@ -183,58 +180,120 @@ def exchange_in_flight(cluster):
         cluster.run(restore_receive)
 
 
-def test_a_client_killed_before_the_scheduler_hears_of_its_shuffle(cluster, tmp_path):
-    """The start reaches the scheduler after the client's removal was handled: the shuffle ends
-    on every worker, which keeps nothing, and the scheduler does not watch it."""
-    scheduler = cluster.cluster.scheduler
-    real = scheduler.handlers["gpudirect_shuffle_start"]
-    arrived, killed, handled = threading.Event(), threading.Event(), threading.Event()
-    started: list[str] = []
+def the_shuffle(cluster, kept: str) -> str:
+    """The one shuffle whose ``kept`` (runs, built) every worker holds, once they all do."""
+    held: list[set[str]] = []
 
-    async def start_after_the_removal(**msg):
-        started.append(msg["shuffle_id"])
-        arrived.set()
-        while not killed.is_set() or msg["client"] in scheduler.clients:
-            await asyncio.sleep(0.01)
-        try:
-            return real(**msg)
-        finally:
-            handled.set()
+    def one() -> bool:
+        held[:] = [set(s[kept]) for s in cluster.run(shuffle_state).values()]
+        return len(set.union(*held)) == 1 and all(held)
 
-    scheduler.handlers["gpudirect_shuffle_start"] = start_after_the_removal
+    until(one, f"the workers never all held one shuffle's {kept}: {held}")
+    (shuffle_id,) = held[0]
+    return shuffle_id
+
+
+@contextlib.contextmanager
+def slow_calls(scheduler, seconds: float):
+    """Each shuffle call of the client's own to ``scheduler`` after the plan handled
+    ``seconds`` late (a busy network): only its stream keeps messages in order."""
+    real = dict(scheduler.handlers)
+
+    def slowed(handler):
+        async def late(**msg):
+            await asyncio.sleep(seconds)
+            result = handler(**msg)
+            return await result if inspect.isawaitable(result) else result
+
+        return late
+
+    for name, handler in real.items():
+        if name.startswith("gpudirect_shuffle_") and name != "gpudirect_shuffle_prepare":
+            scheduler.handlers[name] = slowed(handler)
     try:
-        with exchange_in_flight(cluster):
-            proc = spawn_client(cluster, tmp_path, "send")
-            try:
-                said(proc, "READY")
-                until(arrived.is_set, "the shuffle's start never reached the scheduler")
-                until(
-                    lambda: all(s["runs"] for s in cluster.run(shuffle_state).values()),
-                    "the stages never ran on both workers",
-                )
-            finally:
-                proc.kill()
-                proc.wait()
-            killed.set()
-            until(handled.is_set, "the start was never handled")
+        yield
     finally:
-        scheduler.handlers["gpudirect_shuffle_start"] = real
-    assert_left_nothing(cluster, started[0])
+        scheduler.handlers.update(real)
 
 
-def test_a_client_killed_before_it_tells_the_scheduler_of_its_shuffle(cluster, tmp_path):
-    """The client dies with its stages running and the start never sent: the stages, cancelled,
-    end the shuffle on their workers, which keep nothing."""
+def test_the_scheduler_hears_of_a_shuffle_before_its_stages(cluster):
+    """Each stage reaches the scheduler after its shuffle's start, however late the client's
+    other calls: a client lost at any point after its stages were submitted has them ended by
+    the scheduler."""
+    scheduler = cluster.cluster.scheduler
+    shuffles = scheduler.plugins["gpudirect-shuffle"]
+    stages: dict[str, bool] = {}  # stage key -> whether its shuffle was known as it arrived
+
+    class Arrivals(SchedulerPlugin):
+        def transition(self, key, start, finish, *args, **kwargs):
+            if isinstance(key, str) and key.startswith("gpudirect-shuffle-"):
+                shuffle_id = key.removeprefix("gpudirect-shuffle-").rsplit("-", 1)[0]
+                stages.setdefault(key, shuffle_id in shuffles.active)  # its first transition
+
+    scheduler.add_plugin(Arrivals(), name="arrivals")
+    try:
+        pdf = pd.DataFrame({"k": np.arange(400) % 31, "v": np.arange(400.0)})
+        df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
+        wait(df)
+        with slow_calls(scheduler, seconds=0.5):
+            out = dg.shuffle(df, "k", client=cluster)
+        assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
+    finally:
+        scheduler.remove_plugin(name="arrivals")
+    assert stages and all(stages.values()), stages
+
+
+def test_a_client_killed_while_its_stages_run(cluster, tmp_path):
+    """The client dies with its stages exchanging: the shuffle ends on every worker, which
+    keeps nothing, and the scheduler does not watch it."""
     with exchange_in_flight(cluster):
-        proc = spawn_client(cluster, tmp_path, "hold")
+        proc = spawn_client(cluster, tmp_path, "send")
         try:
             said(proc, "READY")
-            shuffle_id = said(proc, "STAGES")
-            until(
-                lambda: all(shuffle_id in s["runs"] for s in cluster.run(shuffle_state).values()),
-                "the stages never ran on both workers",
-            )
+            shuffle_id = the_shuffle(cluster, "runs")
         finally:
             proc.kill()
             proc.wait()
     assert_left_nothing(cluster, shuffle_id)
+
+
+def test_a_client_lost_after_its_stages_finished(cluster, tmp_path):
+    """The client dies once its stages have finished, every call of its own to the scheduler
+    after the plan lost on the way (the start, when it was one; the publish): the workers let
+    go of the outputs they kept, which the scheduler knew nothing of when the start was lost."""
+    proc = spawn_client(cluster, tmp_path, "cut")
+    try:
+        said(proc, "READY")
+        shuffle_id = the_shuffle(cluster, "built")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert_left_nothing(cluster, shuffle_id)
+
+
+def start_of_a_closed_client(dask_scheduler, shuffle_id: str, workers: list[str]) -> bool:
+    """The start of a shuffle of a client already removed, handled (on the scheduler); whether
+    the scheduler watches it."""
+    plugin = dask_scheduler.plugins["gpudirect-shuffle"]
+    stages = {w: f"gpudirect-shuffle-{shuffle_id}-{i}" for i, w in enumerate(workers)}
+    plugin.shuffle_started(shuffle_id, "a-closed-client", workers, stages)
+    return shuffle_id in plugin.active
+
+
+def has_ended(dask_worker, shuffle_id: str) -> bool:
+    return shuffle_id in shuffle_service(dask_worker).closed
+
+
+def test_a_start_after_its_client_closed_ends_the_shuffle(cluster):
+    """A start handled after its client's removal (another thread's ``client.close()``, whose
+    close-client came first on the stream): every participant hears the shuffle end, and the
+    scheduler does not watch it (``adapt`` would never retire its workers)."""
+    workers = sorted(cluster.nthreads())
+    shuffle_id = "closedclient"
+    assert not cluster.run_on_scheduler(
+        start_of_a_closed_client, shuffle_id=shuffle_id, workers=workers
+    )
+    until(
+        lambda: all(cluster.run(has_ended, shuffle_id=shuffle_id).values()),
+        "a participant never heard the shuffle end",
+    )

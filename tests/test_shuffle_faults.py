@@ -60,7 +60,7 @@ import dask_gpudirect as dg
 from dask_gpudirect import ledger_report
 from dask_gpudirect.bench.common import held_keys, wait_released
 from dask_gpudirect.cluster import ensure_plugins
-from dask_gpudirect.shuffle.plugin import ShuffleWorkerPlugin
+from dask_gpudirect.shuffle.plugin import START, ShuffleWorkerPlugin
 from dask_gpudirect.shuffle.plugin import service as shuffle_service
 
 # The worker-side helpers below travel to the worker processes by value.
@@ -730,21 +730,26 @@ def test_an_interrupted_call_ends_the_shuffle_on_the_workers(cluster, tmp_path):
 
 
 @contextlib.contextmanager
-def scheduler_handler(client, name: str, handler):
-    """The scheduler's (in this process) handler ``name`` replaced by ``handler(real, **msg)``,
-    and Python's own Ctrl-C handler in place (an earlier test may have left another)."""
+def scheduler_handler(client, name: str, handler, stream: bool = False):
+    """The scheduler's (in this process) handler ``name`` (of its comms, or with ``stream`` of
+    its streams) replaced by ``handler(real, **msg)``, and Python's own Ctrl-C handler in place
+    (an earlier test may have left another)."""
     scheduler = client.cluster.scheduler
-    real = scheduler.handlers[name]
+    handlers = scheduler.stream_handlers if stream else scheduler.handlers
+    real = handlers[name]
 
     def replaced(**msg):  # a coroutine where handler is one: the scheduler awaits it
         return handler(real, **msg)
 
-    scheduler.handlers[name] = replaced
+    async def awaited(**msg):  # a stream awaits only a coroutine function
+        return await handler(real, **msg)
+
+    handlers[name] = awaited if asyncio.iscoroutinefunction(handler) else replaced
     sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield scheduler
     finally:
-        scheduler.handlers[name] = real
+        handlers[name] = real
         signal.signal(signal.SIGINT, sigint)
 
 
@@ -754,9 +759,10 @@ def ctrl_c() -> None:
 
 
 def test_an_interrupt_as_the_stages_start_ends_them(cluster):
-    """Ctrl-C while the stages are submitted, the scheduler told of them only after the
-    caller's end: every participant hears the shuffle end and keeps no output (the call left
-    before its ``try``, and the stages ran on and kept outputs that nothing published)."""
+    """Ctrl-C while the stages are submitted, the caller's end (a call of its own) handled
+    before the start (on the client's stream, the stages behind it): every participant hears
+    the shuffle end and keeps no output (the call left before its ``try``, and the stages ran
+    on and kept outputs that nothing published)."""
     pdf = frame(2000, keys=97, seed=16)
     df = cluster.persist(dd.from_pandas(pdf, npartitions=4))
     wait(df)
@@ -771,7 +777,7 @@ def test_an_interrupt_as_the_stages_start_ends_them(cluster):
             await asyncio.sleep(0.01)
         return real(shuffle_id=shuffle_id, **msg)
 
-    with scheduler_handler(cluster, "gpudirect_shuffle_start", start_after_the_end):
+    with scheduler_handler(cluster, START, start_after_the_end, stream=True):
         with pytest.raises(KeyboardInterrupt):
             dg.shuffle(df, "k", client=cluster)
     deadline = time.monotonic() + HANG_GUARD

@@ -40,7 +40,7 @@ from ..progress import ShuffleProgress
 from ..targets import TargetName
 from . import settings
 from .engines import holds
-from .plugin import service
+from .plugin import START, service
 from .split import Splitter
 from .worker import Exchange
 
@@ -268,7 +268,10 @@ def _start(
     nbytes: dict[Key, int],
 ) -> dict[str, Future]:
     """A stage task on each participant, pinned there, and the scheduler plugin told to watch
-    them.
+    them first: its start goes on the client's stream ahead of the stages' graphs (their keys
+    are known before they are submitted), so the scheduler knows the shuffle before any stage
+    runs, and ends it should the client be lost at any point after
+    (:meth:`.ShuffleSchedulerPlugin.shuffle_started`).
 
     The stages come before any other task waiting on their workers (``priority``): a stage
     secedes at once and takes its inputs as they are computed, so on a worker of one thread
@@ -287,34 +290,38 @@ def _start(
     # the caller's dask.annotate, less what a stage must not take
     kept = {k: v for k, v in dask.get_annotations().items() if k not in NOT_FOR_STAGES}
 
+    keys = {w: f"gpudirect-shuffle-{plan.id}-{i}" for i, w in enumerate(sorted(on_worker))}
+
     def submit_stages() -> dict[str, Future]:
         stages = {}
         with dask.annotate(**kept):
-            for i, (w, parts) in enumerate(sorted(on_worker.items())):
-                key = f"gpudirect-shuffle-{plan.id}-{i}"
+            for w, parts in sorted(on_worker.items()):
                 inputs = {n: (f.key, nbytes[f.key]) for n, f in parts.items()}
                 stages[w] = client.submit(
                     _stage,
                     plan,
-                    _Inputs(inputs, key),
+                    _Inputs(inputs, keys[w]),
                     workers=[w],
                     allow_other_workers=False,
                     pure=False,
-                    key=key,
+                    key=keys[w],
                     priority=STAGE_PRIORITY,
                 )
         return stages
 
     async def submit() -> dict[str, Future]:
-        # in a context of its own: the caller's annotations (a ContextVar) replaced by ``kept``
-        stages = contextvars.Context().run(submit_stages)
-        await client.scheduler.gpudirect_shuffle_start(
-            shuffle_id=plan.id,
-            client=client.id,
-            participants=list(plan.participants),
-            stages={w: stage.key for w, stage in stages.items()},
+        # the start, then the stages' graphs, on the client's stream in that order: each is a
+        # callback queued on this loop (``Client._send_to_scheduler``), nothing awaited between
+        client._send_to_scheduler(
+            {
+                "op": START,
+                "shuffle_id": plan.id,
+                "participants": list(plan.participants),
+                "stages": keys,
+            }
         )
-        return stages
+        # in a context of its own: the caller's annotations (a ContextVar) replaced by ``kept``
+        return contextvars.Context().run(submit_stages)
 
     return client.sync(submit)
 

@@ -5,10 +5,12 @@ handlers, and ends every run (removing its spill files) when it is removed. It i
 GPUDirectPlugin, so re-registering the readers (the documented way to change their options)
 leaves a running shuffle alone.
 
-:class:`ShuffleSchedulerPlugin` knows the shuffles in flight. When a participant leaves the
-cluster (``remove_worker``) it fails the shuffle at once: the survivors' runs end with an error
-naming the lost worker, and the client's future of the lost worker's stage, which would
-otherwise wait in ``no-worker`` for a worker that never comes back, gets that error too. The
+:class:`ShuffleSchedulerPlugin` knows the shuffles in flight: the client tells it of one on its
+stream, before the stages' graphs, so a client that leaves takes its shuffles with it. When a
+participant leaves the cluster (``remove_worker``) it fails the shuffle at once: the survivors'
+runs end with an error naming the lost worker, and the client's future of the lost worker's
+stage, which would otherwise wait in ``no-worker`` for a worker that never comes back, gets that
+error too. The
 client also asks it to abort a shuffle (messages on the scheduler's streams, which never wait
 on a worker that stopped answering), to gather what a shuffle is planned by (where the inputs
 are, the holders' room), and to publish a finished shuffle's outputs: each stage reports what
@@ -41,6 +43,9 @@ logger = logging.getLogger(__name__)
 
 #: The worker's stream op that ends a run: ``shuffle_id``, ``reason``, ``secondary``.
 FAIL = "gpudirect-shuffle-fail"
+#: The client's stream op that starts a shuffle: ``shuffle_id``, ``participants``, ``stages``
+#: (worker -> its stage's key). Sent before the stages, on the same stream as their graphs.
+START = "gpudirect-shuffle-start"
 #: The worker's stream op that says whether the scheduler kept the outputs it reported:
 #: ``shuffle_id``, ``kept``.
 PUBLISHED = "gpudirect-shuffle-published"
@@ -171,7 +176,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
-        scheduler.handlers["gpudirect_shuffle_start"] = self.shuffle_started
+        scheduler.stream_handlers[START] = self.shuffle_started
         scheduler.handlers["gpudirect_shuffle_end"] = self.shuffle_ended
         scheduler.handlers["gpudirect_shuffle_op_id"] = self.reserve_op_id
         scheduler.handlers["gpudirect_shuffle_publish"] = self.publish
@@ -273,16 +278,22 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
     def shuffle_started(
         self, shuffle_id: str, client: str, participants: list[str], stages: dict[str, str]
     ) -> None:
-        """Watch a shuffle whose stages were just submitted; one with a participant already gone
-        fails at once, as if it had left during it. One that ended before it started (its
-        caller interrupted while the stages were submitted) ends on every participant."""
+        """Watch a shuffle whose stages ``client`` is about to submit: its message on the
+        client's stream comes before their graphs, so a client lost at any point after (its
+        process killed, its network gone) has the shuffle ended by ``remove_client``; told
+        after the stages, on a comm of its own, the scheduler never heard of a shuffle whose
+        client was lost in between, and the workers kept its outputs for ever. There is no
+        reply: a participant already gone fails the shuffle at once, as if it had left during
+        it (the client hears it as its stage's error). One that ended before it started (its
+        caller interrupted while the stages were submitted: the end is a comm of its own) ends
+        on every participant."""
         shuffle = _Active(client, set(participants), stages)
         if shuffle_id in self.ended:
             self._tell(shuffle, shuffle_id, "the caller's call ended before it started", True)
             return
         if client not in self.scheduler.clients:
-            # its client left (killed, closed) before this reached us, on a comm of its own:
-            # ``remove_client`` found nothing to end, and nothing else will end it
+            # its client closed (another thread's ``client.close()``: its close-client came
+            # first on the stream): ``remove_client`` found nothing to end
             self._forget(shuffle_id)
             reason = f"client {client} left the cluster before shuffle {shuffle_id} started"
             self._tell(shuffle, shuffle_id, reason, True)
@@ -303,8 +314,8 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         return free
 
     def built(self, worker: str, shuffle_id: str, keys: list[Key], nbytes: list[int]) -> None:
-        """A stage's report of the outputs its worker keeps (:meth:`.ShuffleService.report_built`),
-        which may come before the client's start of the shuffle: it is on another comm."""
+        """A stage's report of the outputs its worker keeps (:meth:`.ShuffleService.report_built`);
+        one of a shuffle that ended (aborted, its client lost) is not kept."""
         if shuffle_id not in self.ended:
             self.reports.setdefault(shuffle_id, {})[worker] = dict(zip(keys, nbytes, strict=True))
 
