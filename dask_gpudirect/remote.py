@@ -395,7 +395,7 @@ class Object:
         """Whether the version is only a Last-Modified time (an HTTP server without ETags),
         which a rewrite within its second keeps, or a weak ETag (``W/"..."``), which a server
         may keep for other bytes (Apache's, for a file modified within the second)."""
-        return self.version.startswith((_LAST_MODIFIED, "W/"))
+        return weak(self.version)
 
     def pread(self, length: int, offset: int) -> bytes:
         """Up to ``length`` bytes at ``offset`` (fewer only at the end of the object)."""
@@ -451,6 +451,12 @@ def _opened(path: str, store: Store) -> Object:
 
 
 _LAST_MODIFIED = "Last-Modified "
+
+
+def weak(version: str | None) -> bool:
+    """Whether a remote object's ``version`` (:attr:`Object.version`, a stamp's) is a weak
+    one: a Last-Modified second or a weak ETag, which other bytes may keep."""
+    return version is not None and version.startswith((_LAST_MODIFIED, "W/"))
 
 
 def _version(headers: email.message.Message) -> str:

@@ -168,14 +168,15 @@ class Target:
     def _read_remote(self, shard: Shard) -> tuple[Any, int]:
         """A remote shard's buffer and the bytes read into it (targets of REMOTE_ROUTES): the
         object's size and version checked against the stamp before (on the open) and after
-        (a fresh request), and where the version is only a Last-Modified second, the bytes
-        planned from as well."""
+        (a fresh request), and where the version is weak, as planned or now (a Last-Modified
+        second, a weak ETag, which the weak comparison finds equal to its strong one), the
+        bytes planned from as well."""
         with remote.opened(shard.path, shard.store) as obj:
             assert isinstance(obj, remote.Object) and shard.stamp is not None
             stamps.check_version(shard.stamp, shard.path, obj.size, obj.version)
             read = self._read_object(shard, obj)
             stamps.check_version(shard.stamp, shard.path, *obj.head())
-            if obj.weak_version:
+            if obj.weak_version or remote.weak(shard.stamp.version):
                 stamps.check_probe(shard.stamp, obj)
         return read
 
