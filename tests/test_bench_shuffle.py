@@ -626,6 +626,20 @@ def test_a_figure_of_one_cold_run_is_set_against_first_runs():
     assert "GB/s, 0.50x (first runs) [1] |" in md, md
 
 
+def test_the_faster_of_dasks_shuffles_is_chosen_by_the_figures_the_ratio_sets():
+    """Where dg has its first (cold) run only, its ratio is of first runs; the faster of Dask's
+    shuffles was chosen by their warm medians, though, so the ratio was over the one slower by
+    first runs: 4x, pass, where the faster first run (P2P's) says 2x, miss."""
+    dg = _summarise("gpudirect", [{"seconds": 1.0}], 10**9, 2, "", "")
+    tasks = _summarise("tasks", [{"seconds": s} for s in (4.0, 1.0, 1.0)], 10**9, 2, "", "")
+    p2p = _summarise("p2p", [{"seconds": s} for s in (2.0, 1.5, 1.5)], 10**9, 2, "", "")
+    (check,) = checks_of([dg, tasks, p2p], "device", 2)
+    assert check["baseline"] == "p2p" and check["cold"], check
+    assert check["ratio"] == pytest.approx(2.0) and check["result"] == "miss", check
+    (warm,) = checks_of([_ok("gpudirect", 0.25), tasks, p2p], "device", 2)  # all warm: medians
+    assert warm["baseline"] == "tasks" and warm["ratio"] == pytest.approx(4.0), warm
+
+
 @pytest.mark.parametrize("status", ["not run", "error"])
 def test_no_verdict_on_the_faster_of_dasks_shuffles_where_one_did_not_run(status):
     """dg against "the faster of Dask's shuffles" passed on the task shuffle alone where P2P
