@@ -384,13 +384,16 @@ def test_binary_files_disagree(tcp, tmp_path):
 @pytest.mark.parametrize("stray", ["SUMS.txt", "zz.raw"], ids=["raw first", "raw last"])
 def test_a_raw_file_among_npy_files(tcp, tmp_path, stray):
     """A file of no .npy header in a folder of .npy files is not read as records, even where
-    ``dtype=`` (for .npy files, a check of their headers) would let it: it is named."""
+    ``dtype=`` (for .npy files, a check of their headers) would let it: it is named. Without
+    ``dtype=``, the error does not stop at "pass dtype=", which only led to the refusal above."""
     folder = tmp_path / "arrays"
     folder.mkdir()
     np.save(folder / "part0.npy", np.arange(4, dtype="f4"))
     (folder / stray).write_bytes(b"ok: 2 parts\n")  # 12 bytes: three float32 records
     with raises_naming(folder / stray, "raw file", "part0.npy", "one read takes one kind"):
         dg.read_binary(folder, dtype="f4", client=tcp)
+    with raises_naming(folder / stray, "pass dtype=", "one read takes .npy files or raw ones"):
+        dg.read_binary(folder, client=tcp)
 
 
 # --- options that cannot apply --------------------------------------------------------------

@@ -184,7 +184,11 @@ def _layout(
             stamp = stamps.take(f, (0, len(header)), header)
         else:
             if dtype is None:
-                raise InputError(path, "raw binary file: pass dtype= (and shape= for each record)")
+                raise InputError(
+                    path,
+                    "raw binary file (no .npy header): pass dtype= (and shape= for each "
+                    "record) to read raw files; one read takes .npy files or raw ones, not both",
+                )
             fixed = fixed_dtype(dtype, path)
             # a subarray dtype (("f4", (3, 4))) adds its shape to each record's, as NumPy's
             record_shape = (*(shape or ()), *fixed.shape)
