@@ -83,6 +83,30 @@ CLIENT = textwrap.dedent(
 )
 
 
+#: A client that reserves a RapidsMPF op id for a shuffle, then hangs as the engine's
+#: communicator starts (seconds, on the first such shuffle; stood in for: RapidsMPF runs on GPU
+#: workers only), its start not yet sent.
+RESERVING_CLIENT = textwrap.dedent(
+    """
+    import sys, time
+    from distributed import Client
+    from dask_gpudirect.shuffle import coordinator, rapidsmpf_engine
+    from dask_gpudirect.shuffle.worker import Exchange
+
+    def starting(client, participants, known):
+        print("RESERVED", plan.id, flush=True)
+        time.sleep(3600)
+
+    rapidsmpf_engine.op_id_limit = lambda: 8
+    rapidsmpf_engine.ensure_ranks = starting
+    client = Client(sys.argv[1])
+    workers = tuple(sorted(client.nthreads()))
+    plan = Exchange("reservedlost", workers, workers, None, "host", ("a", "b"), 1, "rapidsmpf")
+    coordinator._on_rapidsmpf(client, plan, {})
+    """
+)
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """Two one-thread tcp workers (the scheduler in this process), made current."""
@@ -113,9 +137,9 @@ def shuffle_state(dask_worker) -> dict:
     }
 
 
-def spawn_client(cluster, tmp_path, mode: str) -> subprocess.Popen:
+def spawn_client(cluster, tmp_path, mode: str, code: str = CLIENT) -> subprocess.Popen:
     script = tmp_path / "client.py"
-    script.write_text(CLIENT)
+    script.write_text(code)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         [sys.executable, "-u", str(script), cluster.scheduler.address, mode],
@@ -296,4 +320,23 @@ def test_a_start_after_its_client_closed_ends_the_shuffle(cluster):
     until(
         lambda: all(cluster.run(has_ended, shuffle_id=shuffle_id).values()),
         "a participant never heard the shuffle end",
+    )
+
+
+def test_a_client_killed_with_a_rapidsmpf_op_id_reserved_gives_it_back(cluster, tmp_path):
+    """The client dies after the scheduler reserved its shuffle's RapidsMPF op id, before its
+    start: the op id is free again (there are a fixed number of them: a few such clients and
+    no RapidsMPF shuffle could run until the scheduler restarted)."""
+    plugin = cluster.cluster.scheduler.plugins["gpudirect-shuffle"]
+    proc = spawn_client(cluster, tmp_path, "", RESERVING_CLIENT)
+    try:
+        shuffle_id = said(proc, "RESERVED")
+        assert shuffle_id in plugin.op_ids
+    finally:
+        proc.kill()
+        proc.wait()
+    until(
+        lambda: shuffle_id not in plugin.op_ids,
+        f"the op id is kept for ever: {plugin.op_ids}",
+        timeout=CLEANUP,
     )

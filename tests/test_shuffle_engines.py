@@ -107,7 +107,9 @@ def test_auto_prefers_rapidsmpf_only_where_it_need_not_spill():
 
 def test_rapidsmpf_op_ids_are_unique_while_in_flight_and_given_back(tcp):
     def reserve(shuffle_id: str, limit: int = 2) -> int:
-        return tcp.sync(tcp.scheduler.gpudirect_shuffle_op_id, shuffle_id=shuffle_id, limit=limit)
+        return tcp.sync(
+            tcp.scheduler.gpudirect_shuffle_op_id, shuffle_id=shuffle_id, client=tcp.id, limit=limit
+        )
 
     assert (reserve("a"), reserve("b")) == (0, 1)
     with pytest.raises(ShuffleError, match="2 RapidsMPF shuffles are in flight"):

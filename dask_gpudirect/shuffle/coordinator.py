@@ -334,7 +334,10 @@ def _on_rapidsmpf(client: Client, plan: Exchange, members: dict[str, Any]) -> Ex
     limit = op_id_limit()
     try:  # a Ctrl-C too (the communicator's start takes seconds), reserved or not yet
         op_id = client.sync(
-            client.scheduler.gpudirect_shuffle_op_id, shuffle_id=plan.id, limit=limit
+            client.scheduler.gpudirect_shuffle_op_id,
+            shuffle_id=plan.id,
+            client=client.id,
+            limit=limit,
         )
         ensure_ranks(client, plan.participants, members)
     except BaseException:

@@ -164,6 +164,9 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
     def __init__(self) -> None:
         self.active: dict[str, _Active] = {}
         self.op_ids: dict[str, int] = {}  # shuffle id -> its RapidsMPF op id, while it runs
+        # shuffle id -> the client that reserved its op id: one lost before its start gives
+        # it back (``remove_client``)
+        self.op_clients: dict[str, str] = {}
         # shuffle id -> worker -> the outputs its finished stage reported (key -> bytes), until
         # they are published; and the shuffles that ended, whose late reports are not kept
         self.reports: dict[str, dict[str, dict[Key, int]]] = {}
@@ -303,14 +306,23 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
         if gone:  # one is enough: the shuffle fails, and the client cancels every stage
             self._lost(shuffle_id, gone[0])
 
-    def reserve_op_id(self, shuffle_id: str, limit: int) -> int:
+    def reserve_op_id(self, shuffle_id: str, client: str, limit: int) -> int:
         """The lowest RapidsMPF op id (``< limit``) no shuffle in flight holds; it is the
-        shuffle's until it ends. RapidsMPF tells concurrent shuffles apart by op id alone."""
+        shuffle's until it ends, or until ``client`` leaves the cluster. RapidsMPF tells
+        concurrent shuffles apart by op id alone, and has a fixed number of them: one reserved
+        by a client lost before its start (killed as the communicator started, seconds) was
+        kept for ever, as no start, end or ``remove_client`` named it. This is a comm of the
+        client's own, which may be handled after its removal: nothing would then give the id
+        back, so none is reserved."""
+        if client not in self.scheduler.clients:
+            self._forget(shuffle_id)
+            raise ShuffleError(f"client {client} left the cluster before shuffle {shuffle_id}")
         taken = set(self.op_ids.values())
         free = next((i for i in range(limit) if i not in taken), None)
         if free is None:
             raise ShuffleError(f"{limit} RapidsMPF shuffles are in flight, its most at once")
         self.op_ids[shuffle_id] = free
+        self.op_clients[shuffle_id] = client
         return free
 
     def built(self, worker: str, shuffle_id: str, keys: list[Key], nbytes: list[int]) -> None:
@@ -392,6 +404,11 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
             if shuffle.client == client:
                 reason = f"client {client} left the cluster during shuffle {shuffle_id}"
                 self.shuffle_ended(shuffle_id, reason)
+        # an op id reserved for a shuffle not started yet (the start would come on the
+        # stream that just closed): given back, and its shuffle, should a start come, ended
+        for shuffle_id, owner in list(self.op_clients.items()):
+            if owner == client:
+                self._forget(shuffle_id)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, **kwargs: Any) -> None:
         for shuffle_id, shuffle in list(self.active.items()):
@@ -410,6 +427,7 @@ class ShuffleSchedulerPlugin(SchedulerPlugin):
     def _forget(self, shuffle_id: str) -> None:
         """Let go of what the scheduler holds for a shuffle that ended, and remember it ended."""
         self.op_ids.pop(shuffle_id, None)
+        self.op_clients.pop(shuffle_id, None)
         self.reports.pop(shuffle_id, None)
         self.ended[shuffle_id] = None
         if len(self.ended) > MAX_CLOSED:
