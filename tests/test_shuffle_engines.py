@@ -20,6 +20,7 @@ from pandas.testing import assert_frame_equal
 from util import partitions
 
 import dask_gpudirect as dg
+from dask_gpudirect.cluster import ensure_plugins
 from dask_gpudirect.errors import InputError, ShuffleError
 from dask_gpudirect.shuffle import engines
 
@@ -106,6 +107,8 @@ def test_auto_prefers_rapidsmpf_only_where_it_need_not_spill():
 
 
 def test_rapidsmpf_op_ids_are_unique_while_in_flight_and_given_back(tcp):
+    ensure_plugins(tcp, need_readers=[], readers=False)  # as a shuffle sets them up
+
     def reserve(shuffle_id: str, limit: int = 2) -> int:
         return tcp.sync(
             tcp.scheduler.gpudirect_shuffle_op_id, shuffle_id=shuffle_id, client=tcp.id, limit=limit
