@@ -307,7 +307,7 @@ def read_parquet(
     Other arguments of ``dd.read_parquet`` are refused by name, with the reason, unless given
     Dask's default (``engine=None``, ``categories=None``...: code that spells them out runs).
     """
-    compat.check_kwargs("read_parquet", kwargs)
+    compat.check_kwargs(kwargs)
     compat.check_filesystem(filesystem)
     if blocksize == "default":  # Dask's spelling of its default
         blocksize = None

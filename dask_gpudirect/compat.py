@@ -53,15 +53,15 @@ AS_DASKS_DEFAULT: dict[str, tuple] = {
 }
 
 
-def check_kwargs(function: str, kwargs: dict[str, Any]) -> None:
-    """Refuse ``kwargs``: Dask's by name with the reason (unless given their default), others
-    as Python would."""
+def check_kwargs(kwargs: dict[str, Any]) -> None:
+    """Refuse ``read_parquet``'s other ``kwargs``: Dask's by name with the reason (unless given
+    their default), others as Python would."""
     for name, value in kwargs.items():
         if _is_dasks_default(name, value):
             continue
         if name in REFUSED:
-            raise InputError(None, f"{function}(): {name}= is not supported: {REFUSED[name]}")
-        raise OptionError(f"{function}() got an unexpected keyword argument {name!r}")
+            raise InputError(None, f"read_parquet(): {name}= is not supported: {REFUSED[name]}")
+        raise OptionError(f"read_parquet() got an unexpected keyword argument {name!r}")
 
 
 def _is_dasks_default(name: str, value: Any) -> bool:

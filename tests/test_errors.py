@@ -21,7 +21,7 @@ def test_an_unknown_keyword_is_an_option_error_and_a_type_error():
         resolve_options({"thread": 4})
     assert isinstance(info.value, TypeError) and isinstance(info.value, dg.GPUDirectError)
     with pytest.raises(dg.OptionError, match="unexpected keyword argument 'colums'"):
-        compat.check_kwargs("read_parquet", {"colums": ["a"]})
+        compat.check_kwargs({"colums": ["a"]})
 
 
 @pytest.mark.parametrize(
