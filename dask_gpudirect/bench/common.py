@@ -152,6 +152,19 @@ def cluster_options(command: F) -> F:
     return command
 
 
+def resolve_target(target: str, rmm_pool_size: str | None) -> tuple[str, int]:
+    """The target a run will use (``auto`` made concrete) and the GPUs visible: a usage error
+    where that target, or an RMM pool on it, cannot run here."""
+    gpus = gpu_count()
+    if target == "auto":
+        target = "device" if gpus else "host"
+    if target == "device" and not gpus:
+        raise click.UsageError("--target device needs a GPU, and none is visible here")
+    if target == "host" and rmm_pool_size is not None:
+        raise click.UsageError("--rmm-pool-size: the host target has no RMM pool")
+    return target, gpus
+
+
 def resolve_run(
     target: str,
     methods: str,
@@ -162,13 +175,7 @@ def resolve_run(
 ) -> tuple[str, int, list[str], int, str]:
     """The target, GPU count, methods, workers and protocol a run will use, from its options:
     ``auto`` made concrete, and a usage error for what cannot run here."""
-    gpus = gpu_count()
-    if target == "auto":
-        target = "device" if gpus else "host"
-    if target == "device" and not gpus:
-        raise click.UsageError("--target device needs a GPU, and none is visible here")
-    if target == "host" and rmm_pool_size is not None:
-        raise click.UsageError("--rmm-pool-size: the host target has no RMM pool")
+    target, gpus = resolve_target(target, rmm_pool_size)
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     unknown = sorted(set(chosen) - set(known))
     if unknown or not chosen:

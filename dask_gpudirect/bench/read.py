@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..cuda import gpu_count
 from ..discovery import data_files
 from ..measure import byte_size, start_cluster, stop_cluster
 from ._baselines import can_drop_page_cache, drop_page_cache, record, warm_page_cache
@@ -63,6 +62,7 @@ from .common import (
     log,
     output_options,
     progress_bar,
+    resolve_target,
     result_head,
     stop_reason,
     unrecorded,
@@ -307,13 +307,7 @@ def read(
     With --workers N (one per GPU) all GPUs read their own shards at once, against the sum of
     their pinned copy ceilings. With --remote, over HTTP or S3 (see bench/remote_read.py).
     """
-    gpus = gpu_count()
-    if target == "auto":
-        target = "device" if gpus else "host"
-    if target == "device" and not gpus:
-        raise click.UsageError("--target device needs a GPU, and none is visible here")
-    if target == "host" and rmm_pool_size is not None:
-        raise click.UsageError("--rmm-pool-size: the host target has no RMM pool")
+    target, gpus = resolve_target(target, rmm_pool_size)
     if target == "device" and workers > gpus:
         raise click.UsageError(
             f"--workers {workers}: LocalCUDACluster has one worker per GPU, {gpus} visible"
