@@ -36,6 +36,7 @@ def dask_setup(
     gpudirect_compat_mode: str | None,
     create_cuda_context: bool,  # dask cuda worker's flag for its own preload: not ours to act on
 ) -> None:
+    """Queue a GPUDirectPlugin with the ``--gpudirect-*`` flags for the worker's start."""
     options = {
         "target": gpudirect_target,
         "threads": gpudirect_threads,
