@@ -170,7 +170,7 @@ def load(loader: str, files: list[str], target: str, client: Client) -> da.Array
     return da.concatenate(parts)
 
 
-def chunk_futures(client: Client, arr: da.Array) -> list:
+def chunk_futures(arr: da.Array) -> list:
     """The futures of a persisted array's chunks along axis 0, in order."""
     by_key = {f.key: f for f in futures_of(arr)}
     return [by_key[k] for k in dask.core.flatten(arr.__dask_keys__())]
@@ -219,7 +219,7 @@ def run(args, meta: dict, target: str, client: Client) -> dict:
         wait(raw)
     if raw.numblocks[0] != len(files):
         raise SystemExit(f"{raw.numblocks[0]} chunks for {len(files)} files: need one per file")
-    loaded = chunk_futures(client, raw)
+    loaded = chunk_futures(raw)
 
     with stage("detect"):
         name = f"ecg-beats-{uuid.uuid4().hex}"
@@ -242,7 +242,7 @@ def run(args, meta: dict, target: str, client: Client) -> dict:
         shuffled = dg.shuffle_array(
             array_of(beats, sizes, bt.COLUMNS, beat_meta), seed=args.shuffle_seed, client=client
         )
-        mixed = chunk_futures(client, shuffled)
+        mixed = chunk_futures(shuffled)
     del beats
 
     with stage("score"):
@@ -257,7 +257,7 @@ def run(args, meta: dict, target: str, client: Client) -> dict:
         labels = [np.load(os.path.join(args.data, "labels", s["file"])) for s in shards]
         evaluation = evaluate(scored, labels)
 
-    examples = pick_examples(scored, evaluation)
+    examples = pick_examples(evaluation)
     drawn = client.gather(client.map(bt.select, mixed, wanted=examples[:, :2], pure=False))
     drawn = np.concatenate(drawn) if drawn else np.zeros((0, bt.COLUMNS), np.float32)
     del mixed, shuffled
@@ -378,7 +378,7 @@ def evaluate(scored: np.ndarray, labels: list[np.ndarray]) -> dict:
     }
 
 
-def pick_examples(scored: np.ndarray, evaluation: dict) -> np.ndarray:
+def pick_examples(evaluation: dict) -> np.ndarray:
     """(shard, r, kind) of the beats the figure draws: a typical normal beat and, per abnormal
     kind, its median-scored true positive (else its median-scored labelled beat)."""
     s, truth, predicted = evaluation["_sorted"], evaluation["_truth"], evaluation["_predicted"]
