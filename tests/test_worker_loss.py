@@ -188,8 +188,9 @@ def test_a_worker_that_dies_while_it_plans_a_read_leaves_its_files_to_the_others
                 read = pool.submit(dg.read_parquet, urls, client=client)
                 for _ in urls:
                     assert gate.arrived.acquire(timeout=HANG_GUARD), read.exception()
+                victim_process = psutil.Process(pid)  # before the kill: its nanny reaps it
                 os.kill(pid, signal.SIGKILL)
-                psutil.Process(pid).wait(timeout=HANG_GUARD)  # dead before it gets its footer
+                victim_process.wait(timeout=HANG_GUARD)  # dead before it gets its footer
                 gate.opened.set()
                 df = read.result(timeout=HANG_GUARD)
         finally:
