@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import os
 import pickle
 from collections.abc import Iterable
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 import dask.array as da
 import dask.dataframe as dd
+import pyarrow as pa
 from dask.base import tokenize
 from dask.dataframe.dask_expr._collection import new_collection
 from dask.dataframe.dask_expr._expr import ArrowStringConversion
@@ -168,7 +170,32 @@ async def _plan_here(
     value) is then sent once, where Distributed's pickle of each plan apart sent it once a
     file (bytes that grew with the square of the files: 6 MB for 1,000 of 2,000)."""
     plans = await asyncio.to_thread(_plan_each, groups[dask_worker.address], planner, args)
-    return pickle.dumps(plans, protocol=pickle.HIGHEST_PROTOCOL)
+    answer = io.BytesIO()
+    _OneSchema(answer).dump(plans)
+    return answer.getvalue()
+
+
+class _OneSchema(pickle.Pickler):
+    """A pickler that writes each distinct Arrow schema once: every file's plan holds its own
+    copies of the schema the files share (two a Parquet file's), which pickle wrote and the
+    client rebuilt field by field once a file: four fifths of the bytes of an answer for 2,500
+    small files (4.4 of 5.4 MB), and most of the time to pickle and unpickle it. An equal one
+    (as its IPC bytes, metadata included) is written as a reference to the first."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._schemas: dict[bytes, pa.Schema] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, pa.Schema):
+            return NotImplemented
+        first = self._schemas.setdefault(obj.serialize().to_pybytes(), obj)
+        return NotImplemented if first is obj else (_same, (first,))
+
+
+def _same(value: Any) -> Any:
+    """What unpickles a schema written once as the one it refers to."""
+    return value
 
 
 def _plan(client: Client, found: discovery.Found, planner: Callable[..., P], *args: Any) -> P:
