@@ -177,6 +177,7 @@ def shared(shards: list[Shard]) -> list[Shard]:
     on the client that sends the graph, the scheduler that takes it in, and the worker that
     runs the read."""
     seen: dict[Any, Any] = {}
+    names: dict[type, tuple[str, ...]] = {}  # each class's fields, looked up once, not once a shard
 
     def one(value: Any) -> Any:
         if isinstance(value, tuple):
@@ -185,7 +186,10 @@ def shared(shards: list[Shard]) -> list[Shard]:
             except (KeyError, TypeError):
                 value = tuple(one(item) for item in value)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            fields = (f.name for f in dataclasses.fields(value) if f.init)
+            kind = type(value)
+            if kind not in names:
+                names[kind] = tuple(f.name for f in dataclasses.fields(value) if f.init)
+            fields = names[kind]
             return dataclasses.replace(
                 value, **{name: one(getattr(value, name)) for name in fields}
             )
