@@ -523,9 +523,7 @@ def _parsed_json(raw: bytes) -> dict:
 
 def _stored_index(schema: pa.Schema) -> list[str]:
     """The columns pandas stored its index in (none for a RangeIndex, kept as metadata)."""
-    return [
-        c for c in _pandas_metadata(schema).get("index_columns", []) if isinstance(c, str)
-    ]
+    return [c for c in _pandas_metadata(schema).get("index_columns", []) if isinstance(c, str)]
 
 
 def _stored_range(schema: pa.Schema) -> dict | None:
