@@ -40,6 +40,16 @@ def _routes(client) -> set[str]:
     return set(dg.report(client, by="path")["path"])
 
 
+def write_ids(path: os.PathLike, start: int) -> None:
+    """100 ids from ``start``, plain: a file of one size whatever ``start`` (a rewrite keeps
+    it), its footer another."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = pa.table({"id": np.arange(start, start + 100, dtype="int64")})
+    pq.write_table(ids, path, compression=None, use_dictionary=False)
+
+
 def test_s3_parquet_directory_glob_and_object_equal_pyarrow(tcp, s3, local_data):
     files = parquet_files(local_data)
     clear_ledgers(tcp)
@@ -224,16 +234,9 @@ def test_http_file_changed_since_planning(tcp, http_url):
 def test_http_file_rewritten_within_its_last_modified_second(tcp, http_url):
     """A server without ETags versions a file by its Last-Modified, to the second: a rewrite
     of the same size that keeps it is found by the footer the plan was made from."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     base, root, _ = http_url
     path = root / "same-second.parquet"
-
-    def write(start: int) -> None:
-        ids = pa.table({"id": np.arange(start, start + 100, dtype="int64")})
-        pq.write_table(ids, path, compression=None, use_dictionary=False)
-
+    write = functools.partial(write_ids, path)
     write(0)
     df = dg.read_parquet(f"{base}/same-second.parquet", client=tcp)
     planned = os.stat(path)
@@ -815,16 +818,9 @@ def test_http_weak_etag_when_planned_has_the_footer_checked_though_strong_now(tc
     with the strong ETag of the same opaque tag (the second past), is one version by the weak
     comparison, and was read as the plan's, its footer not checked since the version now is
     strong. Either side weak has the footer the plan was made from checked."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     base, root, server = http_url
     path = root / "weak-then.parquet"
-
-    def write(start: int) -> None:
-        ids = pa.table({"id": np.arange(start, start + 100, dtype="int64")})
-        pq.write_table(ids, path, compression=None, use_dictionary=False)
-
+    write = functools.partial(write_ids, path)
     write(0)
     server.etags = ('W/"abc"', 'W/"abc"')
     try:
