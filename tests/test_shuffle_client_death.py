@@ -267,17 +267,23 @@ def test_the_scheduler_hears_of_a_shuffle_before_its_stages(cluster):
     assert stages and all(stages.values()), stages
 
 
+def shuffle_of_a_killed_client(cluster, tmp_path, mode: str, state: str) -> str:
+    """The id of the shuffle of a client process (``mode``: see CLIENT) killed once every
+    worker holds the shuffle's ``state`` (:func:`the_shuffle`)."""
+    proc = spawn_client(cluster, tmp_path, mode)
+    try:
+        said(proc, "READY")
+        return the_shuffle(cluster, state)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_client_killed_while_its_stages_run(cluster, tmp_path):
     """The client dies with its stages exchanging: the shuffle ends on every worker, which
     keeps nothing, and the scheduler does not watch it."""
     with exchange_in_flight(cluster):
-        proc = spawn_client(cluster, tmp_path, "send")
-        try:
-            said(proc, "READY")
-            shuffle_id = the_shuffle(cluster, "runs")
-        finally:
-            proc.kill()
-            proc.wait()
+        shuffle_id = shuffle_of_a_killed_client(cluster, tmp_path, "send", "runs")
     assert_left_nothing(cluster, shuffle_id)
 
 
@@ -285,13 +291,7 @@ def test_a_client_lost_after_its_stages_finished(cluster, tmp_path):
     """The client dies once its stages have finished, every call of its own to the scheduler
     after the plan lost on the way (the start, when it was one; the publish): the workers let
     go of the outputs they kept, which the scheduler knew nothing of when the start was lost."""
-    proc = spawn_client(cluster, tmp_path, "cut")
-    try:
-        said(proc, "READY")
-        shuffle_id = the_shuffle(cluster, "built")
-    finally:
-        proc.kill()
-        proc.wait()
+    shuffle_id = shuffle_of_a_killed_client(cluster, tmp_path, "cut", "built")
     assert_left_nothing(cluster, shuffle_id)
 
 
