@@ -335,11 +335,23 @@ def error(url: str, exc: BaseException, store: Store) -> InputError | ConfigErro
         return InputError(url, f"cannot reach the server: {store.scrub(str(reason))}")
     if isinstance(exc, FileNotFoundError):
         return _missing(url, store)
+    if any(code in text for code in _S3_TIMEOUTS):  # the SDK's (libcurl's) timeout, to
+        settings = Settings.current()  # connect or for bytes (connect/request_timeout in _s3)
+        return InputError(
+            url,
+            f"no answer from the endpoint {store.endpoint() or 'AWS'} within "
+            f"gpudirect.remote.timeout ({settings.timeout:g}s), "
+            f"through gpudirect.remote.retries ({settings.retries}) retries: {text}",
+        )
     for codes, cause in _S3_CAUSES:
         if any(code in text for code in codes):
             return InputError(url, cause.format(endpoint=store.endpoint() or "AWS") + f": {text}")
     return InputError(url, f"cannot read: {text}")
 
+
+#: libcurl's timeout (CURLE_OPERATION_TIMEDOUT) as the AWS SDK reports it in pyarrow's messages
+#: ("curlCode: 28, Timeout was reached"): no connection or no bytes within the timeout.
+_S3_TIMEOUTS = ("curlCode: 28,", "Timeout was reached")
 
 #: The AWS SDK's error names in pyarrow's messages, and what they mean to a user.
 _S3_CAUSES = (

@@ -5,6 +5,7 @@ HTTP server that serves byte ranges. Results equal pyarrow's and NumPy's reads o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import os
@@ -193,6 +194,43 @@ def test_s3_denied_access_and_wrong_endpoint(tcp, s3):
     with dask.config.set({"gpudirect.remote.retries": 0}):
         with pytest.raises(InputError, match="cannot reach the endpoint http://127.0.0.1:9"):
             dg.read_binary(f"s3://{BUCKET}/npy/", client=tcp, storage_options=closed)
+
+
+def test_s3_timeout_names_the_setting(tcp):
+    """An S3 endpoint that takes the connection and never answers: the error said "cannot
+    reach the endpoint" with the SDK's "curlCode: 28, Timeout was reached", naming neither
+    ``gpudirect.remote.timeout`` nor its value, as an HTTP server's timeout does."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:  # holds each connection open, unanswered, until the listener closes
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(listener.accept()[0])
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    options = {"key": "k", "secret": "s", "endpoint_url": endpoint, "region": "us-east-1"}
+    url = f"s3://{BUCKET}/npy/a.npy"
+    settings = {"gpudirect.remote.retries": 0, "gpudirect.remote.timeout": "1s"}
+    start = time.monotonic()
+    try:
+        with dask.config.set(settings):
+            with pytest.raises(InputError, match=r"gpudirect.remote.timeout \(1s\)") as excinfo:
+                dg.read_binary(url, client=tcp, storage_options=options)
+    finally:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        listener.close()
+        acceptor.join(timeout=10)
+        for conn in held:
+            conn.close()
+    assert time.monotonic() - start < 30
+    assert held  # the endpoint was reached: a timeout, not a refused connection
+    message = _message(excinfo)
+    assert url in message and f"no answer from the endpoint {endpoint}" in message
+    assert "gpudirect.remote.retries (0) retries" in message
 
 
 def test_http_missing_file_and_no_listing(tcp, http_url):
