@@ -264,6 +264,16 @@ class Settings:
             timeout=duration_seconds(f"{_SETTINGS}.timeout"),
         )
 
+    @property
+    def timeout_text(self) -> str:
+        """The timeout as an error names it, with its key, for the user to raise it."""
+        return f"gpudirect.remote.timeout ({self.timeout:g}s)"
+
+    @property
+    def retries_text(self) -> str:
+        """That every retry failed too, as an error says it, with the key."""
+        return f"through gpudirect.remote.retries ({self.retries}) retries"
+
 
 #: The prefix of the keys :class:`Settings` reads.
 _SETTINGS = "gpudirect.remote"
@@ -315,21 +325,15 @@ def error(url: str, exc: BaseException, store: Store) -> InputError | ConfigErro
     text = store.scrub(str(exc))
     if isinstance(exc, urllib.error.HTTPError):
         if exc.code >= 500 or exc.code == 429:  # what _retried sends again, until it gives up
-            retries = Settings.current().retries
+            retried = Settings.current().retries_text
             return InputError(
-                url,
-                f"the server kept throttling or failing (HTTP {exc.code}) "
-                f"through gpudirect.remote.retries ({retries}) retries",
+                url, f"the server kept throttling or failing (HTTP {exc.code}) {retried}"
             )
         causes = {404: "not found", 403: "access denied", 401: "access denied (unauthorized)"}
         return InputError(url, f"{causes.get(exc.code, 'request failed')} (HTTP {exc.code})")
     if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
         settings = Settings.current()  # urllib's: to connect (its URLError), to a response
-        return InputError(
-            url,
-            f"no answer within gpudirect.remote.timeout ({settings.timeout:g}s), "
-            f"through gpudirect.remote.retries ({settings.retries}) retries",
-        )
+        return InputError(url, f"no answer within {settings.timeout_text}, {settings.retries_text}")
     if isinstance(exc, (urllib.error.URLError, ConnectionError, http.client.HTTPException)):
         reason = getattr(exc, "reason", exc)
         return InputError(url, f"cannot reach the server: {store.scrub(str(reason))}")
@@ -340,8 +344,7 @@ def error(url: str, exc: BaseException, store: Store) -> InputError | ConfigErro
         return InputError(
             url,
             f"no answer from the endpoint {store.endpoint() or 'AWS'} within "
-            f"gpudirect.remote.timeout ({settings.timeout:g}s), "
-            f"through gpudirect.remote.retries ({settings.retries}) retries: {text}",
+            f"{settings.timeout_text}, {settings.retries_text}: {text}",
         )
     for codes, cause in _S3_CAUSES:
         if any(code in text for code in codes):
@@ -599,11 +602,11 @@ def _http_range(url: str, offset: int, length: int, size: int, version: str) -> 
             if cuts == settings.retries:
                 cause = "the connection was cut"
                 if stalled:
-                    cause = f"no bytes came within gpudirect.remote.timeout ({settings.timeout:g}s)"
+                    cause = f"no bytes came within {settings.timeout_text}"
                 raise InputError(
                     url,
                     f"{cause} after {len(data)} of {length} bytes at {offset}, "
-                    f"through gpudirect.remote.retries ({settings.retries}) retries",
+                    f"{settings.retries_text}",
                 )
             _back_off(settings, cuts)
             cuts += 1
