@@ -12,11 +12,11 @@ from functools import partial
 from .tables import (
     between_runs_note,
     check_ratio_text,
-    comparable,
     footnote,
     judge,
     markdown_table,
     print_table,
+    ratio_of,
     ratio_text,
 )
 
@@ -178,8 +178,7 @@ def _speedups(
             continue
         ratio, cold = None, False
         if dg["status"] == other["status"] == "ok":
-            field, cold = comparable("seconds", dg, other)
-            ratio = other[field] / dg[field]
+            ratio, cold = ratio_of("seconds", other, dg)
         name = "Dask's read_parquet" if query == SCAN and base == "tasks" else NAMES[base]
         out.append(
             {
@@ -313,8 +312,7 @@ def sweep(result: dict) -> tuple[list[str], list[tuple[str, ...]]]:
         if ratio:
             both = "gpudirect" in seconds and "polars" in seconds
             if both:
-                field, cold = comparable("seconds", by["polars"], by["gpudirect"])
-                cells.append(ratio_text(by["polars"][field] / by["gpudirect"][field], cold))
+                cells.append(ratio_text(*ratio_of("seconds", by["polars"], by["gpudirect"])))
             else:
                 cells.append("-")
         groups = distinct_keys(result, query)

@@ -15,6 +15,7 @@ from .tables import (
     judge,
     markdown_table,
     print_table,
+    ratio_of,
     ratio_text,
 )
 
@@ -100,8 +101,7 @@ def _scaling_checks(records: list[dict], target: str, workers: int, data: str) -
         fewest, most = dg.get(counts[0]), dg.get(counts[-1])
         ratio, cold = None, False
         if fewest and most and fewest["status"] == most["status"] == "ok":
-            field, cold = comparable("seconds", fewest, most)
-            ratio = most[field] / fewest[field]
+            ratio, cold = ratio_of("seconds", most, fewest)
         want = SCALING_BOUND[target] if exchanging else None
         out.append(
             {
@@ -167,8 +167,8 @@ def _baseline_checks(records: list[dict], target: str, workers: int) -> list[dic
         want = factor if target == "device" and workers > 1 and factor else None
         ratio, cold = None, False
         if dg["status"] == "ok" and base["status"] == "ok":
-            field, cold = comparable("gbps_per_gpu", dg, *(ran if name == FASTER_DASK else [base]))
-            ratio = dg[field] / base[field]
+            others = ran if name == FASTER_DASK else []  # the faster was chosen among them
+            ratio, cold = ratio_of("gbps_per_gpu", dg, base, *others)
         verdict = judge(ratio, want)
         if name == FASTER_DASK and unknown and want is not None:
             verdict = "not run"
@@ -363,8 +363,7 @@ def _scaling_rows(
             fewest = by.get((m, counts[0]))
             growth = "-"
             if fewest is not None and fewest["status"] == "ok":
-                field, cold = comparable("seconds", rec, fewest)
-                growth = ratio_text(rec[field] / fewest[field], cold)
+                growth = ratio_text(*ratio_of("seconds", rec, fewest))
             cell = f"{rec['seconds']:.2f} s, {figure_text(rec['gbps_per_gpu'])} GB/s, {growth}"
             if rec.get("stopped"):
                 cell += f" [{footnote(notes, rec['stopped'])}]"

@@ -36,6 +36,13 @@ def comparable(field: str, *records: dict) -> tuple[str, bool]:
     return (f"first_{field}" if cold else field), cold
 
 
+def ratio_of(field: str, top: dict, bottom: dict, *others: dict) -> tuple[float, bool]:
+    """``top``'s ``field`` over ``bottom``'s, like for like (:func:`comparable` of the two and
+    ``others``: first runs where any of them has no warm run), and whether of first runs."""
+    name, cold = comparable(field, top, bottom, *others)
+    return top[name] / bottom[name], cold
+
+
 def check_ratio_text(check: dict, unit: str = "x") -> str:
     """A check's ratio as :func:`judged_text` writes it, with ``unit``, and where it is of first
     runs, that it is; ``-`` where there is none."""
