@@ -207,9 +207,9 @@ def test_a_parquet_shard_s_raw_bytes_go_once_decoded(tmp_path, monkeypatch):
     def held() -> int:
         return sum(not event.wait(timeout=10) for event in freed)
 
-    def tracked(shard):
+    def tracked(shard, *args, **kwargs):
         alive.append(held())
-        buffer = read(shard)
+        buffer = read(shard, *args, **kwargs)
         freed.append(threading.Event())
         weakref.finalize(buffer, freed[-1].set)
         return buffer

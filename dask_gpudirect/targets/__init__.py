@@ -98,8 +98,10 @@ class Target:
         if idle:
             self._release()
 
-    def _allocate(self, size: int) -> tuple[Any, Any]:
-        """A new buffer of ``size`` bytes on this target, and a byte view of it to slice."""
+    def _allocate(self, size: int, scratch: bool = False) -> tuple[Any, Any]:
+        """A new buffer of ``size`` bytes on this target, and a byte view of it to slice.
+        ``scratch``: the buffer is let go as soon as it is decoded (a Parquet shard's bytes),
+        never handed out as a result."""
         raise NotImplementedError
 
     def _start_read(
@@ -110,11 +112,12 @@ class Target:
         waits for it and gives the bytes it read."""
         raise NotImplementedError
 
-    def read(self, shard: Shard) -> Any:
-        """``shard``'s ranges end to end in one buffer on this target (``Shard.layout``)."""
-        return self.read_run((shard,))
+    def read(self, shard: Shard, scratch: bool = False) -> Any:
+        """``shard``'s ranges end to end in one buffer on this target (``Shard.layout``);
+        ``scratch``: see :meth:`_allocate`."""
+        return self.read_run((shard,), scratch)
 
-    def read_run(self, shards: Sequence[Shard]) -> Any:
+    def read_run(self, shards: Sequence[Shard], scratch: bool = False) -> Any:
         """``shards``' ranges end to end in one buffer of their summed sizes (small files
         joined into one chunk: ``formats.binary.joins``), the reads of :data:`FILES_AT_ONCE`
         files in flight at once, so that many small files read about as fast as one large one.
@@ -131,7 +134,7 @@ class Target:
             _check_count(shard, nread)
             self.record(shard, time.perf_counter() - start, REMOTE_ROUTES[self.name])
             return buffer
-        buffer, view = self._allocate(sum(shard.nbytes for shard in shards))
+        buffer, view = self._allocate(sum(shard.nbytes for shard in shards), scratch)
         counts: list[int] = []
         at = 0
         for first in range(0, len(shards), FILES_AT_ONCE):
@@ -222,7 +225,7 @@ class Target:
         decoded: list[Any] = []
         for run in runs:
             if run[0].part.empty is not None:  # footer-only: read to check the file
-                self.read(run[0])
+                self.read(run[0], scratch=True)
                 decoded.append(None)
             else:
                 decoded.append(self.decode_run(run))

@@ -723,7 +723,7 @@ class DeviceTarget(Target):
         configure_remote(remote.Settings.current())
         self._pool: ThreadPoolExecutor | None = None
 
-    def _allocate(self, size: int) -> tuple[rmm.DeviceBuffer, cupy.ndarray]:
+    def _allocate(self, size: int, scratch: bool = False) -> tuple[rmm.DeviceBuffer, cupy.ndarray]:
         buffer = rmm.DeviceBuffer(size=size)
         return buffer, cupy.asarray(buffer)
 

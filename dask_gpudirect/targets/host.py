@@ -403,8 +403,17 @@ class HostTarget(Target):
             nread += len(data)
         return buffer, nread
 
-    def _allocate(self, size: int) -> tuple[np.ndarray, memoryview]:
-        buffer = np.empty(size, dtype=np.uint8)
+    def _allocate(self, size: int, scratch: bool = False) -> tuple[np.ndarray, memoryview]:
+        """A NumPy buffer; a ``scratch`` one (a Parquet shard's bytes, let go once decoded) in
+        pyarrow's memory pool, where pyarrow's own reads and the decoded tables lie, which
+        reuses freed pages: a fresh NumPy buffer a shard, mapped anew by malloc in the worker,
+        faulted in every page as it was read (6,000 page faults a partition of 128 files of
+        187 KB: 158-175 ms against 144-146; 1,400 of 2 files of 15 MB: 49 against 44 ms,
+        pyarrow's own read of the files 45 ms, on the 2-core CPU)."""
+        if scratch:
+            buffer = np.frombuffer(pa.allocate_buffer(size), dtype=np.uint8)
+        else:
+            buffer = np.empty(size, dtype=np.uint8)
         return buffer, buffer.data
 
     def _start_read(
@@ -422,7 +431,7 @@ class HostTarget(Target):
         conversion and a finish per file cost about 2 ms, most of a small file's read."""
         tables = []
         for shard in shards:
-            buffer = self.read(shard)
+            buffer = self.read(shard, scratch=True)
             part = shard.part
             with decoding(shard):
                 packed = PackedFile(buffer, shard)
