@@ -105,11 +105,18 @@ class Target:
         raise NotImplementedError
 
     def _start_read(
-        self, shard: Shard, file: Opened, view: Any, stack: contextlib.ExitStack
+        self,
+        shard: Shard,
+        file: Opened,
+        view: Any,
+        stack: contextlib.ExitStack,
+        alone: bool = False,
     ) -> list[Callable[[], int]]:
         """Start reading ``shard``'s ranges from ``file`` into ``view`` (``shard.nbytes``;
         a handle the reads need open goes on ``stack``): a call for each read started, which
-        waits for it and gives the bytes it read."""
+        waits for it and gives the bytes it read. ``alone``: no other file's reads are in
+        flight beside this shard's (a target may then make a lone read in the caller's
+        thread, when its call is made)."""
         raise NotImplementedError
 
     def read(self, shard: Shard, scratch: bool = False) -> Any:
@@ -152,11 +159,12 @@ class Target:
         has ended before an error is raised, so that none writes into a freed buffer."""
         with contextlib.ExitStack() as stack:
             started, at = [], 0
+            alone = len(shards) == 1
             try:
                 for shard in shards:
                     file = stack.enter_context(self.checked(shard))
                     view_of = view[at : at + shard.nbytes]
-                    started.append(self._start_read(shard, file, view_of, stack))
+                    started.append(self._start_read(shard, file, view_of, stack, alone))
                     at += shard.nbytes
             except BaseException:  # a later file missing, changed or refused: the reads of
                 for waits in started:  # the files before it end before their files close

