@@ -45,10 +45,12 @@ if TYPE_CHECKING:
 
 
 #: ``blocksize="auto"``: the device target's is this share of the smallest worker's GPU memory,
-#: dask_cudf's default (1/32). Larger partitions than 1/128's made the ETL faster on every
-#: query (one H100 shared by two workers, 256 files: 2^10 keys 0.58 -> 0.32 s, 2^24 keys
-#: 0.42 -> 0.34 s, nearly unique 0.50 -> 0.43 s) and the read too (21.2 against 12.6-14.3 GB/s):
-#: each libcudf call costs about 12 ms beyond its bytes.
+#: dask_cudf's default (1/32, which dask_cudf counts in uncompressed bytes, this package in the
+#: bytes stored: partitions of data that compresses well hold more rows than its). Larger
+#: partitions than 1/128's made the ETL faster on every query (one H100 shared by two workers,
+#: 256 files: 2^10 keys 0.58 -> 0.32 s, 2^24 keys 0.42 -> 0.34 s, nearly unique 0.50 -> 0.43 s)
+#: and the read too (21.2 against 12.6-14.3 GB/s): each libcudf call costs about 12 ms beyond
+#: its bytes.
 AUTO_SHARE = 32
 #: ``blocksize="auto"`` on the host target: Dask's own ``read_parquet`` default.
 AUTO_HOST = 256 * 2**20
