@@ -478,18 +478,26 @@ def test_peer_slower_than_the_timeout(cluster):
 def test_a_peer_still_sending_is_waited_for_past_the_timeout(cluster):
     """``gpudirect.shuffle.timeout`` bounds each wait on a peer, not the whole exchange: a
     worker that finished first waits for a peer that holds more input for as long as that
-    peer's pieces keep coming (here 8 messages, one at a time, each held 0.6 s by the
-    receiver: about 5 s against a timeout of 2 s). The wait was bounded as a whole."""
+    peer's pieces keep coming (here 14 messages, one at a time, each held 0.5 s by the
+    receiver: at least 7 s against a timeout of 5 s). The wait was bounded as a whole.
+
+    Each wait is a message's 0.5 s and its handling, which on a loaded machine took up to 1.8 s
+    more (a timeout of 2 s against 0.6 s a message failed there): the timeout leaves 4.5 s."""
     a, b = sorted(cluster.nthreads())
-    pdf = frame(1800, keys=97, seed=8)
-    pieces = [pdf.iloc[i * 200 : (i + 1) * 200] for i in range(9)]
-    futures = [  # one small input on a, eight on b
+    messages = 14
+    pdf = frame(100 * (messages + 1), keys=97, seed=8)
+    pieces = [pdf.iloc[i * 100 : (i + 1) * 100] for i in range(messages + 1)]
+    futures = [  # one small input on a, the others on b
         cluster.scatter(p, workers=[a if i == 0 else b], hash=False) for i, p in enumerate(pieces)
     ]
-    df = dd.from_delayed(futures, meta=pdf.iloc[:0], verify_meta=False)
-    cluster.run(delay_receive, seconds=0.6, workers=[a])
+    # the scattered futures themselves, no task per input: from_delayed's tasks queued on b's
+    # one thread, and on a loaded machine work stealing ran some on a (6 messages, not 8)
+    keys = [f.key for f in futures]
+    layer = dict(zip(keys, futures, strict=True))
+    df = dd.from_graph(layer, pdf.iloc[:0], (None,) * (len(keys) + 1), keys, "inputs")
+    cluster.run(delay_receive, seconds=0.5, workers=[a])
     settings = {
-        "gpudirect.shuffle.timeout": "2s",
+        "gpudirect.shuffle.timeout": "5s",
         "gpudirect.shuffle.chunk-size": 1,  # each input a chunk: a message each
         "gpudirect.shuffle.max-in-flight": 1,  # one at a time
     }
@@ -497,7 +505,7 @@ def test_a_peer_still_sending_is_waited_for_past_the_timeout(cluster):
         out = dg.shuffle(df, "k", npartitions=4, client=cluster)
     assert_hash_partitions(partitions(cluster, out), pdf, "k", 4)
     sent = moved_records(cluster)
-    assert len(sent[sent["peer"] == a]) >= 8
+    assert len(sent[sent["peer"] == a]) >= messages
 
 
 def test_concurrent_shuffles_on_one_thread_workers(cluster):
