@@ -513,7 +513,8 @@ def test_concurrent_shuffles_on_one_thread_workers(cluster):
 
     A stage holds its worker's thread until its peers' stages have sent everything; when two
     shuffles' stages take the threads of different workers first, each waits for the other's
-    (until ``gpudirect.shuffle.timeout``, 3 s here instead of 600 s).
+    (until ``gpudirect.shuffle.timeout``, 30 s here instead of 600 s: a deadlock fails the
+    test, a loaded machine's slow peer does not).
     """
     frames = [frame(1000, keys=50 + s, seed=s) for s in range(6)]  # 24 KB each: they fit
 
@@ -522,7 +523,7 @@ def test_concurrent_shuffles_on_one_thread_workers(cluster):
             out = dg.shuffle(dd.from_pandas(pdf, npartitions=4), "k", npartitions=3)
             return partitions(cluster, out)
 
-    with worker_config(cluster, {"gpudirect.shuffle.timeout": "3s"}):
+    with worker_config(cluster, {"gpudirect.shuffle.timeout": "30s"}):
         for _ in range(2):
             with ThreadPoolExecutor(len(frames)) as pool:
                 results = list(pool.map(shuffle, frames))
