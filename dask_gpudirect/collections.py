@@ -69,8 +69,9 @@ last_phases: dict[str, float] = {}
 
 def _blocksize(value: Any, key: str, target: str, workers: dict[str, dict]) -> int:
     """Bytes per shard and partition: given, or the config's; ``"auto"`` is a share of the
-    smallest worker's memory for the target (on an H200, about 4.7 GB, as dask_cudf's
-    partitions; 256 MiB on the host target, as Dask's)."""
+    smallest worker's memory for the target (:data:`AUTO_SHARE`, dask_cudf's share, about 4.7
+    GB on an H200; 256 MiB on the host target, Dask's default; both counted in the bytes
+    stored, where Dask and dask_cudf count uncompressed ones)."""
     named = "blocksize" if value is not None else key  # a bad config value names its key
     value = dask.config.get(key) if value is None else value
     if value == "auto":
